@@ -1,0 +1,101 @@
+"""Lifecycle commands (CONTRACT.md "Commands"): what orchestrators XADD to ``P:lifecycle:{i}``."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    JsonValue,
+    StrictBool,
+    StrictInt,
+    TypeAdapter,
+    field_validator,
+)
+
+from schemas.ids import Id
+from schemas.limits import MAX_CORRELATION_ID_CHARS, MAX_TASK_DESCRIPTION_CHARS
+
+Outcome = Literal["success", "failure", "partial", "abandoned"]
+CommandType = Literal["spawn", "pause", "resume", "terminate"]
+COMMAND_TYPES: tuple[str, ...] = ("spawn", "pause", "resume", "terminate")
+
+
+class CommandBase(BaseModel):
+    """Fields every command carries. Unknown fields are ignored, as the contract promises."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    event_id: Id = Field(description="Idempotency key: a second command with it has no effect.")
+    project_id: Id = Field(description="The tenant; nothing crosses projects.")
+    session_id: Id
+    agent_instance_id: Id
+    agent_type_id: Id | None = None
+    seq: Annotated[StrictInt, Field(ge=1)] | None = Field(
+        default=None, description="Per-session order; 1 for spawn."
+    )
+    correlation_id: Annotated[str, Field(max_length=MAX_CORRELATION_ID_CHARS)] | None = None
+    occurred_at: datetime | None = None
+    metadata: dict[str, JsonValue] | None = None
+    schema_version: StrictInt = 1
+
+
+class SpawnCommand(CommandBase):
+    """Create the session and load its initial working memory."""
+
+    type: Literal["spawn"] = "spawn"
+    initial_state: dict[str, JsonValue] = Field(default_factory=dict)
+    ttl_seconds: Annotated[StrictInt, Field(ge=1)] | None = Field(
+        default=None, description="Idle expiry of the session's working memory."
+    )
+
+    @field_validator("initial_state")
+    @classmethod
+    def _no_reserved_keys(cls, value: dict[str, Any]) -> dict[str, Any]:
+        reserved = sorted(k for k in value if k.startswith("_") or not k)
+        if reserved:
+            raise ValueError(
+                f"keys may not be empty or start with '_' (reserved): {', '.join(reserved[:5])}"
+            )
+        return value
+
+
+class PauseCommand(CommandBase):
+    """Checkpoint the session; it does not expire while paused."""
+
+    type: Literal["pause"] = "pause"
+    checkpoint_id: Id | None = Field(
+        default=None, description="Generated deterministically from event_id when absent."
+    )
+    description: Annotated[str, Field(max_length=MAX_TASK_DESCRIPTION_CHARS)] | None = None
+
+
+class ResumeCommand(CommandBase):
+    """Restore a checkpoint (the newest by default) and make the session active again."""
+
+    type: Literal["resume"] = "resume"
+    checkpoint_id: Id | None = None
+    clear_current: StrictBool = True
+
+
+class TerminateCommand(CommandBase):
+    """Snapshot the session, clear its working memory and leave a tombstone."""
+
+    type: Literal["terminate"] = "terminate"
+    outcome: Outcome = "success"
+    task_description: Annotated[str, Field(max_length=MAX_TASK_DESCRIPTION_CHARS)] | None = None
+    lessons_learned: list[str] = Field(default_factory=list)
+    tokens_used: Annotated[StrictInt, Field(ge=0)] | None = None
+    importance: Annotated[float, Field(ge=0, le=1)] = 0.6
+    consolidate: StrictBool = True
+    cleanup: StrictBool = True
+
+
+Command = Annotated[
+    SpawnCommand | PauseCommand | ResumeCommand | TerminateCommand,
+    Field(discriminator="type"),
+]
+COMMAND_ADAPTER: TypeAdapter[Command] = TypeAdapter(Command)

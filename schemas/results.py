@@ -1,0 +1,106 @@
+"""Result events (CONTRACT.md "Results"): one per applied or rejected command, on ``P:results:{i}``."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, TypeAdapter
+
+from schemas.commands import Outcome
+
+RejectionReason = Literal[
+    "invalid_event",
+    "unsupported_version",
+    "unknown_session",
+    "already_exists",
+    "already_terminated",
+    "invalid_transition",
+    "checkpoint_not_found",
+    "limit_exceeded",
+    "stale_seq",
+]
+RESULT_TYPES: tuple[str, ...] = (
+    "agent.spawned",
+    "agent.paused",
+    "agent.resumed",
+    "agent.terminated",
+    "command.rejected",
+)
+
+
+class ResultBase(BaseModel):
+    """Fields of every result; the ids and ``metadata`` are copied from the command."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    event_id: str = Field(description="Deterministic from the command's event_id.")
+    causation_id: str = Field(description="The command's event_id.")
+    command: str | None = Field(description="The command's type, or null when unknown.")
+    project_id: str | None = None
+    session_id: str | None = None
+    agent_instance_id: str | None = None
+    agent_type_id: str | None = None
+    seq: int | None = None
+    correlation_id: str | None = None
+    metadata: dict[str, JsonValue] | None = None
+    occurred_at: datetime = Field(description="When the worker applied it (UTC).")
+    duration_ms: float = Field(ge=0, description="Time the worker spent on it.")
+
+
+class AgentSpawned(ResultBase):
+    type: Literal["agent.spawned"] = "agent.spawned"
+    initial_items: int = Field(ge=0)
+
+
+class AgentPaused(ResultBase):
+    type: Literal["agent.paused"] = "agent.paused"
+    checkpoint_id: str
+    items_saved: int = Field(ge=0)
+
+
+class AgentResumed(ResultBase):
+    type: Literal["agent.resumed"] = "agent.resumed"
+    checkpoint_id: str
+    items_restored: int = Field(ge=0)
+
+
+class ScratchpadEntry(BaseModel):
+    content: JsonValue
+    timestamp: str
+
+
+class Snapshot(BaseModel):
+    """The session's working memory at terminate."""
+
+    variables: dict[str, JsonValue]
+    task_state: dict[str, JsonValue] | None = None
+    scratchpad: list[ScratchpadEntry]
+    checkpoints: list[str]
+
+
+class AgentTerminated(ResultBase):
+    type: Literal["agent.terminated"] = "agent.terminated"
+    outcome: Outcome
+    items_cleared: int = Field(ge=0)
+    consolidate: bool
+    task_description: str | None = None
+    lessons_learned: list[str]
+    tokens_used: int | None = None
+    importance: float = Field(ge=0, le=1)
+    started_at: datetime | None = None
+    duration_seconds: float | None = None
+    snapshot: Snapshot | None = None
+
+
+class CommandRejected(ResultBase):
+    type: Literal["command.rejected"] = "command.rejected"
+    reason: RejectionReason
+    detail: str
+
+
+Result = Annotated[
+    AgentSpawned | AgentPaused | AgentResumed | AgentTerminated | CommandRejected,
+    Field(discriminator="type"),
+]
+RESULT_ADAPTER: TypeAdapter[Result] = TypeAdapter(Result)

@@ -1,0 +1,166 @@
+"""Where everything lives in Redis.
+
+Every key of a session carries its shard's hash tag ``{i}``, so one Lua script may touch the
+session's keys and the shard's streams together, on a Redis Cluster too. Project and session
+ids may contain ``:``, so they are joined with ``/`` (not an id character) to keep two
+different (project, session) pairs from ever naming the same key.
+"""
+
+from __future__ import annotations
+
+import re
+import zlib
+from dataclasses import dataclass
+
+ID_PATTERN = r"^[A-Za-z0-9._:-]{1,128}$"
+_ID_RE = re.compile(ID_PATTERN)
+
+LIFECYCLE = "lifecycle"
+RESULTS = "results"
+DLQ = "dlq"
+EPISODES = "episodes"
+
+LIFECYCLE_GROUP = "lifecycle"
+CONSOLIDATION_GROUP = "consolidation"
+
+
+class InvalidIdError(ValueError):
+    """An id that may not enter a key name."""
+
+
+def validate_id(value: str, field: str = "id") -> str:
+    """Return ``value`` if it is 1–128 characters of ``[A-Za-z0-9._:-]``, else raise."""
+    if not isinstance(value, str) or not _ID_RE.match(value):
+        raise InvalidIdError(
+            f"{field} must be 1-128 characters of letters, digits, '.', '_', ':' or '-'; "
+            f"got {value!r:.80}"
+        )
+    return value
+
+
+def is_valid_id(value: object) -> bool:
+    return isinstance(value, str) and _ID_RE.match(value) is not None
+
+
+def shard_of(project_id: str, session_id: str, shards: int) -> int:
+    """The contract's shard function: zlib CRC-32 of ``project/session`` mod ``shards``."""
+    return zlib.crc32(f"{project_id}/{session_id}".encode()) % shards
+
+
+def tag(shard: int) -> str:
+    return "{" + str(shard) + "}"
+
+
+@dataclass(frozen=True, slots=True)
+class StreamKeys:
+    """Names of the streams of one shard."""
+
+    prefix: str
+    shard: int
+
+    @property
+    def lifecycle(self) -> str:
+        return f"{self.prefix}:{LIFECYCLE}:{tag(self.shard)}"
+
+    @property
+    def results(self) -> str:
+        return f"{self.prefix}:{RESULTS}:{tag(self.shard)}"
+
+    @property
+    def dlq(self) -> str:
+        return f"{self.prefix}:{DLQ}:{tag(self.shard)}"
+
+    def dedupe(self, project_id: str, event_id: str) -> str:
+        """The record that a command was applied (or rejected): its result's stream id."""
+        return f"{self.prefix}:{tag(self.shard)}:evt:{project_id}/{event_id}"
+
+
+def episodes_stream(prefix: str) -> str:
+    return f"{prefix}:{EPISODES}"
+
+
+def shard_of_stream(name: str) -> int:
+    """The shard number in a stream name ending in ``{i}``."""
+    start = name.rfind("{")
+    if start < 0 or not name.endswith("}"):
+        raise ValueError(f"{name!r} is not a sharded stream name")
+    return int(name[start + 1 : -1])
+
+
+@dataclass(frozen=True, slots=True)
+class SessionKeys:
+    """The keys of one session's working memory.
+
+    ``meta`` (hash): state, ids, ``ttl_ms``, ``last_seq``, timestamps.
+    ``vars`` (hash): variable name → JSON text.  ``vexp`` (zset): variable → expiry (ms).
+    ``task`` (string): task state JSON.  ``scratch`` (list): ``{content, timestamp}`` JSON.
+    ``cps`` (zset): checkpoint id → creation time (ms).  ``cpdata`` (hash): per checkpoint
+    ``<id>|info`` JSON and ``<id>|vars``/``|vexp``/``|scratch`` DUMP payloads, ``<id>|task`` JSON.
+    """
+
+    prefix: str
+    shard: int
+    project_id: str
+    session_id: str
+
+    @classmethod
+    def for_session(
+        cls, prefix: str, shards: int, project_id: str, session_id: str
+    ) -> SessionKeys:
+        validate_id(project_id, "project_id")
+        validate_id(session_id, "session_id")
+        return cls(prefix, shard_of(project_id, session_id, shards), project_id, session_id)
+
+    @property
+    def base(self) -> str:
+        return f"{self.prefix}:{tag(self.shard)}:s:{self.project_id}/{self.session_id}"
+
+    @property
+    def meta(self) -> str:
+        return self.base + ":meta"
+
+    @property
+    def vars(self) -> str:
+        return self.base + ":vars"
+
+    @property
+    def vexp(self) -> str:
+        return self.base + ":vexp"
+
+    @property
+    def task(self) -> str:
+        return self.base + ":task"
+
+    @property
+    def scratch(self) -> str:
+        return self.base + ":scratch"
+
+    @property
+    def cps(self) -> str:
+        return self.base + ":cps"
+
+    @property
+    def cpdata(self) -> str:
+        return self.base + ":cpdata"
+
+    def all(self) -> list[str]:
+        """The session's keys in the order every Lua script receives them (KEYS[1..7])."""
+        return [self.meta, self.vars, self.vexp, self.task, self.scratch, self.cps, self.cpdata]
+
+    @property
+    def streams(self) -> StreamKeys:
+        return StreamKeys(self.prefix, self.shard)
+
+
+def project_pattern(prefix: str, project_id: str) -> str:
+    """A SCAN MATCH pattern for every session key of one project (ids hold no glob chars)."""
+    validate_id(project_id, "project_id")
+    return f"{escape_glob(prefix)}:{{*}}:s:{escape_glob(project_id)}/*"
+
+
+_GLOB_SPECIAL = re.compile(r"([*?\[\]\\])")
+
+
+def escape_glob(text: str) -> str:
+    """Escape Redis glob metacharacters so ``text`` matches only itself."""
+    return _GLOB_SPECIAL.sub(r"\\\1", text)

@@ -1,0 +1,180 @@
+-- Prelude shared by every session script (prepended by worker/scripts.py).
+-- KEYS[1..7] are always the session's keys, in SessionKeys.all() order.
+local K_META, K_VARS, K_VEXP, K_TASK, K_SCRATCH, K_CPS, K_CPDATA =
+  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
+local SESSION_KEYS = {K_META, K_VARS, K_VEXP, K_TASK, K_SCRATCH, K_CPS, K_CPDATA}
+local DATA_KEYS = {K_VARS, K_VEXP, K_TASK, K_SCRATCH, K_CPS, K_CPDATA}
+local CHUNK = 1000
+
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- Call a variadic command on key with items, in chunks (Lua's unpack has a stack limit).
+local function chunked(cmd, key, items)
+  for i = 1, #items, CHUNK do
+    redis.call(cmd, key, unpack(items, i, math.min(i + CHUNK - 1, #items)))
+  end
+end
+
+-- Drop variables whose per-key TTL has passed; returns how many.
+local function purge_expired(now)
+  local dead = redis.call('ZRANGEBYSCORE', K_VEXP, '-inf', now)
+  if #dead > 0 then
+    chunked('HDEL', K_VARS, dead)
+    chunked('ZREM', K_VEXP, dead)
+  end
+  return #dead
+end
+
+local function session_state()
+  return redis.call('HGET', K_META, 'state')
+end
+
+-- Idle expiry: every access pushes the whole session's expiry out by its TTL.
+-- Paused sessions never expire; a tombstone keeps the expiry terminate gave it.
+local function touch(default_ttl_ms)
+  local fields = redis.call('HMGET', K_META, 'state', 'ttl_ms')
+  local state = fields[1]
+  if state == 'terminated' then return end
+  if state == 'paused' then
+    for _, k in ipairs(SESSION_KEYS) do redis.call('PERSIST', k) end
+    return
+  end
+  local ttl = tonumber(fields[2]) or tonumber(default_ttl_ms)
+  for _, k in ipairs(SESSION_KEYS) do redis.call('PEXPIRE', k, ttl) end
+end
+
+local function count_items()
+  local task = redis.call('EXISTS', K_TASK)
+  return redis.call('HLEN', K_VARS) + redis.call('LLEN', K_SCRATCH) + task
+end
+
+-- JSON array of strings.
+local function json_string_array(items)
+  if #items == 0 then return '[]' end
+  local out = {}
+  for i, s in ipairs(items) do out[i] = cjson.encode(s) end
+  return '[' .. table.concat(out, ',') .. ']'
+end
+
+-- Variables as one JSON object; stored values are already JSON text.
+local function variables_json()
+  local flat = redis.call('HGETALL', K_VARS)
+  if #flat == 0 then return '{}' end
+  local parts = {}
+  for i = 1, #flat, 2 do
+    parts[#parts + 1] = cjson.encode(flat[i]) .. ':' .. flat[i + 1]
+  end
+  return '{' .. table.concat(parts, ',') .. '}'
+end
+
+local function scratchpad_json()
+  local entries = redis.call('LRANGE', K_SCRATCH, 0, -1)
+  if #entries == 0 then return '[]' end
+  return '[' .. table.concat(entries, ',') .. ']'
+end
+
+local function snapshot_json()
+  local task = redis.call('GET', K_TASK)
+  if not task then task = 'null' end
+  return '{"variables":' .. variables_json()
+    .. ',"task_state":' .. task
+    .. ',"scratchpad":' .. scratchpad_json()
+    .. ',"checkpoints":' .. json_string_array(redis.call('ZRANGE', K_CPS, 0, -1)) .. '}'
+end
+
+local function checkpoint_exists(id)
+  return redis.call('ZSCORE', K_CPS, id) ~= false
+end
+
+-- Save the current variables, their expiries, the task state and the scratchpad under id,
+-- server-side (DUMP payloads), so a 1,000-key session checkpoints in one call.
+-- Returns the number of items saved.
+local function checkpoint_create(id, description, now, now_iso)
+  purge_expired(now)
+  local fields = {}
+  local function save(suffix, key)
+    local blob = redis.call('DUMP', key)
+    if blob then
+      fields[#fields + 1] = id .. '|' .. suffix
+      fields[#fields + 1] = blob
+    end
+  end
+  save('vars', K_VARS)
+  save('vexp', K_VEXP)
+  save('scratch', K_SCRATCH)
+  local task = redis.call('GET', K_TASK)
+  if task then
+    fields[#fields + 1] = id .. '|task'
+    fields[#fields + 1] = task
+  end
+  local items = count_items()
+  fields[#fields + 1] = id .. '|info'
+  fields[#fields + 1] = cjson.encode({
+    checkpoint_id = id, description = description or '', created_at = now_iso, items = items
+  })
+  redis.call('HSET', K_CPDATA, unpack(fields))
+  redis.call('ZADD', K_CPS, now, id)
+  return items
+end
+
+local function restore_key(key, blob)
+  if blob then
+    redis.call('RESTORE', key, 0, blob, 'REPLACE')
+  else
+    redis.call('DEL', key)
+  end
+end
+
+-- Restore checkpoint id. With clear, the current memory is replaced; without, the
+-- checkpoint's variables are written over the current ones (others kept) and its task
+-- state, when it has one, replaces the current one; the scratchpad is kept.
+-- Returns the number of items after the restore.
+local function checkpoint_restore(id, clear, now)
+  local blobs = redis.call('HMGET', K_CPDATA, id .. '|vars', id .. '|vexp', id .. '|scratch', id .. '|task')
+  if clear then
+    restore_key(K_VARS, blobs[1])
+    restore_key(K_VEXP, blobs[2])
+    restore_key(K_SCRATCH, blobs[3])
+    if blobs[4] then redis.call('SET', K_TASK, blobs[4]) else redis.call('DEL', K_TASK) end
+  else
+    local tmp = K_CPDATA .. ':restore'
+    if blobs[1] then
+      redis.call('RESTORE', tmp, 0, blobs[1], 'REPLACE')
+      local flat = redis.call('HGETALL', tmp)
+      chunked('HSET', K_VARS, flat)
+      local names = {}
+      for i = 1, #flat, 2 do names[#names + 1] = flat[i] end
+      chunked('ZREM', K_VEXP, names)
+      redis.call('DEL', tmp)
+    end
+    if blobs[2] then
+      redis.call('RESTORE', tmp, 0, blobs[2], 'REPLACE')
+      local flat = redis.call('ZRANGE', tmp, 0, -1, 'WITHSCORES')
+      local args = {}
+      for i = 1, #flat, 2 do
+        args[#args + 1] = flat[i + 1]
+        args[#args + 1] = flat[i]
+      end
+      chunked('ZADD', K_VEXP, args)
+      redis.call('DEL', tmp)
+    end
+    if blobs[4] then redis.call('SET', K_TASK, blobs[4]) end
+  end
+  purge_expired(now)
+  return count_items()
+end
+
+local function checkpoint_delete(id)
+  redis.call('HDEL', K_CPDATA, id .. '|vars', id .. '|vexp', id .. '|scratch', id .. '|task', id .. '|info')
+  return redis.call('ZREM', K_CPS, id)
+end
+
+-- Remove the working memory and checkpoints; returns the number of items cleared.
+local function clear_data()
+  local items = count_items()
+  redis.call('DEL', unpack(DATA_KEYS))
+  return items
+end

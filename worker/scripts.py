@@ -1,0 +1,74 @@
+"""Lua scripts, loaded from ``worker/lua/*.lua`` and run by SHA.
+
+A script whose name does not start with ``_`` is prefixed with the ``_session.lua`` prelude,
+so every session script shares one definition of the key layout, idle expiry and checkpoints.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any
+
+from redis.asyncio import Redis
+from redis.asyncio.client import Pipeline
+from redis.exceptions import NoScriptError
+
+_PRELUDE = "_session.lua"
+
+
+def _read(name: str) -> str:
+    return resources.files("worker").joinpath("lua", name).read_text(encoding="utf-8")
+
+
+@dataclass(slots=True)
+class LuaScript:
+    """One script: its source (prelude included) and SHA1, loaded into a server on demand."""
+
+    name: str
+    source: str
+    sha: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.sha = hashlib.sha1(self.source.encode()).hexdigest()
+
+    @classmethod
+    def load(cls, name: str) -> LuaScript:
+        body = _read(name)
+        if not name.startswith("_"):
+            body = _read(_PRELUDE) + "\n" + body
+        return cls(name, body)
+
+    async def __call__(
+        self, redis: Redis, keys: Sequence[str], args: Sequence[str | int | float | bytes]
+    ) -> Any:
+        """Run by SHA; load the script first if the server does not know it (e.g. restarted)."""
+        try:
+            return await redis.evalsha(self.sha, len(keys), *keys, *args)  # type: ignore[no-untyped-call]
+        except NoScriptError:
+            await redis.script_load(self.source)
+            return await redis.evalsha(self.sha, len(keys), *keys, *args)  # type: ignore[no-untyped-call]
+
+    def queue(
+        self, pipe: Pipeline, keys: Sequence[str], args: Sequence[str | int | float | bytes]
+    ) -> None:
+        """Add a run to a pipeline; the caller makes sure the script is loaded (``ensure``)."""
+        pipe.evalsha(self.sha, len(keys), *keys, *args)  # type: ignore[no-untyped-call]
+
+    async def ensure(self, redis: Redis) -> None:
+        exists = await redis.script_exists(self.sha)
+        if not exists[0]:
+            await redis.script_load(self.source)
+
+
+_CACHE: dict[str, LuaScript] = {}
+
+
+def script(name: str) -> LuaScript:
+    """The script ``worker/lua/<name>``, read once per process."""
+    found = _CACHE.get(name)
+    if found is None:
+        found = _CACHE[name] = LuaScript.load(name)
+    return found

@@ -1,0 +1,79 @@
+"""Settings from the environment (see CONTRACT.md "Configuration").
+
+Every setting but the two URLs is read from a ``MEMWORKER_``-prefixed variable, so operators
+can configure the worker, the consolidator and the CLI from one environment.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from pydantic import AliasChoices, Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+DEFAULT_DATABASE_URL = "postgresql+asyncpg://postgres@127.0.0.1:5432/postgres"
+
+
+class Settings(BaseSettings):
+    """All of memworker's configuration; field ``x`` reads ``MEMWORKER_X``."""
+
+    model_config = SettingsConfigDict(env_prefix="MEMWORKER_", extra="ignore", frozen=True)
+
+    redis_url: str = Field(
+        default=DEFAULT_REDIS_URL,
+        validation_alias=AliasChoices("REDIS_URL", "MEMWORKER_REDIS_URL"),
+    )
+    database_url: str = Field(
+        default=DEFAULT_DATABASE_URL,
+        validation_alias=AliasChoices("DATABASE_URL", "MEMWORKER_DATABASE_URL"),
+    )
+    stream_prefix: str = Field(default="agents", min_length=1, max_length=64)
+    shards: int = Field(default=1, ge=1, le=1024)
+
+    # Working memory.
+    session_ttl_seconds: int = Field(default=86_400, ge=1)
+    default_key_ttl_seconds: int | None = Field(default=None, ge=1)
+    max_keys_per_session: int = Field(default=10_000, ge=1)
+    max_value_bytes: int = Field(default=1_048_576, ge=1)
+    max_scratchpad_entries: int = Field(default=1_000, ge=1)
+    max_checkpoints_per_session: int = Field(default=50, ge=1)
+    tombstone_ttl_seconds: int = Field(default=7 * 86_400, ge=1)
+    dedupe_ttl_seconds: int = Field(default=7 * 86_400, ge=1)
+
+    # Events.
+    max_event_bytes: int = Field(default=1_048_576, ge=1024)
+
+    # Lifecycle worker.
+    batch_size: int = Field(default=500, ge=1, le=10_000)
+    block_ms: int = Field(default=100, ge=1)
+    reclaim_idle_ms: int = Field(default=30_000, ge=100)
+    reclaim_interval_ms: int = Field(default=1_000, ge=10)
+    max_deliveries: int = Field(default=5, ge=1)
+    seq_gap_timeout_seconds: float = Field(default=60.0, gt=0)
+    seq_retry_ms: int = Field(default=200, ge=10)
+
+    # Consolidator.
+    consolidation_batch_size: int = Field(default=500, ge=1, le=10_000)
+    consolidation_max_attempts: int = Field(default=10, ge=1)
+    context_summary_max_chars: int = Field(default=4_000, ge=200)
+
+    # Operations.
+    metrics_port: int | None = Field(default=None, ge=0, le=65_535)
+    log_level: str = "INFO"
+    log_json: bool | None = None
+
+    @field_validator("database_url")
+    @classmethod
+    def _asyncpg_driver(cls, value: str) -> str:
+        """Accept ``postgresql://`` and ``postgres://`` too: SQLAlchemy needs the driver named."""
+        for plain in ("postgresql://", "postgres://"):
+            if value.startswith(plain):
+                return "postgresql+asyncpg://" + value[len(plain) :]
+        return value
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """The process-wide settings, read once from the environment."""
+    return Settings()
