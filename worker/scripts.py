@@ -1,7 +1,8 @@
 """Lua scripts, loaded from ``worker/lua/*.lua`` and run by SHA.
 
-A script whose name does not start with ``_`` is prefixed with the ``_session.lua`` prelude,
-so every session script shares one definition of the key layout, idle expiry and checkpoints.
+Session scripts are prefixed with the ``_session.lua`` prelude, so every script that touches a
+session shares one definition of the key layout, idle expiry and checkpoints. Scripts that
+touch no session (``STANDALONE``) are loaded as they are.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from redis.asyncio.client import Pipeline
 from redis.exceptions import NoScriptError
 
 _PRELUDE = "_session.lua"
+STANDALONE = frozenset({"dead_letter.lua"})
 
 
 def _read(name: str) -> str:
@@ -37,7 +39,7 @@ class LuaScript:
     @classmethod
     def load(cls, name: str) -> LuaScript:
         body = _read(name)
-        if not name.startswith("_"):
+        if not name.startswith("_") and name not in STANDALONE:
             body = _read(_PRELUDE) + "\n" + body
         return cls(name, body)
 

@@ -1,0 +1,252 @@
+"""Applying a batch of lifecycle entries: one Lua script per entry, one pipeline per batch.
+
+The script does the dedupe check, the seq rule, the state transition, the mutation, the XADD
+of the result and the XACK of the command atomically, so a crash leaves each entry either
+untouched (still pending, redelivered later) or completely done.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import orjson
+from redis.asyncio import Redis
+from redis.exceptions import NoScriptError, ResponseError
+
+from schemas.commands import (
+    PauseCommand,
+    ResumeCommand,
+    SpawnCommand,
+    TerminateCommand,
+)
+from worker.dlq import dead_letter
+from worker.intake import Accepted, Refused, Unusable, parse_entry
+from worker.keys import LIFECYCLE_GROUP, SessionKeys, StreamKeys, is_valid_id, shard_of
+from worker.scripts import script
+from worker.settings import Settings
+
+RESULT_NAMESPACE = uuid.UUID("6f1e4c1a-8b2d-5c3e-9a47-2d0f6b8e1c55")
+CHECKPOINT_NAMESPACE = uuid.UUID("0b7d3e29-4f6a-5e18-8c92-7a1d5e3f9b04")
+_PLACEHOLDER = "!"
+"""Stands for an id that failed validation; '!' is no id character, so it names no session."""
+
+APPLY = script("apply_command.lua")
+DEAD_LETTER = script("dead_letter.lua")
+
+
+def result_event_id(project_id: str | None, event_id: str) -> str:
+    """The result's id: the same command (project, event_id) always yields the same id."""
+    return str(uuid.uuid5(RESULT_NAMESPACE, f"{project_id or ''}/{event_id}"))
+
+
+def default_checkpoint_id(project_id: str, event_id: str) -> str:
+    """A pause without checkpoint_id gets this one: deterministic, so replays agree."""
+    return str(uuid.uuid5(CHECKPOINT_NAMESPACE, f"{project_id}/{event_id}"))
+
+
+def utc_now_iso() -> str:
+    return datetime.now(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What happened to one entry: ``status`` is applied, rejected, duplicate, wait, dead or error."""
+
+    entry_id: str
+    status: str
+    detail: str = ""
+    command: str | None = None
+    reason: str | None = None
+    project_id: str | None = None
+    session_id: str | None = None
+    event_id: str | None = None
+
+
+def _copied(raw: Mapping[str, Any], *, keep_metadata: bool) -> dict[str, Any]:
+    """Fields a rejection copies from a command that failed validation, where usable."""
+    out: dict[str, Any] = {}
+    for name in ("project_id", "session_id", "agent_instance_id", "agent_type_id"):
+        value = raw.get(name)
+        out[name] = value if is_valid_id(value) else None
+    seq = raw.get("seq")
+    out["seq"] = seq if isinstance(seq, int) and not isinstance(seq, bool) and seq >= 1 else None
+    corr = raw.get("correlation_id")
+    out["correlation_id"] = corr if isinstance(corr, str) and len(corr) <= 128 else None
+    meta = raw.get("metadata")
+    out["metadata"] = meta if keep_metadata and isinstance(meta, dict) else None
+    return out
+
+
+def _prefix(result_id: str, event_id: str, command: str | None, copied: Mapping[str, Any],
+            now_iso: str, duration_ms: float) -> str:
+    body: dict[str, Any] = {
+        "event_id": result_id,
+        "causation_id": event_id,
+        "command": command,
+        **copied,
+        "occurred_at": now_iso,
+        "duration_ms": round(duration_ms, 3),
+    }
+    return orjson.dumps(body)[:-1].decode()
+
+
+class CommandApplier:
+    """Applies batches of entries from one consumer group's point of view."""
+
+    def __init__(self, redis: Redis, settings: Settings, group: str = LIFECYCLE_GROUP) -> None:
+        self.redis = redis
+        self.settings = settings
+        self.group = group
+
+    async def ensure_scripts(self) -> None:
+        await APPLY.ensure(self.redis)
+        await DEAD_LETTER.ensure(self.redis)
+
+    async def dead_letter(
+        self, shard: int, entry_id: str, fields: Mapping[bytes, bytes], reason: str, error: str,
+        deliveries: int,
+    ) -> str:
+        """Move one entry to the DLQ now, acknowledging it at its source."""
+        streams = StreamKeys(self.settings.stream_prefix, shard)
+        letter = dead_letter(fields=fields, source_stream=streams.lifecycle, source_id=entry_id,
+                             group=self.group, reason=reason, error=error, deliveries=deliveries)
+        args: list[str] = [self.group, entry_id]
+        for k, v in letter.items():
+            args += [k, v]
+        result = await DEAD_LETTER(self.redis, [streams.dlq, streams.lifecycle], args)
+        return result.decode() if isinstance(result, bytes) else str(result)
+
+    async def apply(
+        self, shard: int, entries: Sequence[tuple[bytes | str, Mapping[bytes, bytes]]],
+        received: float | None = None,
+    ) -> list[Outcome]:
+        """Apply entries of ``P:lifecycle:{shard}`` in one pipeline; one Outcome per entry."""
+        if not entries:
+            return []
+        received = time.perf_counter() if received is None else received
+        settings = self.settings
+        streams = StreamKeys(settings.stream_prefix, shard)
+        now_ms = int(time.time() * 1000)
+        now_iso = utc_now_iso()
+        pipe = self.redis.pipeline(transaction=False)
+        pending: list[Outcome] = []
+        for raw_id, fields in entries:
+            entry_id = raw_id.decode() if isinstance(raw_id, bytes) else raw_id
+            intake = parse_entry(fields, shard, settings)
+            duration = (time.perf_counter() - received) * 1000
+            if isinstance(intake, Unusable):
+                letter = dead_letter(fields=fields, source_stream=streams.lifecycle,
+                                     source_id=entry_id, group=self.group, reason="unparseable",
+                                     error=intake.error, deliveries=1)
+                args: list[str | bytes | int] = [self.group, entry_id]
+                for k, v in letter.items():
+                    args += [k, v]
+                DEAD_LETTER.queue(pipe, [streams.dlq, streams.lifecycle], args)
+                pending.append(Outcome(entry_id, "dead", intake.error, reason="unparseable"))
+                continue
+            keys, argv, outcome = self._build(intake, shard, streams, entry_id, now_ms, now_iso,
+                                              duration)
+            APPLY.queue(pipe, keys, argv)
+            pending.append(outcome)
+        try:
+            replies = await pipe.execute(raise_on_error=False)
+        except NoScriptError:
+            await self.ensure_scripts()
+            return await self.apply(shard, entries, received)
+        if any(isinstance(r, NoScriptError) for r in replies):
+            await self.ensure_scripts()
+            return await self.apply(shard, entries, received)
+        return [self._outcome(o, r) for o, r in zip(pending, replies, strict=True)]
+
+    @staticmethod
+    def _outcome(planned: Outcome, reply: Any) -> Outcome:
+        if isinstance(reply, ResponseError | Exception):
+            return Outcome(planned.entry_id, "error", str(reply), planned.command,
+                           project_id=planned.project_id, session_id=planned.session_id,
+                           event_id=planned.event_id)
+        if planned.status == "dead":
+            return planned
+        status = reply[0].decode()
+        detail = reply[1].decode() if isinstance(reply[1], bytes) else str(reply[1])
+        reason = reply[2].decode() if len(reply) > 2 else None
+        return Outcome(planned.entry_id, status, detail, planned.command, reason,
+                       planned.project_id, planned.session_id, planned.event_id)
+
+    def _build(
+        self, intake: Accepted | Refused, shard: int, streams: StreamKeys, entry_id: str,
+        now_ms: int, now_iso: str, duration_ms: float,
+    ) -> tuple[list[str], list[str | bytes | int], Outcome]:
+        settings = self.settings
+        if isinstance(intake, Accepted):
+            cmd = intake.command
+            project_id, session_id, event_id = cmd.project_id, cmd.session_id, cmd.event_id
+            command_type: str | None = cmd.type
+            copied = {
+                "project_id": project_id, "session_id": session_id,
+                "agent_instance_id": cmd.agent_instance_id, "agent_type_id": cmd.agent_type_id,
+                "seq": cmd.seq, "correlation_id": cmd.correlation_id, "metadata": cmd.metadata,
+            }
+            seq = cmd.seq
+            session_known = True
+        else:
+            raw = intake.raw
+            event_id = intake.event_id
+            copied = _copied(raw, keep_metadata=intake.reason != "limit_exceeded")
+            project_id, session_id = copied["project_id"], copied["session_id"]
+            kind = raw.get("type")
+            command_type = kind if isinstance(kind, str) and kind in (
+                "spawn", "pause", "resume", "terminate") else None
+            session_known = (
+                project_id is not None and session_id is not None
+                and shard_of(project_id, session_id, settings.shards) == shard
+            )
+            seq = copied["seq"] if session_known else None
+        if session_known:
+            assert project_id is not None and session_id is not None
+            session = SessionKeys(settings.stream_prefix, shard, project_id, session_id)
+        else:
+            session = SessionKeys(settings.stream_prefix, shard, _PLACEHOLDER, _PLACEHOLDER)
+        result_id = result_event_id(project_id, event_id)
+        keys = [*session.all(), streams.dedupe(project_id or _PLACEHOLDER, event_id),
+                streams.results, streams.lifecycle]
+        prefix = _prefix(result_id, event_id, command_type, copied, now_iso, duration_ms)
+        argv: list[str | bytes | int] = [
+            "", entry_id, self.group, prefix, seq if seq is not None else "", now_ms, now_iso,
+            settings.session_ttl_seconds * 1000, settings.dedupe_ttl_seconds * 1000,
+            settings.tombstone_ttl_seconds * 1000, intake.traceparent or "",
+            settings.max_checkpoints_per_session,
+        ]
+        if isinstance(intake, Refused):
+            argv[0] = "reject"
+            argv += [intake.reason, intake.detail]
+        else:
+            cmd = intake.command
+            argv[0] = cmd.type
+            if isinstance(cmd, SpawnCommand):
+                ttl = (cmd.ttl_seconds or settings.session_ttl_seconds) * 1000
+                argv += [cmd.agent_instance_id, cmd.agent_type_id or "", ttl,
+                         len(intake.encoded_state)]
+                for key, text in intake.encoded_state:
+                    argv += [key, text]
+            elif isinstance(cmd, PauseCommand):
+                argv += [cmd.checkpoint_id or default_checkpoint_id(cmd.project_id, event_id),
+                         cmd.description or ""]
+            elif isinstance(cmd, ResumeCommand):
+                argv += [cmd.checkpoint_id or "", "1" if cmd.clear_current else "0"]
+            elif isinstance(cmd, TerminateCommand):
+                extra = orjson.dumps({
+                    "task_description": cmd.task_description,
+                    "lessons_learned": cmd.lessons_learned,
+                    "tokens_used": cmd.tokens_used,
+                    "importance": cmd.importance,
+                })
+                argv += [cmd.outcome, "1" if cmd.consolidate else "0",
+                         "1" if cmd.cleanup else "0", b"," + extra[1:-1]]
+        outcome = Outcome(entry_id, "planned", command=command_type, project_id=project_id,
+                          session_id=session_id, event_id=event_id)
+        return keys, argv, outcome

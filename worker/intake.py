@@ -1,0 +1,148 @@
+"""Turning a raw stream entry into something the apply script can take.
+
+Every entry becomes exactly one of: a valid command (``Accepted``), a command to reject with a
+reason (``Refused``: it has a usable ``event_id``, so it gets a ``command.rejected`` result), or
+a dead letter (``Unusable``: not JSON, not an object, or no usable ``event_id``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from faststream.redis.parser.binary import BinaryMessageFormatV1
+from pydantic import ValidationError
+
+from schemas.commands import COMMAND_ADAPTER, COMMAND_TYPES, Command, SpawnCommand
+from schemas.limits import SCHEMA_VERSION
+from worker.keys import is_valid_id, shard_of
+from worker.settings import Settings
+
+DATA_FIELD = b"data"
+FASTSTREAM_FIELD = b"__data__"
+TRACEPARENT_FIELD = b"traceparent"
+
+
+@dataclass(frozen=True, slots=True)
+class Accepted:
+    command: Command
+    raw: dict[str, Any]
+    encoded_state: list[tuple[str, bytes]]
+    """Spawn only: initial_state as (key, JSON text) pairs, encoded once here."""
+    traceparent: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    raw: dict[str, Any]
+    event_id: str
+    reason: str
+    detail: str
+    traceparent: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Unusable:
+    error: str
+
+
+Intake = Accepted | Refused | Unusable
+
+
+def _payload(fields: Mapping[bytes, bytes]) -> bytes | None:
+    data = fields.get(DATA_FIELD)
+    if data is not None:
+        return data
+    envelope = fields.get(FASTSTREAM_FIELD)
+    if envelope is not None:
+        body, _headers = BinaryMessageFormatV1.parse(envelope)
+        return body
+    return None
+
+
+def _describe(error: ValidationError) -> str:
+    parts = []
+    for item in error.errors(include_url=False)[:8]:
+        where = ".".join(str(p) for p in item["loc"] if p not in COMMAND_TYPES) or "command"
+        parts.append(f"{where}: {item['msg']}")
+    more = error.error_count() - len(parts)
+    text = "; ".join(parts)
+    return text + (f"; and {more} more" if more > 0 else "")
+
+
+def parse_entry(fields: Mapping[bytes, bytes], shard: int, settings: Settings) -> Intake:
+    """Classify one entry of ``P:lifecycle:{shard}``."""
+    try:
+        payload = _payload(fields)
+    except Exception as exc:
+        return Unusable(f"FastStream envelope in __data__ could not be read: {exc}")
+    if payload is None:
+        return Unusable("entry has no 'data' field (nor FastStream's '__data__')")
+    try:
+        raw = orjson.loads(payload)
+    except orjson.JSONDecodeError as exc:
+        return Unusable(f"'data' is not valid UTF-8 JSON: {exc}")
+    if not isinstance(raw, dict):
+        return Unusable(f"'data' is JSON {type(raw).__name__}, not an object")
+    event_id = raw.get("event_id")
+    if not is_valid_id(event_id):
+        return Unusable(
+            "no usable event_id (it must be 1-128 characters of [A-Za-z0-9._:-]); "
+            f"got {event_id!r:.80}"
+        )
+    assert isinstance(event_id, str)
+    trace = fields.get(TRACEPARENT_FIELD)
+    traceparent = trace.decode("utf-8", "replace") if trace else None
+
+    def refuse(reason: str, detail: str) -> Refused:
+        return Refused(raw, event_id, reason, detail, traceparent)
+
+    if len(payload) > settings.max_event_bytes:
+        return refuse(
+            "limit_exceeded",
+            f"event is {len(payload)} bytes, over the limit of {settings.max_event_bytes} "
+            "(MEMWORKER_MAX_EVENT_BYTES); keep large state out of commands",
+        )
+    version = raw.get("schema_version", 1)
+    if isinstance(version, int) and not isinstance(version, bool) and version > SCHEMA_VERSION:
+        return refuse(
+            "unsupported_version",
+            f"schema_version {version} is newer than this worker's {SCHEMA_VERSION}; "
+            "upgrade the worker or publish version 1",
+        )
+    if raw.get("type") not in COMMAND_TYPES:
+        return refuse(
+            "invalid_event",
+            f"type must be one of {', '.join(COMMAND_TYPES)}; got {raw.get('type')!r:.60}",
+        )
+    try:
+        command = COMMAND_ADAPTER.validate_python(raw)
+    except ValidationError as exc:
+        return refuse("invalid_event", "invalid fields: " + _describe(exc))
+    expected = shard_of(command.project_id, command.session_id, settings.shards)
+    if expected != shard:
+        return refuse(
+            "invalid_event",
+            f"published on shard {shard} but this session belongs to shard {expected} "
+            f"(crc32(project_id/session_id) mod {settings.shards})",
+        )
+    encoded: list[tuple[str, bytes]] = []
+    if isinstance(command, SpawnCommand):
+        if len(command.initial_state) > settings.max_keys_per_session:
+            return refuse(
+                "limit_exceeded",
+                f"initial_state has {len(command.initial_state)} keys, over the limit of "
+                f"{settings.max_keys_per_session} (MEMWORKER_MAX_KEYS_PER_SESSION)",
+            )
+        for key, value in command.initial_state.items():
+            text = orjson.dumps(value)
+            if len(text) > settings.max_value_bytes:
+                return refuse(
+                    "limit_exceeded",
+                    f"initial_state[{key!r:.60}] is {len(text)} bytes, over the limit of "
+                    f"{settings.max_value_bytes} (MEMWORKER_MAX_VALUE_BYTES)",
+                )
+            encoded.append((key, text))
+    return Accepted(command, raw, encoded, traceparent)

@@ -1,0 +1,360 @@
+"""The lifecycle worker: a FastStream app reading ``P:lifecycle:{i}`` in group ``lifecycle``.
+
+FastStream's batch subscriber (manual acknowledgement) reads new entries; the apply script
+acknowledges each entry atomically with its effect. Around it this module fills FastStream's
+gaps on Redis streams (DESIGN.md): the consumer's own pending entries are drained on start, a
+reclaim loop (XAUTOCLAIM) takes over entries of dead consumers, a delivery cap moves poison to
+the DLQ, and entries whose ``seq`` is ahead wait in a retry book whose leases are renewed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from faststream.middlewares import AckPolicy
+from faststream.redis import RedisBroker, StreamSub
+from faststream.message import StreamMessage
+from redis.asyncio import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from worker.applier import CommandApplier, Outcome
+from worker.keys import LIFECYCLE_GROUP, StreamKeys
+from worker.logs import get_logger
+from worker.metrics import APPLY_SECONDS, BATCH_SIZE, COMMANDS, DEAD_LETTERS, READY
+from worker.settings import Settings
+
+log = get_logger("memworker.lifecycle")
+
+Entry = tuple[bytes | str, Mapping[bytes, bytes]]
+_CONNECTION_ERRORS = (RedisConnectionError, RedisTimeoutError, OSError)
+
+
+def default_consumer_name() -> str:
+    """Unique per process: host, pid and a random suffix (a reused pid must not collide)."""
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+async def ensure_group(redis: Redis, stream: str, group: str) -> None:
+    """Create ``group`` at id 0 (commands published before any worker ran are processed)."""
+    try:
+        await redis.xgroup_create(stream, group, id="0", mkstream=True)
+    except ResponseError as exc:
+        if "BUSYGROUP" not in str(exc):
+            raise
+
+
+@dataclass(slots=True)
+class Held:
+    """An entry this consumer keeps pending on purpose: waiting for a seq gap, or retrying."""
+
+    shard: int
+    fields: Mapping[bytes, bytes]
+    first_seen: float
+    due: float
+    attempts: int = 0
+    waiting: bool = False
+
+
+@dataclass
+class RetryBook:
+    """Entries to apply again later, by entry id."""
+
+    held: dict[tuple[int, str], Held] = field(default_factory=dict)
+
+    def hold(self, shard: int, entry_id: str, fields: Mapping[bytes, bytes], delay: float,
+             *, waiting: bool, error: bool) -> Held:
+        now = time.monotonic()
+        item = self.held.get((shard, entry_id))
+        if item is None:
+            item = self.held[(shard, entry_id)] = Held(shard, fields, now, now + delay)
+        item.due = now + delay
+        item.waiting = waiting
+        if error:
+            item.attempts += 1
+        return item
+
+    def release(self, shard: int, entry_id: str) -> None:
+        self.held.pop((shard, entry_id), None)
+
+    def due(self) -> dict[int, list[tuple[str, Held]]]:
+        now = time.monotonic()
+        out: dict[int, list[tuple[str, Held]]] = {}
+        for (shard, entry_id), item in self.held.items():
+            if item.due <= now:
+                out.setdefault(shard, []).append((entry_id, item))
+        return out
+
+
+class LifecycleWorker:
+    """One consumer of every lifecycle shard stream."""
+
+    def __init__(self, settings: Settings, *, consumer: str | None = None) -> None:
+        self.settings = settings
+        self.consumer = consumer or default_consumer_name()
+        self.redis = Redis.from_url(settings.redis_url, health_check_interval=10)
+        self.applier = CommandApplier(self.redis, settings)
+        self.retry = RetryBook()
+        self.ready = False
+        self._stopping = asyncio.Event()
+        self._inflight = 0
+        self.broker = RedisBroker(settings.redis_url, logger=None)
+        for shard in range(settings.shards):
+            self._subscribe(shard)
+
+    def streams(self, shard: int) -> StreamKeys:
+        return StreamKeys(self.settings.stream_prefix, shard)
+
+    # -- reading new entries (FastStream) -------------------------------------------------
+
+    def _subscribe(self, shard: int) -> None:
+        stream = StreamSub(
+            self.streams(shard).lifecycle,
+            group=LIFECYCLE_GROUP,
+            consumer=self.consumer,
+            batch=True,
+            max_records=self.settings.batch_size,
+            polling_interval=self.settings.block_ms,
+            last_id=">",
+        )
+
+        async def keep_raw(message: Any, original: Any) -> StreamMessage[Any]:
+            # Skip FastStream's body decoding: junk must reach our intake, not crash a parser.
+            return StreamMessage(raw_message=message, body=b"")
+
+        async def raw_entries(message: StreamMessage[Any], original: Any) -> Any:
+            return message.raw_message
+
+        async def handle(raw: Any) -> None:
+            entries = list(zip(raw["message_ids"], raw["data"], strict=True))
+            await self.apply_batch(shard, entries)
+
+        self.broker.subscriber(
+            stream=stream,
+            parser=keep_raw,
+            decoder=raw_entries,
+            ack_policy=AckPolicy.MANUAL,
+        )(handle)
+
+    # -- applying ---------------------------------------------------------------------------
+
+    async def apply_batch(self, shard: int, entries: Sequence[Entry]) -> list[Outcome]:
+        """Apply entries; hold what must wait or be retried. Survives a cancelled caller."""
+        if not entries:
+            return []
+        self._inflight += 1
+        try:
+            return await asyncio.shield(self._apply(shard, entries))
+        finally:
+            self._inflight -= 1
+
+    async def _apply(self, shard: int, entries: Sequence[Entry]) -> list[Outcome]:
+        started = time.perf_counter()
+        try:
+            outcomes = await self.applier.apply(shard, entries, started)
+        except _CONNECTION_ERRORS as exc:
+            self._set_ready(False)
+            log.warning("redis_unavailable", error=str(exc), held=len(entries))
+            for entry_id, fields in entries:
+                self.retry.hold(shard, _text(entry_id), fields, 1.0, waiting=False, error=False)
+            return []
+        self._set_ready(True)
+        BATCH_SIZE.labels(LIFECYCLE_GROUP).observe(len(entries))
+        APPLY_SECONDS.labels(LIFECYCLE_GROUP).observe(time.perf_counter() - started)
+        fields_by_id = {_text(i): f for i, f in entries}
+        for outcome in outcomes:
+            await self._settle(shard, outcome, fields_by_id[outcome.entry_id])
+        return outcomes
+
+    async def _settle(self, shard: int, outcome: Outcome, fields: Mapping[bytes, bytes]) -> None:
+        status = outcome.status
+        if status == "wait":
+            held = self.retry.hold(shard, outcome.entry_id, fields,
+                                   self.settings.seq_retry_ms / 1000, waiting=True, error=False)
+            if time.monotonic() - held.first_seen > self.settings.seq_gap_timeout_seconds:
+                self.retry.release(shard, outcome.entry_id)
+                await self._dead(shard, outcome.entry_id, fields, "seq_gap",
+                                 f"waited {self.settings.seq_gap_timeout_seconds:g}s for seq "
+                                 f"{outcome.detail} of session {outcome.project_id}/"
+                                 f"{outcome.session_id}; it never arrived", 1)
+            return
+        if status == "error":
+            held = self.retry.hold(shard, outcome.entry_id, fields, 0.5, waiting=False, error=True)
+            log.error("apply_failed", entry_id=outcome.entry_id, error=outcome.detail,
+                      attempts=held.attempts, event_id=outcome.event_id)
+            if held.attempts >= self.settings.max_deliveries:
+                self.retry.release(shard, outcome.entry_id)
+                await self._dead(shard, outcome.entry_id, fields, "max_deliveries",
+                                 outcome.detail, held.attempts)
+            return
+        self.retry.release(shard, outcome.entry_id)
+        if status == "dead":
+            DEAD_LETTERS.labels(LIFECYCLE_GROUP, outcome.reason or "unparseable").inc()
+            log.warning("dead_letter", entry_id=outcome.entry_id, reason=outcome.reason,
+                        error=outcome.detail)
+            return
+        COMMANDS.labels(outcome.command or "unknown", status, outcome.reason or "").inc()
+        if status == "rejected":
+            log.info("command_rejected", reason=outcome.reason, event_id=outcome.event_id,
+                     project_id=outcome.project_id, session_id=outcome.session_id)
+
+    async def _dead(self, shard: int, entry_id: str, fields: Mapping[bytes, bytes],
+                    reason: str, error: str, deliveries: int) -> None:
+        await self.applier.dead_letter(shard, entry_id, fields, reason, error, deliveries)
+        DEAD_LETTERS.labels(LIFECYCLE_GROUP, reason).inc()
+        log.warning("dead_letter", entry_id=entry_id, reason=reason, error=error)
+
+    def _set_ready(self, value: bool) -> None:
+        if value != self.ready:
+            self.ready = value
+            READY.set(1 if value else 0)
+
+    # -- recovery ---------------------------------------------------------------------------
+
+    async def drain_own_pending(self, shard: int) -> int:
+        """Re-process this consumer's own pending entries (a restart with a fixed name)."""
+        stream = self.streams(shard).lifecycle
+        done = 0
+        last = "0"
+        while True:
+            reply = await self.redis.xreadgroup(
+                LIFECYCLE_GROUP, self.consumer, {stream: last}, count=self.settings.batch_size
+            )
+            entries = [(i, f) for i, f in reply[0][1] if f] if reply else []
+            if not entries:
+                return done
+            await self.apply_batch(shard, entries)
+            done += len(entries)
+            last = _text(entries[-1][0])
+
+    async def reclaim_once(self, shard: int) -> int:
+        """Take over entries idle longer than the reclaim time; dead-letter over-delivered ones."""
+        stream = self.streams(shard).lifecycle
+        start = "0-0"
+        total = 0
+        while True:
+            reply = await self.redis.xautoclaim(
+                stream, LIFECYCLE_GROUP, self.consumer,
+                min_idle_time=self.settings.reclaim_idle_ms,
+                start_id=start, count=self.settings.batch_size,
+            )
+            start = _text(reply[0])
+            claimed = [(i, f) for i, f in reply[1] if f]
+            if claimed:
+                counts = await self._deliveries(stream, claimed)
+                good: list[Entry] = []
+                for entry_id, fields in claimed:
+                    n = counts.get(_text(entry_id), 1)
+                    if n > self.settings.max_deliveries:
+                        await self._dead(shard, _text(entry_id), fields, "max_deliveries",
+                                         f"delivered {n} times without being applied", n)
+                    else:
+                        good.append((entry_id, fields))
+                await self.apply_batch(shard, good)
+                total += len(claimed)
+            if start == "0-0" or not reply[1]:
+                return total
+
+    async def _deliveries(self, stream: str, claimed: Sequence[Entry]) -> dict[str, int]:
+        ids = [_text(i) for i, _ in claimed]
+        rows = await self.redis.xpending_range(
+            stream, LIFECYCLE_GROUP, min=ids[0], max=ids[-1], count=len(ids) * 4 + 10,
+            consumername=self.consumer,
+        )
+        return {_text(r["message_id"]): int(r["times_delivered"]) for r in rows}
+
+    async def retry_once(self) -> None:
+        """Apply held entries that are due; renew their leases so nobody reclaims them."""
+        for shard, items in self.retry.due().items():
+            stream = self.streams(shard).lifecycle
+            ids = [entry_id for entry_id, _ in items]
+            with_lease = await self.redis.xclaim(
+                stream, LIFECYCLE_GROUP, self.consumer, min_idle_time=0,
+                message_ids=ids, justid=True,
+            )
+            owned = {_text(i) for i in with_lease}
+            for entry_id in ids:
+                if entry_id not in owned:  # acknowledged elsewhere or trimmed
+                    self.retry.release(shard, entry_id)
+            batch = [(entry_id, held.fields) for entry_id, held in items if entry_id in owned]
+            await self.apply_batch(shard, batch)
+
+    async def _loop(self, every: float, step: Any, name: str) -> None:
+        backoff = every
+        while not self._stopping.is_set():
+            try:
+                await step()
+                backoff = every
+            except _CONNECTION_ERRORS as exc:
+                self._set_ready(False)
+                backoff = min(backoff * 2, 5.0)
+                log.warning("redis_unavailable", loop=name, error=str(exc), retry_in=backoff)
+            except RedisError as exc:
+                log.error("loop_error", loop=name, error=str(exc))
+            try:
+                await asyncio.wait_for(self._stopping.wait(), timeout=backoff)
+            except TimeoutError:
+                pass
+
+    async def _reclaim_all(self) -> None:
+        for shard in range(self.settings.shards):
+            await self.reclaim_once(shard)
+
+    # -- running ----------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Create groups, load scripts, drain own pending entries, start reading."""
+        delay = 0.2
+        while True:
+            try:
+                for shard in range(self.settings.shards):
+                    await ensure_group(self.redis, self.streams(shard).lifecycle, LIFECYCLE_GROUP)
+                await self.applier.ensure_scripts()
+                for shard in range(self.settings.shards):
+                    await self.drain_own_pending(shard)
+                break
+            except _CONNECTION_ERRORS as exc:
+                log.warning("redis_unavailable", error=str(exc), retry_in=delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+        await self.broker.start()
+        self._set_ready(True)
+        self._tasks = [
+            asyncio.create_task(self._loop(self.settings.reclaim_interval_ms / 1000,
+                                           self._reclaim_all, "reclaim")),
+            asyncio.create_task(self._loop(self.settings.seq_retry_ms / 1000,
+                                           self.retry_once, "retry")),
+        ]
+        log.info("lifecycle_worker_started", consumer=self.consumer, shards=self.settings.shards)
+
+    async def stop(self) -> None:
+        """Finish the batch in hand; leave the rest pending for another consumer."""
+        self._stopping.set()
+        await self.broker.stop()
+        for task in getattr(self, "_tasks", []):
+            task.cancel()
+        await asyncio.gather(*getattr(self, "_tasks", []), return_exceptions=True)
+        while self._inflight:
+            await asyncio.sleep(0.01)
+        self._set_ready(False)
+        await self.redis.aclose()
+        log.info("lifecycle_worker_stopped", consumer=self.consumer)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        await self.start()
+        try:
+            await stop.wait()
+        finally:
+            await self.stop()
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value

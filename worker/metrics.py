@@ -1,0 +1,77 @@
+"""Prometheus metrics and the /metrics, /healthz, /readyz endpoint of both workers.
+
+Only counters and histograms are touched on the hot path; gauges of stream lag and pending
+counts are refreshed by a slow background probe, never per command.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from prometheus_client import CONTENT_TYPE_LATEST, Counter, Gauge, Histogram, generate_latest
+
+COMMANDS = Counter(
+    "memworker_commands_total",
+    "Lifecycle commands handled, by command type, outcome status and rejection reason.",
+    ["command", "status", "reason"],
+)
+DEAD_LETTERS = Counter(
+    "memworker_dead_letters_total", "Entries moved to a DLQ, by group and reason.",
+    ["group", "reason"],
+)
+BATCH_SIZE = Histogram(
+    "memworker_batch_size", "Entries per applied batch.", ["group"],
+    buckets=(1, 5, 10, 25, 50, 100, 250, 500, 1000, 2500),
+)
+APPLY_SECONDS = Histogram(
+    "memworker_batch_apply_seconds", "Time to apply one batch (parse, scripts, replies).",
+    ["group"], buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+)
+CONSOLIDATION_SECONDS = Histogram(
+    "memworker_consolidation_batch_seconds", "Time to store one batch of results in Postgres.",
+    buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+)
+STREAM_LAG = Gauge(
+    "memworker_stream_lag", "Entries not yet delivered to the group.", ["stream", "group"]
+)
+STREAM_PENDING = Gauge(
+    "memworker_stream_pending", "Entries delivered but not acknowledged.", ["stream", "group"]
+)
+READY = Gauge("memworker_ready", "1 when the worker can reach its servers and is consuming.")
+
+
+async def serve_http(
+    port: int, is_ready: Callable[[], bool], host: str = "0.0.0.0"
+) -> asyncio.AbstractServer:
+    """Serve /metrics, /healthz (the process is up) and /readyz (it can do its job)."""
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            request = await asyncio.wait_for(reader.readline(), timeout=5)
+            parts = request.decode("latin-1").split()
+            path = parts[1] if len(parts) > 1 else "/"
+            while (await reader.readline()) not in (b"\r\n", b"\n", b""):
+                pass
+            if path.startswith("/metrics"):
+                status, ctype, body = "200 OK", CONTENT_TYPE_LATEST, generate_latest()
+            elif path.startswith("/healthz"):
+                status, ctype, body = "200 OK", "text/plain", b"ok\n"
+            elif path.startswith("/readyz"):
+                ok = is_ready()
+                status = "200 OK" if ok else "503 Service Unavailable"
+                ctype, body = "text/plain", b"ready\n" if ok else b"not ready\n"
+            else:
+                status, ctype, body = "404 Not Found", "text/plain", b"not found\n"
+            head = (
+                f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\n"
+                f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+            )
+            writer.write(head.encode() + body)
+            await writer.drain()
+        except (TimeoutError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    return await asyncio.start_server(handle, host, port)
