@@ -123,9 +123,12 @@ class CommandApplier:
 
     async def apply(
         self, shard: int, entries: Sequence[tuple[bytes | str, Mapping[bytes, bytes]]],
-        received: float | None = None,
+        received: float | None = None, *, dead_letters: bool = True,
     ) -> list[Outcome]:
-        """Apply entries of ``P:lifecycle:{shard}`` in one pipeline; one Outcome per entry."""
+        """Apply entries of ``P:lifecycle:{shard}`` in one pipeline; one Outcome per entry.
+
+        With ``dead_letters`` false (a replay) unusable entries are reported, not re-queued.
+        """
         if not entries:
             return []
         received = time.perf_counter() if received is None else received
@@ -139,6 +142,9 @@ class CommandApplier:
             entry_id = raw_id.decode() if isinstance(raw_id, bytes) else raw_id
             intake = parse_entry(fields, shard, settings)
             duration = (time.perf_counter() - received) * 1000
+            if isinstance(intake, Unusable) and not dead_letters:
+                pending.append(Outcome(entry_id, "dead", intake.error, reason="unparseable"))
+                continue
             if isinstance(intake, Unusable):
                 letter = dead_letter(fields=fields, source_stream=streams.lifecycle,
                                      source_id=entry_id, group=self.group, reason="unparseable",
@@ -157,11 +163,13 @@ class CommandApplier:
             replies = await pipe.execute(raise_on_error=False)
         except NoScriptError:
             await self.ensure_scripts()
-            return await self.apply(shard, entries, received)
+            return await self.apply(shard, entries, received, dead_letters=dead_letters)
         if any(isinstance(r, NoScriptError) for r in replies):
             await self.ensure_scripts()
-            return await self.apply(shard, entries, received)
-        return [self._outcome(o, r) for o, r in zip(pending, replies, strict=True)]
+            return await self.apply(shard, entries, received, dead_letters=dead_letters)
+        replies_iter = iter(replies)
+        return [o if o.status == "dead" and not dead_letters else self._outcome(o, next(replies_iter))
+                for o in pending]
 
     @staticmethod
     def _outcome(planned: Outcome, reply: Any) -> Outcome:

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 
 import orjson
+from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
 
 
@@ -53,3 +54,45 @@ def queue_dead_letter(
     """Add the XADD to the DLQ and the XACK of the source entry to a transaction pipeline."""
     pipe.xadd(dlq_stream, letter)  # type: ignore[arg-type]
     pipe.xack(letter["source_stream"], letter["group"], letter["source_id"])
+
+
+async def list_dead_letters(
+    redis: Redis, stream: str, count: int = 100, start: str = "-"
+) -> list[tuple[str, dict[str, str]]]:
+    """The oldest ``count`` dead letters of one DLQ stream from ``start``."""
+    rows = await redis.xrange(stream, min=start, max="+", count=count)
+    return [(i.decode(), {k.decode(): v.decode("utf-8", "replace") for k, v in f.items()})
+            for i, f in rows]
+
+
+async def redrive(redis: Redis, stream: str, entry_ids: list[str] | None = None) -> int:
+    """Publish dead letters' original entries back to their source streams, then drop them.
+
+    Each entry is re-added and deleted in one MULTI/EXEC, so a redrive is never lost or
+    doubled. Without ``entry_ids`` every dead letter of the stream is redriven.
+    """
+    if entry_ids is None:
+        rows = await redis.xrange(stream, min="-", max="+")
+    else:
+        rows = []
+        for entry_id in entry_ids:
+            rows += await redis.xrange(stream, min=entry_id, max=entry_id)
+    moved = 0
+    for entry_id, fields in rows:
+        original = orjson.loads(fields[b"data"])
+        source = fields[b"source_stream"].decode()
+        async with redis.pipeline(transaction=True) as pipe:
+            pipe.xadd(source, {k: v.encode("utf-8", "surrogateescape") for k, v in original.items()})
+            pipe.xdel(stream, entry_id)
+            await pipe.execute()
+        moved += 1
+    return moved
+
+
+async def purge(redis: Redis, stream: str, entry_ids: list[str] | None = None) -> int:
+    """Delete dead letters (all of the stream's when no ids are given)."""
+    if entry_ids:
+        return int(await redis.xdel(stream, *entry_ids))
+    length = int(await redis.xlen(stream))
+    await redis.delete(stream)
+    return length

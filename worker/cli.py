@@ -1,0 +1,578 @@
+"""The ``memworker`` command line (CONTRACT.md "Command line").
+
+Exit status: 0 on success, 2 on a usage error, 1 on failure, with one clear line on stderr.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Awaitable, Callable, Coroutine
+from pathlib import Path
+from typing import Annotated, Any, NoReturn, TypeVar
+
+import orjson
+import typer
+from redis.asyncio import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from worker.keys import InvalidIdError, StreamKeys, episodes_stream, shard_of, validate_id
+from worker.logs import configure_logging
+from worker.settings import Settings
+
+T = TypeVar("T")
+
+app = typer.Typer(
+    name="memworker",
+    help="Agent-memory lifecycle worker: commands in on Redis Streams, working memory in "
+    "Redis, episodes in Postgres.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+dlq_app = typer.Typer(help="Inspect, redrive and purge dead letters.", no_args_is_help=True)
+app.add_typer(dlq_app, name="dlq")
+
+out = Console()
+err = Console(stderr=True)
+
+
+class CliError(Exception):
+    """A failure to report as one line on stderr with exit status 1."""
+
+
+def fail(message: str) -> NoReturn:
+    raise CliError(message)
+
+
+def settings_from_env() -> Settings:
+    try:
+        return Settings()
+    except Exception as exc:
+        raise CliError(f"invalid configuration: {exc}".replace("\n", " ")) from exc
+
+
+def run_async(coro: Coroutine[Any, Any, T]) -> T:
+    return asyncio.run(coro)
+
+
+async def with_redis(settings: Settings, use: Callable[[Redis], Awaitable[T]]) -> T:
+    redis = Redis.from_url(settings.redis_url)
+    try:
+        await redis.ping()
+    except (RedisConnectionError, OSError) as exc:
+        await redis.aclose()
+        raise CliError(f"cannot reach Redis at {settings.redis_url}: {exc}") from exc
+    try:
+        return await use(redis)
+    finally:
+        await redis.aclose()
+
+
+def install_stop_signals(stop: asyncio.Event) -> None:
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+
+
+async def serve_metrics(settings: Settings, port: int | None, is_ready: Callable[[], bool]) -> Any:
+    chosen = port if port is not None else settings.metrics_port
+    if chosen is None:
+        return None
+    from worker.metrics import serve_http
+
+    return await serve_http(chosen, is_ready)
+
+
+@app.command()
+def run(
+    workers: Annotated[int, typer.Option(min=1, max=64, help="Worker processes to run.")] = 1,
+    consumer: Annotated[
+        str | None, typer.Option(help="Consumer name (default: host-pid-random).")
+    ] = None,
+    metrics_port: Annotated[
+        int | None, typer.Option(help="Serve /metrics, /healthz, /readyz on this port.")
+    ] = None,
+) -> None:
+    """Run the lifecycle worker (consumer group `lifecycle` on every shard)."""
+    settings = settings_from_env()
+    configure_logging(settings.log_level, settings.log_json)
+    if workers > 1:
+        raise typer.Exit(_run_processes(workers, consumer, metrics_port))
+
+    async def serve() -> None:
+        from worker.lifecycle import LifecycleWorker
+
+        worker = LifecycleWorker(settings, consumer=consumer)
+        stop = asyncio.Event()
+        install_stop_signals(stop)
+        server = await serve_metrics(settings, metrics_port, lambda: worker.ready)
+        try:
+            await worker.run(stop)
+        finally:
+            if server is not None:
+                server.close()
+
+    run_async(serve())
+
+
+def _run_processes(workers: int, consumer: str | None, metrics_port: int | None) -> int:
+    """Run ``workers`` single-process workers; forward SIGTERM/SIGINT; fail if one fails."""
+    children = []
+    for n in range(workers):
+        cmd = [sys.executable, "-m", "worker.cli", "run"]
+        if consumer:
+            cmd += ["--consumer", f"{consumer}-{n}"]
+        if metrics_port is not None:
+            cmd += ["--metrics-port", str(metrics_port + n)]
+        children.append(subprocess.Popen(cmd))
+
+    def forward(signum: int, _frame: object) -> None:
+        for child in children:
+            if child.poll() is None:
+                child.send_signal(signum)
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    codes = [child.wait() for child in children]
+    return 1 if any(code not in (0, -signal.SIGTERM, -signal.SIGINT) for code in codes) else 0
+
+
+@app.command()
+def consolidate(
+    metrics_port: Annotated[
+        int | None, typer.Option(help="Serve /metrics, /healthz, /readyz on this port.")
+    ] = None,
+) -> None:
+    """Run the consolidator (group `consolidation`): results into Postgres, episodes out."""
+    settings = settings_from_env()
+    configure_logging(settings.log_level, settings.log_json)
+
+    async def serve() -> None:
+        from worker.consolidator import Consolidator
+
+        consolidator = Consolidator.from_settings(settings)
+        stop = asyncio.Event()
+        install_stop_signals(stop)
+        server = await serve_metrics(settings, metrics_port, consolidator.is_ready)
+        try:
+            await consolidator.run(stop)
+        finally:
+            if server is not None:
+                server.close()
+            await consolidator.close()
+
+    run_async(serve())
+
+
+@app.command()
+def migrate() -> None:
+    """Create or upgrade the Postgres schema (safe to run from several replicas at once)."""
+    settings = settings_from_env()
+    from worker.migrate import migrate as run_migrations
+
+    try:
+        revision = run_async(run_migrations(settings.database_url))
+    except OSError as exc:
+        fail(f"cannot reach Postgres at {_safe_url(settings.database_url)}: {exc}")
+    out.print(f"schema at revision {revision}")
+
+
+def _safe_url(url: str) -> str:
+    from sqlalchemy import make_url
+
+    return make_url(url).render_as_string(hide_password=True)
+
+
+@app.command()
+def dev(
+    data_dir: Annotated[
+        Path | None, typer.Option(help="Where the embedded servers keep data (kept between runs).")
+    ] = None,
+    metrics_port: Annotated[int, typer.Option(help="Port of /metrics, /healthz, /readyz.")] = 9464,
+) -> None:
+    """Run everything on this machine: embedded servers (unless REDIS_URL/DATABASE_URL are
+    set), migrations, the lifecycle worker and the consolidator, in one process."""
+    from worker.devmode import run_dev
+
+    run_async(run_dev(data_dir, metrics_port))
+
+
+# -- driving ---------------------------------------------------------------------------------
+
+
+def _parse_assignments(values: list[str]) -> dict[str, Any]:
+    fields: dict[str, Any] = {}
+    for item in values:
+        name, sep, raw = item.partition("=")
+        if not sep or not name:
+            raise typer.BadParameter(f"{item!r} is not NAME=VALUE", param_hint="--set")
+        try:
+            fields[name] = json.loads(raw)
+        except json.JSONDecodeError:
+            fields[name] = raw
+    return fields
+
+
+@app.command()
+def publish(
+    command_type: Annotated[
+        str, typer.Argument(metavar="TYPE", help="spawn, pause, resume or terminate.")
+    ],
+    project: Annotated[str, typer.Option("--project", "-p", help="project_id")],
+    session: Annotated[str, typer.Option("--session", "-s", help="session_id")],
+    agent: Annotated[str, typer.Option("--agent", "-a", help="agent_instance_id")] = "cli",
+    field: Annotated[
+        list[str] | None,
+        typer.Option("--set", help="Another field, NAME=VALUE (VALUE parsed as JSON if it can)."),
+    ] = None,
+    state: Annotated[
+        str | None, typer.Option(help="spawn: initial_state as a JSON object.")
+    ] = None,
+    event_id: Annotated[str | None, typer.Option(help="event_id (default: a new UUID).")] = None,
+    no_seq: Annotated[bool, typer.Option("--no-seq", help="Do not assign a seq.")] = False,
+    wait: Annotated[bool, typer.Option("--wait", help="Wait for and print the result.")] = False,
+    timeout: Annotated[float, typer.Option(help="Seconds --wait waits.")] = 10.0,
+) -> None:
+    """Publish one lifecycle command."""
+    if command_type not in ("spawn", "pause", "resume", "terminate"):
+        raise typer.BadParameter("must be spawn, pause, resume or terminate", param_hint="TYPE")
+    body: dict[str, Any] = {
+        "type": command_type, "project_id": project, "session_id": session,
+        "agent_instance_id": agent, **_parse_assignments(field or []),
+    }
+    if state is not None:
+        try:
+            body["initial_state"] = json.loads(state)
+        except json.JSONDecodeError as exc:
+            raise typer.BadParameter(f"not JSON: {exc}", param_hint="--state") from exc
+    if event_id:
+        body["event_id"] = event_id
+    for name in ("project_id", "session_id", "agent_instance_id"):
+        try:
+            validate_id(body[name], name)
+        except InvalidIdError as exc:
+            raise typer.BadParameter(str(exc)) from exc
+    settings = settings_from_env()
+
+    async def go(redis: Redis) -> None:
+        from worker.client import LifecycleClient, ResultTimeoutError
+
+        client = LifecycleClient(redis, settings)
+        sent = await client.publish(body, assign_seq=not no_seq)
+        if not wait:
+            out.print(sent)
+            return
+        try:
+            result = await client.wait(sent, timeout)
+        except ResultTimeoutError as exc:
+            fail(str(exc))
+        print(result.model_dump_json(indent=2))
+
+    run_async(with_redis(settings, go))
+
+
+def _print_entry(stream: str, entry_id: str, fields: dict[bytes, bytes], as_json: bool) -> None:
+    decoded = {k.decode(): v.decode("utf-8", "replace") for k, v in fields.items()}
+    data: Any = decoded.get("data")
+    if data is not None:
+        try:
+            data = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            pass
+    if as_json:
+        print(json.dumps({"stream": stream, "id": entry_id, "data": data,
+                          **{k: v for k, v in decoded.items() if k != "data"}}), flush=True)
+        return
+    if isinstance(data, dict) and "source_stream" not in decoded:
+        kind = data.get("type", "?")
+        who = f"{data.get('project_id', '')}/{data.get('session_id', '')}"
+        extra = data.get("reason") or data.get("episode_id") or data.get("checkpoint_id") or ""
+        out.print(f"[dim]{entry_id}[/dim] [bold]{kind}[/bold] {who} {extra}", highlight=False)
+    else:
+        reason = decoded.get("reason", "")
+        out.print(f"[dim]{entry_id}[/dim] [red]{reason}[/red] {decoded.get('error', '')}",
+                  highlight=False)
+
+
+@app.command()
+def tail(
+    what: Annotated[str, typer.Argument(help="results, episodes, dlq or lifecycle.")] = "results",
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per line.")] = False,
+    from_start: Annotated[
+        bool, typer.Option("--from-start", help="Start at the oldest entry, not new ones.")
+    ] = False,
+    count: Annotated[int | None, typer.Option(help="Stop after this many entries.")] = None,
+) -> None:
+    """Follow results, episodes, the DLQ or commands as they arrive."""
+    if what not in ("results", "episodes", "dlq", "lifecycle"):
+        raise typer.BadParameter("must be results, episodes, dlq or lifecycle", param_hint="WHAT")
+    settings = settings_from_env()
+    if what == "episodes":
+        names = [episodes_stream(settings.stream_prefix)]
+    else:
+        names = [getattr(StreamKeys(settings.stream_prefix, i), what)
+                 for i in range(settings.shards)]
+
+    async def go(redis: Redis) -> None:
+        positions: dict[str, str] = {name: "0-0" if from_start else "$" for name in names}
+        seen = 0
+        while count is None or seen < count:
+            reply = await redis.xread(positions, count=100, block=1000)  # type: ignore[arg-type]
+            for stream, entries in reply or []:
+                name = stream.decode()
+                for entry_id, fields in entries:
+                    positions[name] = entry_id.decode()
+                    _print_entry(name, entry_id.decode(), fields, as_json)
+                    seen += 1
+                    if count is not None and seen >= count:
+                        return
+
+    run_async(with_redis(settings, go))
+
+
+@app.command()
+def inspect(
+    project: Annotated[str, typer.Option("--project", "-p")],
+    session: Annotated[str, typer.Option("--session", "-s")],
+) -> None:
+    """Show one session's working memory, state and checkpoints (JSON)."""
+    settings = settings_from_env()
+    try:
+        validate_id(project, "project_id")
+        validate_id(session, "session_id")
+    except InvalidIdError as exc:
+        raise typer.BadParameter(str(exc)) from exc
+
+    async def go(redis: Redis) -> dict[str, Any]:
+        from worker.inspection import inspect_session
+
+        return await inspect_session(redis, settings, project, session)
+
+    view = run_async(with_redis(settings, go))
+    if not view["exists"]:
+        fail(f"no session {project}/{session} (never spawned, expired, or cleaned up)")
+    print(json.dumps(view, indent=2, default=str))
+
+
+@app.command()
+def stats(
+    as_json: Annotated[bool, typer.Option("--json", help="JSON instead of a table.")] = False,
+) -> None:
+    """Per stream and group: length, lag, pending, oldest pending age, consumers."""
+    settings = settings_from_env()
+
+    async def go(redis: Redis) -> list[Any]:
+        from worker.inspection import stream_stats
+
+        return await stream_stats(redis, settings)
+
+    rows = run_async(with_redis(settings, go))
+    if as_json:
+        print(json.dumps([r.as_dict() for r in rows], indent=2))
+        return
+    table = Table("stream", "length", "group", "lag", "pending", "oldest pending", "consumers")
+    for r in rows:
+        age = "" if r.oldest_pending_age_s is None else f"{r.oldest_pending_age_s:.1f}s"
+        table.add_row(r.stream, str(r.length), r.group or "-",
+                      "" if r.lag is None else str(r.lag), str(r.pending), age, str(r.consumers))
+    out.print(table)
+
+
+@app.command()
+def replay(
+    what: Annotated[str, typer.Argument(
+        help="lifecycle (into the worker) or results (into the consolidator).")],
+    shard: Annotated[int | None, typer.Option(help="One shard (default: every shard).")] = None,
+    start: Annotated[str, typer.Option("--from", help="First entry id (inclusive).")] = "-",
+    end: Annotated[str, typer.Option("--to", help="Last entry id (inclusive).")] = "+",
+) -> None:
+    """Re-apply a stream range. Effects are idempotent: replaying twice changes nothing."""
+    if what not in ("lifecycle", "results"):
+        raise typer.BadParameter("must be lifecycle or results", param_hint="WHAT")
+    settings = settings_from_env()
+    shards = [shard] if shard is not None else list(range(settings.shards))
+    if any(s < 0 or s >= settings.shards for s in shards):
+        raise typer.BadParameter(f"must be 0..{settings.shards - 1}", param_hint="--shard")
+
+    async def go(redis: Redis) -> dict[str, int]:
+        from worker.replay import count_range
+
+        total = 0
+        for s in shards:
+            total += await count_range(redis, getattr(StreamKeys(settings.stream_prefix, s), what),
+                                       start, end)
+        summary: dict[str, int] = {}
+        with Progress(TextColumn("replaying {task.description}"), BarColumn(),
+                      MofNCompleteColumn(), TimeElapsedColumn(), console=err) as progress:
+            task = progress.add_task(what, total=total)
+
+            def advance(n: int) -> None:
+                progress.advance(task, n)
+
+            for s in shards:
+                if what == "lifecycle":
+                    from worker.replay import replay_lifecycle
+
+                    counts = await replay_lifecycle(redis, settings, s, start, end, advance)
+                else:
+                    from worker.consolidator import replay_results
+
+                    counts = await replay_results(redis, settings, s, start, end, advance)
+                for k, v in counts.items():
+                    summary[k] = summary.get(k, 0) + v
+        return summary
+
+    summary = run_async(with_redis(settings, go))
+    out.print(" ".join(f"{k}={v}" for k, v in sorted(summary.items())) or "nothing to replay")
+
+
+@app.command()
+def schema(
+    out_dir: Annotated[Path, typer.Option("--out", help="Directory to write into.")] = Path(
+        "schema"
+    ),
+) -> None:
+    """Write the JSON Schema of every event and the AsyncAPI 3 document."""
+    from worker.spec import write_schemas
+
+    for path in write_schemas(out_dir, settings_from_env()):
+        out.print(str(path))
+
+
+# -- dead letters ----------------------------------------------------------------------------
+
+
+def _dlq_streams(settings: Settings, shard: int | None) -> list[str]:
+    shards = [shard] if shard is not None else list(range(settings.shards))
+    return [StreamKeys(settings.stream_prefix, s).dlq for s in shards]
+
+
+@dlq_app.command("list")
+def dlq_list(
+    shard: Annotated[int | None, typer.Option(help="One shard (default: all).")] = None,
+    count: Annotated[int, typer.Option(help="At most this many per shard.")] = 50,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """List dead letters, oldest first."""
+    settings = settings_from_env()
+
+    async def go(redis: Redis) -> list[tuple[str, str, dict[str, str]]]:
+        from worker.dlq import list_dead_letters
+
+        rows = []
+        for stream in _dlq_streams(settings, shard):
+            rows += [(stream, i, f) for i, f in await list_dead_letters(redis, stream, count)]
+        return rows
+
+    rows = run_async(with_redis(settings, go))
+    if as_json:
+        print(json.dumps([{"stream": s, "id": i, **f} for s, i, f in rows], indent=2))
+        return
+    table = Table("id", "reason", "source", "deliveries", "error")
+    for _stream, entry_id, f in rows:
+        table.add_row(entry_id, f.get("reason", ""), f.get("source_id", ""),
+                      f.get("deliveries", ""), f.get("error", "")[:80])
+    out.print(table)
+
+
+@dlq_app.command("show")
+def dlq_show(
+    entry_id: Annotated[str, typer.Argument(help="The dead letter's id.")],
+    shard: Annotated[int, typer.Option(help="Its shard.")] = 0,
+) -> None:
+    """Show one dead letter in full."""
+    settings = settings_from_env()
+
+    async def go(redis: Redis) -> list[tuple[str, dict[str, str]]]:
+        from worker.dlq import list_dead_letters
+
+        rows = await list_dead_letters(redis, _dlq_streams(settings, shard)[0], 1, entry_id)
+        return [r for r in rows if r[0] == entry_id]
+
+    rows = run_async(with_redis(settings, go))
+    if not rows:
+        fail(f"no dead letter {entry_id} on shard {shard}")
+    print(json.dumps({"id": rows[0][0], **rows[0][1]}, indent=2))
+
+
+@dlq_app.command("redrive")
+def dlq_redrive(
+    entry_ids: Annotated[list[str] | None, typer.Argument(help="Ids (default: all).")] = None,
+    shard: Annotated[int | None, typer.Option(help="One shard (default: all).")] = None,
+) -> None:
+    """Publish dead letters back to their source stream and remove them from the DLQ."""
+    settings = settings_from_env()
+
+    async def go(redis: Redis) -> int:
+        from worker.dlq import redrive
+
+        return sum([await redrive(redis, s, entry_ids or None)
+                    for s in _dlq_streams(settings, shard)])
+
+    out.print(f"redriven: {run_async(with_redis(settings, go))}")
+
+
+@dlq_app.command("purge")
+def dlq_purge(
+    entry_ids: Annotated[list[str] | None, typer.Argument(help="Ids (default: all).")] = None,
+    shard: Annotated[int | None, typer.Option(help="One shard (default: all).")] = None,
+    yes: Annotated[bool, typer.Option("--yes", help="Required to purge everything.")] = False,
+) -> None:
+    """Delete dead letters for good."""
+    if not entry_ids and not yes:
+        raise typer.BadParameter("purging every dead letter needs --yes", param_hint="--yes")
+    settings = settings_from_env()
+
+    async def go(redis: Redis) -> int:
+        from worker.dlq import purge
+
+        return sum([await purge(redis, s, entry_ids or None)
+                    for s in _dlq_streams(settings, shard)])
+
+    out.print(f"purged: {run_async(with_redis(settings, go))}")
+
+
+@app.command()
+def shard(
+    project: Annotated[str, typer.Option("--project", "-p")],
+    session: Annotated[str, typer.Option("--session", "-s")],
+) -> None:
+    """Print the shard of a session: crc32(project/session) mod MEMWORKER_SHARDS."""
+    settings = settings_from_env()
+    out.print(str(shard_of(project, session, settings.shards)))
+
+
+def main() -> None:
+    """Entry point: map failures to one stderr line and the contract's exit statuses.
+
+    Usage errors are Typer's (exit status 2, with the usage line); everything raised by a
+    command is reported here as ``memworker: error: …`` with exit status 1.
+    """
+    try:
+        app()
+    except CliError as exc:
+        print(f"memworker: error: {exc}", file=sys.stderr)
+        sys.exit(1)
+    except (RedisError, OSError) as exc:
+        print(f"memworker: error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except Exception as exc:
+        if os.environ.get("MEMWORKER_DEBUG"):
+            raise
+        print(f"memworker: error: unexpected {type(exc).__name__}: {exc}", file=sys.stderr)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
