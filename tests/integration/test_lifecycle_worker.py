@@ -1,0 +1,405 @@
+"""The lifecycle worker against a real Redis: every result, every rejection, recovery."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import orjson
+import pytest
+from faststream.redis import RedisBroker
+from redis.asyncio import Redis
+
+from schemas.results import RESULT_ADAPTER
+from tests.helpers import (
+    command,
+    dead_letters,
+    publish,
+    results,
+    running_worker,
+    stream_len_at_least,
+    wait_until,
+)
+from worker.keys import LIFECYCLE_GROUP, SessionKeys, StreamKeys, shard_of
+from worker.lifecycle import ensure_group
+from worker.settings import Settings
+
+
+@pytest.fixture
+def fast(settings: Settings) -> Settings:
+    """Settings with short recovery timings, so recovery paths run within a test."""
+    return settings.model_copy(update={
+        "reclaim_idle_ms": 300, "reclaim_interval_ms": 100, "seq_retry_ms": 20,
+        "seq_gap_timeout_seconds": 1.0, "max_deliveries": 3,
+    })
+
+
+async def run_commands(redis: Redis, settings: Settings, bodies: list[Any],
+                       expect_results: int, expect_dead: int = 0) -> list[dict[str, Any]]:
+    for body in bodies:
+        await publish(redis, settings, body, shard=0 if isinstance(body, bytes) else None)
+    streams = StreamKeys(settings.stream_prefix, 0)
+    async with running_worker(settings):
+        await stream_len_at_least(redis, streams.results, expect_results)
+        if expect_dead:
+            await stream_len_at_least(redis, streams.dlq, expect_dead)
+        await asyncio.sleep(0.1)
+    return await results(redis, settings)
+
+
+async def test_a_session_lifecycle_yields_one_valid_result_per_command(
+    redis: Redis, settings: Settings
+) -> None:
+    out = await run_commands(redis, settings, [
+        command("spawn", "e1", initial_state={"goal": "find x", "n": 3}, seq=1,
+                correlation_id="corr-1", metadata={"team": "a"}, agent_type_id="planner"),
+        command("pause", "e2", seq=2, description="lunch"),
+        command("resume", "e3", seq=3),
+        command("terminate", "e4", seq=4, outcome="partial", lessons_learned=["be brief"],
+                tokens_used=42, task_description="find x", importance=0.9),
+    ], expect_results=4)
+    assert [r["type"] for r in out] == [
+        "agent.spawned", "agent.paused", "agent.resumed", "agent.terminated"]
+    for r in out:
+        RESULT_ADAPTER.validate_python(r)
+    spawned, paused, resumed, terminated = out
+    assert spawned["initial_items"] == 2
+    assert spawned["correlation_id"] == "corr-1"
+    assert spawned["metadata"] == {"team": "a"}
+    assert spawned["agent_type_id"] == "planner"
+    assert spawned["causation_id"] == "e1"
+    assert paused["items_saved"] == 2
+    assert resumed["checkpoint_id"] == paused["checkpoint_id"]
+    assert resumed["items_restored"] == 2
+    assert terminated["outcome"] == "partial"
+    assert terminated["snapshot"]["variables"] == {"goal": "find x", "n": 3}
+    assert terminated["snapshot"]["checkpoints"] == [paused["checkpoint_id"]]
+    assert terminated["items_cleared"] == 2
+    assert terminated["lessons_learned"] == ["be brief"]
+    assert terminated["tokens_used"] == 42
+    assert terminated["duration_seconds"] >= 0
+    keys = SessionKeys.for_session(settings.stream_prefix, 1, "p1", "s1")
+    assert await redis.hget(keys.meta, "state") == b"terminated"
+    assert not await redis.exists(keys.vars, keys.cps, keys.cpdata)
+    assert await redis.pttl(keys.meta) > 0, "the tombstone must expire"
+
+
+async def test_result_ids_are_deterministic_from_the_command(
+    redis: Redis, settings: Settings
+) -> None:
+    from worker.applier import result_event_id
+
+    out = await run_commands(redis, settings, [command("spawn", "e1")], expect_results=1)
+    assert out[0]["event_id"] == result_event_id("p1", "e1")
+
+
+async def test_a_command_published_twice_has_one_effect_and_one_result(
+    redis: Redis, settings: Settings
+) -> None:
+    spawn = command("spawn", "dup-1", initial_state={"a": 1})
+    bodies = [spawn, spawn, command("pause", "dup-2"), command("pause", "dup-2")]
+    await run_commands(redis, settings, bodies, expect_results=2)
+    await asyncio.sleep(0.2)
+    out = await results(redis, settings)
+    assert [r["causation_id"] for r in out] == ["dup-1", "dup-2"]
+    pending = await redis.xpending(StreamKeys(settings.stream_prefix, 0).lifecycle, LIFECYCLE_GROUP)
+    assert pending["pending"] == 0, "duplicates are acknowledged too"
+
+
+@pytest.mark.parametrize(
+    ("bodies", "reason", "detail_mentions"),
+    [
+        ([command("pause", "r1")], "unknown_session", "spawn it first"),
+        ([command("spawn", "r0"), command("spawn", "r1")], "already_exists", "already exists"),
+        ([command("spawn", "r0"), command("terminate", "rt"), command("pause", "r1")],
+         "already_terminated", "terminated"),
+        ([command("spawn", "r0"), command("resume", "r1")], "invalid_transition", "active"),
+        ([command("spawn", "r0"), command("pause", "rp"), command("pause", "r1")],
+         "invalid_transition", "paused"),
+        ([command("spawn", "r0"), command("pause", "rp"),
+          command("resume", "r1", checkpoint_id="nope")], "checkpoint_not_found", "nope"),
+        ([command("spawn", "r1", schema_version=2)], "unsupported_version", "schema_version 2"),
+        ([command("spawn", "r1", seq="one")], "invalid_event", "seq"),
+        ([command("spawn", "r1", initial_state={"_secret": 1})], "invalid_event", "_secret"),
+        ([command("spawn", "r1", session_id="bad id!")], "invalid_event", "session_id"),
+        ([command("terminate", "r1", outcome="great")], "invalid_event", "outcome"),
+        ([command("explode", "r1")], "invalid_event", "type"),
+        ([command("spawn", "r0", seq=1), command("pause", "r1", seq=1)], "stale_seq", "seq 1"),
+        ([command("spawn", "r1", initial_state={"big": "x" * 2_000_000})], "limit_exceeded",
+         "bytes"),
+    ],
+)
+async def test_each_rejection_names_its_reason_and_an_actionable_detail(
+    redis: Redis, settings: Settings, bodies: list[dict[str, Any]], reason: str,
+    detail_mentions: str,
+) -> None:
+    out = await run_commands(redis, settings, bodies, expect_results=len(bodies))
+    last = out[-1]
+    RESULT_ADAPTER.validate_python(last)
+    assert last["type"] == "command.rejected"
+    assert last["causation_id"] == "r1"
+    assert last["reason"] == reason
+    assert detail_mentions in last["detail"]
+
+
+async def test_a_rejected_command_of_unknown_type_reports_command_null(
+    redis: Redis, settings: Settings
+) -> None:
+    out = await run_commands(redis, settings, [command("explode", "x1")], expect_results=1)
+    assert out[0]["command"] is None
+
+
+async def test_initial_state_over_the_key_limit_is_rejected_without_effect(
+    redis: Redis, settings: Settings
+) -> None:
+    limited = settings.model_copy(update={"max_keys_per_session": 5})
+    state = {f"k{i}": i for i in range(6)}
+    out = await run_commands(redis, limited, [command("spawn", "k1", initial_state=state)],
+                             expect_results=1)
+    assert out[0]["reason"] == "limit_exceeded"
+    assert "MEMWORKER_MAX_KEYS_PER_SESSION" in out[0]["detail"]
+    keys = SessionKeys.for_session(settings.stream_prefix, 1, "p1", "s1")
+    assert not await redis.exists(keys.meta, keys.vars)
+
+
+async def test_commands_with_seq_apply_in_seq_order_whatever_the_publish_order(
+    redis: Redis, fast: Settings
+) -> None:
+    bodies = [
+        command("terminate", "o4", seq=4),
+        command("resume", "o3", seq=3),
+        command("pause", "o2", seq=2),
+        command("spawn", "o1", seq=1, initial_state={"a": 1}),
+    ]
+    out = await run_commands(redis, fast, bodies, expect_results=4)
+    assert [r["causation_id"] for r in out] == ["o1", "o2", "o3", "o4"]
+    assert all(r["type"] != "command.rejected" for r in out)
+
+
+async def test_a_seq_gap_that_never_fills_goes_to_the_dlq_as_seq_gap(
+    redis: Redis, fast: Settings
+) -> None:
+    bodies = [command("spawn", "g1", seq=1), command("pause", "g3", seq=3)]
+    for body in bodies:
+        await publish(redis, fast, body)
+    streams = StreamKeys(fast.stream_prefix, 0)
+    async with running_worker(fast):
+        await stream_len_at_least(redis, streams.dlq, 1, timeout=15)
+    letters = await dead_letters(redis, fast)
+    assert letters[0]["reason"] == "seq_gap"
+    assert orjson.loads(orjson.loads(letters[0]["data"])["data"])["event_id"] == "g3"
+    assert [r["causation_id"] for r in await results(redis, fast)] == ["g1"]
+    pending = await redis.xpending(streams.lifecycle, LIFECYCLE_GROUP)
+    assert pending["pending"] == 0
+
+
+async def test_junk_is_dead_lettered_or_rejected_and_good_commands_still_apply(
+    redis: Redis, settings: Settings
+) -> None:
+    streams = StreamKeys(settings.stream_prefix, 0)
+    good = [command("spawn", f"ok{i}", session=f"s{i}") for i in range(5)]
+    junk: list[Any] = [b"\x00\xff raw bytes", b"[]", b"{}", b'{"event_id": "bad id with spaces"}',
+                       command("spawn", "wrong-types", initial_state=[1, 2], ttl_seconds="x"),
+                       command("spawn", "huge", blob="y" * (2 * 1024 * 1024))]
+    await ensure_group(redis, streams.lifecycle, LIFECYCLE_GROUP)
+    for i, body in enumerate(junk):
+        await publish(redis, settings, good[i] if i < len(good) else command("spawn", "ok-last", session="s-last"))
+        await publish(redis, settings, body, shard=0)
+    await redis.xadd(streams.lifecycle, {"not-data": "x"})
+    async with running_worker(settings):
+        await stream_len_at_least(redis, streams.results, 8)
+        await stream_len_at_least(redis, streams.dlq, 5)
+    out = await results(redis, settings)
+    applied = sorted(r["causation_id"] for r in out if r["type"] == "agent.spawned")
+    assert applied == ["ok-last", "ok0", "ok1", "ok2", "ok3", "ok4"]
+    rejected = {r["causation_id"]: r for r in out if r["type"] == "command.rejected"}
+    assert rejected["wrong-types"]["reason"] == "invalid_event"
+    assert "initial_state" in rejected["wrong-types"]["detail"]
+    assert "ttl_seconds" in rejected["wrong-types"]["detail"]
+    assert rejected["huge"]["reason"] == "limit_exceeded"
+    letters = await dead_letters(redis, settings)
+    assert len(letters) == 5
+    assert {d["reason"] for d in letters} == {"unparseable"}
+    assert all(d["source_stream"] == streams.lifecycle and d["group"] == LIFECYCLE_GROUP
+               for d in letters)
+    pending = await redis.xpending(streams.lifecycle, LIFECYCLE_GROUP)
+    assert pending["pending"] == 0
+
+
+async def test_entries_published_before_any_worker_ran_are_processed(
+    redis: Redis, settings: Settings
+) -> None:
+    await publish(redis, settings, command("spawn", "early"))
+    streams = StreamKeys(settings.stream_prefix, 0)
+    async with running_worker(settings):
+        await stream_len_at_least(redis, streams.results, 1)
+
+
+async def test_pending_entries_of_a_dead_consumer_are_reclaimed(
+    redis: Redis, fast: Settings
+) -> None:
+    streams = StreamKeys(fast.stream_prefix, 0)
+    await ensure_group(redis, streams.lifecycle, LIFECYCLE_GROUP)
+    for i in range(10):
+        await publish(redis, fast, command("spawn", f"c{i}", session=f"s{i}"))
+    taken = await redis.xreadgroup(LIFECYCLE_GROUP, "dead-consumer", {streams.lifecycle: ">"})
+    assert len(taken[0][1]) == 10
+    async with running_worker(fast):
+        await stream_len_at_least(redis, streams.results, 10, timeout=15)
+    pending = await redis.xpending(streams.lifecycle, LIFECYCLE_GROUP)
+    assert pending["pending"] == 0
+    assert len(await results(redis, fast)) == 10
+
+
+async def test_a_restarted_consumer_first_processes_its_own_pending_entries(
+    redis: Redis, settings: Settings
+) -> None:
+    streams = StreamKeys(settings.stream_prefix, 0)
+    await ensure_group(redis, streams.lifecycle, LIFECYCLE_GROUP)
+    await publish(redis, settings, command("spawn", "mine"))
+    await redis.xreadgroup(LIFECYCLE_GROUP, "fixed-name", {streams.lifecycle: ">"})
+    async with running_worker(settings, consumer="fixed-name"):
+        await stream_len_at_least(redis, streams.results, 1, timeout=5)
+
+
+async def test_an_entry_that_keeps_failing_goes_to_the_dlq_after_max_deliveries(
+    redis: Redis, fast: Settings
+) -> None:
+    keys = SessionKeys.for_session(fast.stream_prefix, 1, "p1", "poisoned")
+    await redis.set(keys.meta, "not a hash")  # every script touching it fails: WRONGTYPE
+    await publish(redis, fast, command("spawn", "poison", session="poisoned"))
+    await publish(redis, fast, command("spawn", "fine", session="fine"))
+    streams = StreamKeys(fast.stream_prefix, 0)
+    async with running_worker(fast):
+        await stream_len_at_least(redis, streams.dlq, 1, timeout=15)
+        await stream_len_at_least(redis, streams.results, 1)
+    letters = await dead_letters(redis, fast)
+    assert letters[0]["reason"] == "max_deliveries"
+    assert "WRONGTYPE" in letters[0]["error"]
+    assert [r["causation_id"] for r in await results(redis, fast)] == ["fine"]
+
+
+async def test_a_paused_session_does_not_expire_and_a_resumed_one_does(
+    redis: Redis, settings: Settings
+) -> None:
+    keys = SessionKeys.for_session(settings.stream_prefix, 1, "p1", "s1")
+    await publish(redis, settings, command("spawn", "t1", ttl_seconds=60, initial_state={"a": 1}))
+    await publish(redis, settings, command("pause", "t2"))
+    streams = StreamKeys(settings.stream_prefix, 0)
+    async with running_worker(settings):
+        await stream_len_at_least(redis, streams.results, 2)
+        for key in (keys.meta, keys.vars, keys.cps, keys.cpdata):
+            assert await redis.pttl(key) == -1, f"{key} must not expire while paused"
+        await publish(redis, settings, command("resume", "t3"))
+        await stream_len_at_least(redis, streams.results, 3)
+        ttl = await redis.pttl(keys.vars)
+        assert 0 < ttl <= 60_000
+
+
+async def test_resume_with_clear_current_false_keeps_keys_the_checkpoint_lacks(
+    redis: Redis, settings: Settings
+) -> None:
+    keys = SessionKeys.for_session(settings.stream_prefix, 1, "p1", "s1")
+    streams = StreamKeys(settings.stream_prefix, 0)
+    async with running_worker(settings):
+        await publish(redis, settings, command("spawn", "m1", initial_state={"a": 1, "b": 2}))
+        await publish(redis, settings, command("pause", "m2", checkpoint_id="cp-1"))
+        await stream_len_at_least(redis, streams.results, 2)
+        await redis.hset(keys.vars, mapping={"a": b"100", "c": b"3"})
+        await publish(redis, settings, command("resume", "m3", clear_current=False))
+        await stream_len_at_least(redis, streams.results, 3)
+    variables = {k.decode(): orjson.loads(v) for k, v in (await redis.hgetall(keys.vars)).items()}
+    assert variables == {"a": 1, "b": 2, "c": 3}
+
+
+async def test_faststream_publisher_envelopes_are_accepted(
+    redis: Redis, redis_url: str, settings: Settings
+) -> None:
+    streams = StreamKeys(settings.stream_prefix, 0)
+    broker = RedisBroker(redis_url)
+    await broker.connect()
+    try:
+        await broker.publish(command("spawn", "fs-1"), stream=streams.lifecycle)
+    finally:
+        await broker.stop()
+    async with running_worker(settings):
+        await stream_len_at_least(redis, streams.results, 1)
+    assert (await results(redis, settings))[0]["type"] == "agent.spawned"
+
+
+async def test_sessions_are_spread_over_shards_and_a_wrong_shard_is_refused(
+    redis: Redis, settings: Settings
+) -> None:
+    sharded = settings.model_copy(update={"shards": 4})
+    sessions = [f"s{i}" for i in range(40)]
+    for s in sessions:
+        await publish(redis, sharded, command("spawn", f"sp-{s}", session=s))
+    right = shard_of("p1", "s0", 4)
+    wrong = (right + 1) % 4
+    await publish(redis, sharded, command("pause", "misrouted", session="s0"), shard=wrong)
+    async with running_worker(sharded):
+        async def all_in() -> bool:
+            total = 0
+            for shard in range(4):
+                total += int(await redis.xlen(StreamKeys(sharded.stream_prefix, shard).results))
+            return total == 41
+
+        await wait_until(all_in)
+    for shard in range(4):
+        for r in await results(redis, sharded, shard):
+            if r["causation_id"] == "misrouted":
+                assert shard == wrong
+                assert r["reason"] == "invalid_event"
+                assert f"belongs to shard {right}" in r["detail"]
+            else:
+                assert shard_of("p1", r["session_id"], 4) == shard
+                assert r["type"] == "agent.spawned"
+    used = {shard_of("p1", s, 4) for s in sessions}
+    assert len(used) == 4
+
+
+async def test_projects_never_share_a_session_or_a_dedupe_record(
+    redis: Redis, settings: Settings
+) -> None:
+    out = await run_commands(redis, settings, [
+        command("spawn", "same-id", project="alpha", initial_state={"who": "alpha"}),
+        command("spawn", "same-id", project="beta", initial_state={"who": "beta"}),
+    ], expect_results=2)
+    assert sorted(r["project_id"] for r in out) == ["alpha", "beta"]
+    assert all(r["type"] == "agent.spawned" for r in out)
+    assert out[0]["event_id"] != out[1]["event_id"]
+    for project in ("alpha", "beta"):
+        keys = SessionKeys.for_session(settings.stream_prefix, 1, project, "s1")
+        assert orjson.loads(await redis.hget(keys.vars, "who") or b"null") == project
+
+
+async def test_redis_going_away_makes_the_worker_not_ready_until_it_returns(
+    tmp_path: Any, prefix: str
+) -> None:
+    from tests.redis_process import RedisProcess
+
+    server = RedisProcess(tmp_path)
+    server.start()
+    try:
+        settings = Settings(redis_url=server.url, stream_prefix=prefix, reclaim_idle_ms=300,
+                            reclaim_interval_ms=100)
+        client = Redis.from_url(server.url)
+        streams = StreamKeys(prefix, 0)
+        await publish(client, settings, command("spawn", "before"))
+        async with running_worker(settings) as worker:
+            await stream_len_at_least(client, streams.results, 1)
+            server.stop()
+
+            async def not_ready() -> bool:
+                return not worker.ready
+
+            await wait_until(not_ready, timeout=20)
+            server.start()
+            await client.aclose()
+            client = Redis.from_url(server.url)
+            await publish(client, settings, command("spawn", "after", session="s2"))
+            await stream_len_at_least(client, streams.results, 2, timeout=30)
+            assert worker.ready
+        await client.aclose()
+    finally:
+        server.stop()
