@@ -94,6 +94,8 @@ end
 -- Returns the number of items saved.
 local function checkpoint_create(id, description, now, now_iso)
   purge_expired(now)
+  -- Re-using an id must not leave the previous checkpoint's parts behind.
+  redis.call('HDEL', K_CPDATA, id .. '|vars', id .. '|vexp', id .. '|scratch', id .. '|task')
   local fields = {}
   local function save(suffix, key)
     local blob = redis.call('DUMP', key)

@@ -1,0 +1,8 @@
+-- WorkingMemory.clear: variables, task state and scratchpad; checkpoints stay.
+-- ARGV: session ttl ms. Returns the number of items removed.
+if session_state() == 'terminated' then return redis.error_reply('WM_TERMINATED') end
+purge_expired(now_ms())
+local items = count_items()
+redis.call('DEL', K_VARS, K_VEXP, K_TASK, K_SCRATCH)
+touch(ARGV[1])
+return items

@@ -1,0 +1,37 @@
+"""Working memory of one agent session: ``WorkingMemory`` and what it hands back or raises."""
+
+from worker.memory.api import WorkingMemory
+from worker.memory.errors import (
+    CheckpointNotFoundError,
+    InvalidKeyError,
+    InvalidValueError,
+    LimitExceededError,
+    RedisUnavailableError,
+    ReservedKeyError,
+    SessionTerminatedError,
+    WorkingMemoryError,
+)
+from worker.memory.models import (
+    CheckpointInfo,
+    MemoryStats,
+    ScratchpadEntry,
+    TaskState,
+    TaskStatus,
+)
+
+__all__ = [
+    "CheckpointInfo",
+    "CheckpointNotFoundError",
+    "InvalidKeyError",
+    "InvalidValueError",
+    "LimitExceededError",
+    "MemoryStats",
+    "RedisUnavailableError",
+    "ReservedKeyError",
+    "ScratchpadEntry",
+    "SessionTerminatedError",
+    "TaskState",
+    "TaskStatus",
+    "WorkingMemory",
+    "WorkingMemoryError",
+]

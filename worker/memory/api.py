@@ -1,0 +1,385 @@
+"""``WorkingMemory``: one session's variables, task state, scratchpad and checkpoints.
+
+It reads and writes the very keys the lifecycle worker mutates (``SessionKeys``), through the
+same Lua prelude, so a pause, resume or terminate issued on the streams and a ``set`` made
+here see one consistent session. Names and values are checked here, before anything is sent;
+what must be atomic with the write (limits, expiry, the terminated check) happens in the
+backend, in Redis inside the script.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Mapping
+from datetime import timedelta
+from types import TracebackType
+from typing import Any, Self, get_args
+
+import orjson
+from redis.asyncio import Redis
+
+from worker.keys import InvalidIdError, SessionKeys, validate_id
+from worker.memory.backend import JsonMember, MemoryBackend
+from worker.memory.errors import (
+    InvalidKeyError,
+    InvalidValueError,
+    LimitExceededError,
+    ReservedKeyError,
+)
+from worker.memory.inmemory_backend import InMemoryBackend
+from worker.memory.models import (
+    CheckpointInfo,
+    MemoryStats,
+    ScratchpadEntry,
+    TaskState,
+    TaskStatus,
+    clamp_progress,
+    rfc3339,
+    utc_now,
+)
+from worker.memory.redis_backend import RedisBackend
+from worker.settings import Settings, get_settings
+
+MAX_KEY_LENGTH = 256
+RESERVED_PREFIX = "_"
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_STATUSES = frozenset(get_args(TaskStatus))
+
+Ttl = float | timedelta
+
+
+def validate_key(key: str) -> str:
+    """Return ``key`` if it may name a variable, else raise why not."""
+    if not isinstance(key, str) or not key:
+        raise InvalidKeyError(f"a key must be a non-empty string; got {key!r:.80}")
+    if len(key) > MAX_KEY_LENGTH:
+        raise InvalidKeyError(
+            f"key {key[:40]!r}… is {len(key)} characters; the maximum is {MAX_KEY_LENGTH}"
+        )
+    if _CONTROL.search(key):
+        raise InvalidKeyError(f"key {key!r:.80} contains control characters")
+    if key.startswith(RESERVED_PREFIX):
+        raise ReservedKeyError(
+            f"key {key!r:.80} starts with {RESERVED_PREFIX!r}; those names are reserved for "
+            "the worker, choose another"
+        )
+    return key
+
+
+def _ttl_ms(ttl: Ttl | None) -> int | None:
+    if ttl is None:
+        return None
+    seconds = ttl.total_seconds() if isinstance(ttl, timedelta) else float(ttl)
+    if seconds <= 0:
+        raise ValueError(f"ttl must be positive seconds; got {ttl!r}")
+    return max(1, round(seconds * 1000))
+
+
+class WorkingMemory:
+    """The working memory of one session. Every method is one round trip to Redis."""
+
+    def __init__(
+        self,
+        backend: MemoryBackend,
+        *,
+        project_id: str,
+        session_id: str,
+        settings: Settings,
+        agent_instance_id: str | None = None,
+    ) -> None:
+        self.backend = backend
+        self.agent_instance_id = agent_instance_id
+        self.project_id = project_id
+        self.session_id = session_id
+        self.settings = settings
+
+    @classmethod
+    async def for_session(
+        cls,
+        session_id: str,
+        *,
+        project_id: str,
+        agent_instance_id: str | None = None,
+        redis: Redis | None = None,
+        settings: Settings | None = None,
+    ) -> WorkingMemory:
+        """Open a session's working memory in Redis.
+
+        Without ``redis``, a client for ``settings.redis_url`` is created and closed by
+        :meth:`close`; a client passed in stays the caller's.
+        """
+        settings = settings or get_settings()
+        keys = SessionKeys.for_session(
+            settings.stream_prefix, settings.shards, project_id, session_id
+        )
+        if agent_instance_id is not None:
+            validate_id(agent_instance_id, "agent_instance_id")
+        owns = redis is None
+        client = redis if redis is not None else Redis.from_url(settings.redis_url)
+        backend = RedisBackend(client, keys, settings, owns_client=owns)
+        return cls(
+            backend,
+            project_id=project_id,
+            session_id=session_id,
+            settings=settings,
+            agent_instance_id=agent_instance_id,
+        )
+
+    @classmethod
+    def in_memory(
+        cls, session_id: str, *, project_id: str, settings: Settings | None = None
+    ) -> WorkingMemory:
+        """Working memory held in this process only: for tests, never a fallback for Redis."""
+        validate_id(project_id, "project_id")
+        validate_id(session_id, "session_id")
+        settings = settings or get_settings()
+        backend = InMemoryBackend(project_id, session_id, settings)
+        return cls(backend, project_id=project_id, session_id=session_id, settings=settings)
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    # Encoding.
+
+    def _encode(self, value: Any, what: str) -> bytes:
+        try:
+            text = orjson.dumps(value)
+        except TypeError as exc:
+            raise InvalidValueError(f"{what} is not JSON-serializable: {exc}") from exc
+        limit = self.settings.max_value_bytes
+        if len(text) > limit:
+            raise LimitExceededError(
+                f"{what} is {len(text)} bytes as JSON; the maximum is {limit} "
+                "(max_value_bytes, MEMWORKER_MAX_VALUE_BYTES)",
+                limit="value_bytes",
+                setting="max_value_bytes",
+                maximum=limit,
+            )
+        return text
+
+    # Variables.
+
+    async def set(self, key: str, value: Any, ttl: Ttl | None = None) -> None:
+        """Store ``value`` (any JSON value) under ``key``.
+
+        ``ttl`` (seconds) makes the key alone expire; it defaults to
+        ``default_key_ttl_seconds`` (none: the key lives as long as the session).
+        """
+        validate_key(key)
+        text = self._encode(value, f"the value of key {key!r:.80}")
+        ttl_ms = _ttl_ms(ttl if ttl is not None else self.settings.default_key_ttl_seconds)
+        await self.backend.set(key, text, ttl_ms)
+
+    async def get(self, key: str, default: Any = None) -> Any:
+        found = await self.backend.get(validate_key(key))
+        return default if found is None else orjson.loads(found)
+
+    async def delete(self, key: str) -> bool:
+        """Remove ``key``; whether it was there."""
+        return await self.backend.delete(validate_key(key))
+
+    async def exists(self, key: str) -> bool:
+        return await self.backend.exists(validate_key(key))
+
+    async def list_keys(self, pattern: str = "*") -> list[str]:
+        """Names of this session's keys matching a Redis glob, sorted.
+
+        The glob runs over names inside the session only (``*``, ``?``, ``[...]``; escape a
+        literal with ``\\`` or ``worker.keys.escape_glob``), so no pattern reaches another
+        session or project.
+        """
+        if not isinstance(pattern, str):
+            raise TypeError(f"pattern must be a string; got {pattern!r:.80}")
+        return sorted(await self.backend.list_keys(pattern))
+
+    async def get_all(self) -> dict[str, Any]:
+        """Every live key and its value, read in one call."""
+        result: dict[str, Any] = orjson.loads(await self.backend.get_all())
+        return result
+
+    async def clear(self) -> int:
+        """Remove the keys, task state and scratchpad (checkpoints stay); items removed."""
+        return await self.backend.clear()
+
+    # Task state.
+
+    async def set_task_state(
+        self,
+        state: TaskState | None = None,
+        *,
+        description: str = "",
+        current_step: int = 0,
+        total_steps: int = 0,
+        status: TaskStatus = "pending",
+        progress: float = 0.0,
+        data: Mapping[str, Any] | None = None,
+    ) -> TaskState:
+        """Replace the task state, given as a ``TaskState`` or as its fields."""
+        now = utc_now()
+        if state is None:
+            state = TaskState(
+                description=description,
+                current_step=current_step,
+                total_steps=total_steps,
+                status=status,
+                progress=progress,
+                started_at=now,
+                updated_at=now,
+                data=dict(data or {}),
+            )
+        else:
+            state = state.model_copy(update={"updated_at": now})
+        text = self._encode(state.model_dump(mode="json"), "the task state")
+        await self.backend.set_task(text)
+        return state
+
+    async def get_task_state(self) -> TaskState | None:
+        found = await self.backend.get_task()
+        return None if found is None else TaskState.model_validate_json(found)
+
+    async def update_task_progress(
+        self,
+        current_step: int | None = None,
+        progress: float | None = None,
+        status: TaskStatus | None = None,
+        *,
+        total_steps: int | None = None,
+        description: str | None = None,
+        data: Mapping[str, Any] | None = None,
+    ) -> TaskState | None:
+        """Change some fields of the task state in place; ``None`` if there is none.
+
+        ``progress`` is clamped to 0-100; ``data`` is merged into the task's data (keys
+        given replace, others stay); ``updated_at`` is set to now.
+        """
+        fields: list[JsonMember] = []
+        if current_step is not None:
+            fields.append(("current_step", self._encode(_count(current_step, "current_step"), "")))
+        if total_steps is not None:
+            fields.append(("total_steps", self._encode(_count(total_steps, "total_steps"), "")))
+        if progress is not None:
+            fields.append(("progress", orjson.dumps(clamp_progress(progress))))
+        if status is not None:
+            if status not in _STATUSES:
+                raise ValueError(f"status must be one of {sorted(_STATUSES)}; got {status!r}")
+            fields.append(("status", orjson.dumps(status)))
+        if description is not None:
+            fields.append(("description", self._encode(description, "the task description")))
+        fields.append(("updated_at", orjson.dumps(rfc3339(utc_now()))))
+        members = [
+            (str(name), self._encode(value, f"task data {name!r:.80}"))
+            for name, value in (data or {}).items()
+        ]
+        found = await self.backend.update_task(fields, members)
+        return None if found is None else TaskState.model_validate_json(found)
+
+    # Scratchpad.
+
+    async def append_scratchpad(self, content: Any) -> int:
+        """Append a note (any JSON value); the number of entries after (bounded by
+        ``max_scratchpad_entries``, the oldest dropped first)."""
+        self._encode(content, "the scratchpad entry")
+        entry = self._encode({"content": content, "timestamp": rfc3339(utc_now())}, "")
+        return await self.backend.append_scratchpad(entry)
+
+    async def _entries(self, limit: int | None) -> list[ScratchpadEntry]:
+        if limit is not None and limit < 0:
+            raise ValueError(f"limit must be None or >= 0; got {limit}")
+        if limit == 0:
+            return []
+        raw = await self.backend.get_scratchpad(limit)
+        return [ScratchpadEntry.model_validate_json(entry) for entry in raw]
+
+    async def get_scratchpad(self, limit: int | None = None) -> list[Any]:
+        """The contents of the newest ``limit`` entries (all when ``None``), oldest first."""
+        return [entry.content for entry in await self._entries(limit)]
+
+    async def get_scratchpad_with_timestamps(
+        self, limit: int | None = None
+    ) -> list[ScratchpadEntry]:
+        return await self._entries(limit)
+
+    async def clear_scratchpad(self) -> int:
+        return await self.backend.clear_scratchpad()
+
+    # Checkpoints.
+
+    async def create_checkpoint(
+        self, description: str = "", checkpoint_id: str | None = None
+    ) -> str:
+        """Save keys, task state and scratchpad server-side; the checkpoint's id.
+
+        Without ``checkpoint_id`` a UUID4 is generated; an existing id is replaced.
+        """
+        if checkpoint_id is None:
+            checkpoint_id = str(uuid.uuid4())
+        else:
+            _checkpoint_id(checkpoint_id)
+        if not isinstance(description, str):
+            raise TypeError(f"description must be a string; got {description!r:.80}")
+        await self.backend.create_checkpoint(checkpoint_id, description, rfc3339(utc_now()))
+        return checkpoint_id
+
+    async def restore_checkpoint(self, checkpoint_id: str, clear_current: bool = True) -> int:
+        """Bring a checkpoint back; the number of items afterwards.
+
+        With ``clear_current`` the current keys, task state and scratchpad are replaced;
+        without, the checkpoint's keys are written over the current ones (others kept), its
+        task state replaces the current one if it has one, and the scratchpad is kept.
+        """
+        return await self.backend.restore_checkpoint(_checkpoint_id(checkpoint_id), clear_current)
+
+    async def list_checkpoints(self) -> list[CheckpointInfo]:
+        """The session's checkpoints, newest first."""
+        return [
+            CheckpointInfo.model_validate_json(i) for i in await self.backend.list_checkpoints()
+        ]
+
+    async def delete_checkpoint(self, checkpoint_id: str) -> bool:
+        return await self.backend.delete_checkpoint(_checkpoint_id(checkpoint_id))
+
+    # Operations.
+
+    async def get_stats(self) -> MemoryStats:
+        raw = await self.backend.stats()
+        return MemoryStats(
+            project_id=self.project_id,
+            session_id=self.session_id,
+            state=raw.state,
+            keys=raw.keys,
+            scratchpad_entries=raw.scratchpad_entries,
+            checkpoints=raw.checkpoints,
+            has_task=raw.has_task,
+            approximate_bytes=raw.approximate_bytes,
+            ttl_seconds=None if raw.ttl_ms is None else raw.ttl_ms / 1000,
+        )
+
+    async def is_healthy(self) -> bool:
+        """Whether the store answers (never raises)."""
+        return await self.backend.ping()
+
+    async def close(self) -> None:
+        """Release the Redis client if this object created it."""
+        await self.backend.close()
+
+
+def _count(value: int, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name} must be an integer >= 0; got {value!r}")
+    return value
+
+
+def _checkpoint_id(checkpoint_id: str) -> str:
+    try:
+        return validate_id(checkpoint_id, "checkpoint_id")
+    except InvalidIdError as exc:
+        raise InvalidKeyError(str(exc)) from None

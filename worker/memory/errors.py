@@ -1,0 +1,52 @@
+"""What can go wrong with working memory, each error saying which key, limit or setting.
+
+Every error derives from :class:`WorkingMemoryError`, so a caller can catch them all; the
+invalid-input ones are also ``ValueError``/``TypeError`` so generic handlers still work.
+"""
+
+from __future__ import annotations
+
+
+class WorkingMemoryError(Exception):
+    """Base of every working-memory error."""
+
+
+class InvalidKeyError(WorkingMemoryError, ValueError):
+    """A key name that is empty, too long, or holds control characters."""
+
+
+class ReservedKeyError(InvalidKeyError):
+    """A key starting with ``_``: those names belong to the worker."""
+
+
+class InvalidValueError(WorkingMemoryError, TypeError):
+    """A value that cannot be stored as JSON."""
+
+
+class LimitExceededError(WorkingMemoryError):
+    """A write that would take the session past one of its configured limits.
+
+    ``limit`` names what was exceeded (``keys``, ``value_bytes``, ``checkpoints``),
+    ``setting`` the setting (and environment variable) that raises it, ``maximum`` its value.
+    """
+
+    def __init__(self, message: str, *, limit: str, setting: str, maximum: int) -> None:
+        super().__init__(message)
+        self.limit = limit
+        self.setting = setting
+        self.maximum = maximum
+
+
+class SessionTerminatedError(WorkingMemoryError):
+    """A write to a session the lifecycle worker has terminated."""
+
+
+class CheckpointNotFoundError(WorkingMemoryError, KeyError):
+    """A checkpoint id the session does not have."""
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0]) if self.args else ""
+
+
+class RedisUnavailableError(WorkingMemoryError, ConnectionError):
+    """Redis did not answer; the message names the URL and the reason."""
