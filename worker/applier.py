@@ -10,13 +10,13 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 import orjson
 from redis.asyncio import Redis
-from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import ResponseError
 
 from schemas.commands import (
     PauseCommand,
@@ -27,6 +27,7 @@ from schemas.commands import (
 from worker.dlq import dead_letter
 from worker.intake import Accepted, Refused, Unusable, parse_entry
 from worker.keys import LIFECYCLE_GROUP, SessionKeys, StreamKeys, is_valid_id, shard_of
+from worker.script_channel import ScriptChannel
 from worker.scripts import script
 from worker.settings import Settings
 
@@ -51,6 +52,20 @@ def default_checkpoint_id(project_id: str, event_id: str) -> str:
 
 def utc_now_iso() -> str:
     return datetime.now(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+@dataclass(slots=True)
+class Plan:
+    """A parsed batch: script calls to send, and what each entry's outcome will be made of."""
+
+    shard: int
+    entries: Sequence[tuple[bytes | str, Mapping[bytes, bytes]]]
+    received: float
+    dead_letters: bool
+    commands: list[list[Any]] = field(default_factory=list)
+    outcomes: list[Outcome] = field(default_factory=list)
+    replied: list[bool] = field(default_factory=list)
+    """Per entry: whether a command was sent for it (its reply makes the outcome)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,8 +97,14 @@ def _copied(raw: Mapping[str, Any], *, keep_metadata: bool) -> dict[str, Any]:
     return out
 
 
-def _prefix(result_id: str, event_id: str, command: str | None, copied: Mapping[str, Any],
-            now_iso: str, duration_ms: float) -> str:
+def _prefix(
+    result_id: str,
+    event_id: str,
+    command: str | None,
+    copied: Mapping[str, Any],
+    now_iso: str,
+    duration_ms: float,
+) -> str:
     body: dict[str, Any] = {
         "event_id": result_id,
         "causation_id": event_id,
@@ -102,92 +123,159 @@ class CommandApplier:
         self.redis = redis
         self.settings = settings
         self.group = group
+        self.channel = ScriptChannel(settings.redis_url)
 
     async def ensure_scripts(self) -> None:
-        await APPLY.ensure(self.redis)
-        await DEAD_LETTER.ensure(self.redis)
+        for lua in (APPLY, DEAD_LETTER):
+            await self.channel.execute([["SCRIPT", "LOAD", lua.source]])
+
+    async def close(self) -> None:
+        await self.channel.close()
 
     async def dead_letter(
-        self, shard: int, entry_id: str, fields: Mapping[bytes, bytes], reason: str, error: str,
+        self,
+        shard: int,
+        entry_id: str,
+        fields: Mapping[bytes, bytes],
+        reason: str,
+        error: str,
         deliveries: int,
     ) -> str:
         """Move one entry to the DLQ now, acknowledging it at its source."""
         streams = StreamKeys(self.settings.stream_prefix, shard)
-        letter = dead_letter(fields=fields, source_stream=streams.lifecycle, source_id=entry_id,
-                             group=self.group, reason=reason, error=error, deliveries=deliveries)
+        letter = dead_letter(
+            fields=fields,
+            source_stream=streams.lifecycle,
+            source_id=entry_id,
+            group=self.group,
+            reason=reason,
+            error=error,
+            deliveries=deliveries,
+        )
         args: list[str] = [self.group, entry_id]
         for k, v in letter.items():
             args += [k, v]
         result = await DEAD_LETTER(self.redis, [streams.dlq, streams.lifecycle], args)
         return result.decode() if isinstance(result, bytes) else str(result)
 
-    async def apply(
-        self, shard: int, entries: Sequence[tuple[bytes | str, Mapping[bytes, bytes]]],
-        received: float | None = None, *, dead_letters: bool = True,
-    ) -> list[Outcome]:
-        """Apply entries of ``P:lifecycle:{shard}`` in one pipeline; one Outcome per entry.
+    def plan(
+        self,
+        shard: int,
+        entries: Sequence[tuple[bytes | str, Mapping[bytes, bytes]]],
+        received: float | None = None,
+        *,
+        dead_letters: bool = True,
+    ) -> Plan:
+        """Parse entries and build one script call per entry (pure CPU, no I/O).
 
         With ``dead_letters`` false (a replay) unusable entries are reported, not re-queued.
         """
-        if not entries:
-            return []
         received = time.perf_counter() if received is None else received
         settings = self.settings
         streams = StreamKeys(settings.stream_prefix, shard)
         now_ms = int(time.time() * 1000)
         now_iso = utc_now_iso()
-        pipe = self.redis.pipeline(transaction=False)
-        pending: list[Outcome] = []
+        plan = Plan(shard, entries, received, dead_letters)
         for raw_id, fields in entries:
             entry_id = raw_id.decode() if isinstance(raw_id, bytes) else raw_id
             intake = parse_entry(fields, shard, settings)
             duration = (time.perf_counter() - received) * 1000
-            if isinstance(intake, Unusable) and not dead_letters:
-                pending.append(Outcome(entry_id, "dead", intake.error, reason="unparseable"))
-                continue
             if isinstance(intake, Unusable):
-                letter = dead_letter(fields=fields, source_stream=streams.lifecycle,
-                                     source_id=entry_id, group=self.group, reason="unparseable",
-                                     error=intake.error, deliveries=1)
-                args: list[str | bytes | int] = [self.group, entry_id]
-                for k, v in letter.items():
-                    args += [k, v]
-                DEAD_LETTER.queue(pipe, [streams.dlq, streams.lifecycle], args)
-                pending.append(Outcome(entry_id, "dead", intake.error, reason="unparseable"))
+                plan.outcomes.append(Outcome(entry_id, "dead", intake.error, reason="unparseable"))
+                if dead_letters:
+                    letter = dead_letter(
+                        fields=fields,
+                        source_stream=streams.lifecycle,
+                        source_id=entry_id,
+                        group=self.group,
+                        reason="unparseable",
+                        error=intake.error,
+                        deliveries=1,
+                    )
+                    args: list[str | bytes | int] = [self.group, entry_id]
+                    for k, v in letter.items():
+                        args += [k, v]
+                    plan.commands.append(
+                        DEAD_LETTER.command([streams.dlq, streams.lifecycle], args)
+                    )
+                    plan.replied.append(True)
+                else:
+                    plan.replied.append(False)
                 continue
-            keys, argv, outcome = self._build(intake, shard, streams, entry_id, now_ms, now_iso,
-                                              duration)
-            APPLY.queue(pipe, keys, argv)
-            pending.append(outcome)
-        try:
-            replies = await pipe.execute(raise_on_error=False)
-        except NoScriptError:
+            keys, argv, outcome = self._build(
+                intake, shard, streams, entry_id, now_ms, now_iso, duration
+            )
+            plan.commands.append(APPLY.command(keys, argv))
+            plan.outcomes.append(outcome)
+            plan.replied.append(True)
+        return plan
+
+    def finish(self, plan: Plan, replies: Sequence[Any]) -> list[Outcome] | None:
+        """Outcomes from a plan's replies; None when the server lacked a script (reload, redo)."""
+        if any(isinstance(r, ResponseError) and str(r).startswith("NOSCRIPT") for r in replies):
+            return None
+        it = iter(replies)
+        return [
+            self._outcome(o, next(it)) if replied else o
+            for o, replied in zip(plan.outcomes, plan.replied, strict=True)
+        ]
+
+    async def apply(
+        self,
+        shard: int,
+        entries: Sequence[tuple[bytes | str, Mapping[bytes, bytes]]],
+        received: float | None = None,
+        *,
+        dead_letters: bool = True,
+    ) -> list[Outcome]:
+        """Apply entries of ``P:lifecycle:{shard}`` in one round trip; one Outcome per entry."""
+        if not entries:
+            return []
+        plan = self.plan(shard, entries, received, dead_letters=dead_letters)
+        for _attempt in range(3):
+            outcomes = self.finish(plan, await self.channel.execute(plan.commands))
+            if outcomes is not None:
+                return outcomes
             await self.ensure_scripts()
-            return await self.apply(shard, entries, received, dead_letters=dead_letters)
-        if any(isinstance(r, NoScriptError) for r in replies):
-            await self.ensure_scripts()
-            return await self.apply(shard, entries, received, dead_letters=dead_letters)
-        replies_iter = iter(replies)
-        return [o if o.status == "dead" and not dead_letters else self._outcome(o, next(replies_iter))
-                for o in pending]
+        raise RuntimeError("the server keeps forgetting memworker's scripts (SCRIPT FLUSH?)")
 
     @staticmethod
     def _outcome(planned: Outcome, reply: Any) -> Outcome:
         if isinstance(reply, ResponseError | Exception):
-            return Outcome(planned.entry_id, "error", str(reply), planned.command,
-                           project_id=planned.project_id, session_id=planned.session_id,
-                           event_id=planned.event_id)
+            return Outcome(
+                planned.entry_id,
+                "error",
+                str(reply),
+                planned.command,
+                project_id=planned.project_id,
+                session_id=planned.session_id,
+                event_id=planned.event_id,
+            )
         if planned.status == "dead":
             return planned
         status = reply[0].decode()
         detail = reply[1].decode() if isinstance(reply[1], bytes) else str(reply[1])
         reason = reply[2].decode() if len(reply) > 2 else None
-        return Outcome(planned.entry_id, status, detail, planned.command, reason,
-                       planned.project_id, planned.session_id, planned.event_id)
+        return Outcome(
+            planned.entry_id,
+            status,
+            detail,
+            planned.command,
+            reason,
+            planned.project_id,
+            planned.session_id,
+            planned.event_id,
+        )
 
     def _build(
-        self, intake: Accepted | Refused, shard: int, streams: StreamKeys, entry_id: str,
-        now_ms: int, now_iso: str, duration_ms: float,
+        self,
+        intake: Accepted | Refused,
+        shard: int,
+        streams: StreamKeys,
+        entry_id: str,
+        now_ms: int,
+        now_iso: str,
+        duration_ms: float,
     ) -> tuple[list[str], list[str | bytes | int], Outcome]:
         settings = self.settings
         if isinstance(intake, Accepted):
@@ -195,9 +283,13 @@ class CommandApplier:
             project_id, session_id, event_id = cmd.project_id, cmd.session_id, cmd.event_id
             command_type: str | None = cmd.type
             copied = {
-                "project_id": project_id, "session_id": session_id,
-                "agent_instance_id": cmd.agent_instance_id, "agent_type_id": cmd.agent_type_id,
-                "seq": cmd.seq, "correlation_id": cmd.correlation_id, "metadata": cmd.metadata,
+                "project_id": project_id,
+                "session_id": session_id,
+                "agent_instance_id": cmd.agent_instance_id,
+                "agent_type_id": cmd.agent_type_id,
+                "seq": cmd.seq,
+                "correlation_id": cmd.correlation_id,
+                "metadata": cmd.metadata,
             }
             seq = cmd.seq
             session_known = True
@@ -207,10 +299,14 @@ class CommandApplier:
             copied = _copied(raw, keep_metadata=intake.reason != "limit_exceeded")
             project_id, session_id = copied["project_id"], copied["session_id"]
             kind = raw.get("type")
-            command_type = kind if isinstance(kind, str) and kind in (
-                "spawn", "pause", "resume", "terminate") else None
+            command_type = (
+                kind
+                if isinstance(kind, str) and kind in ("spawn", "pause", "resume", "terminate")
+                else None
+            )
             session_known = (
-                project_id is not None and session_id is not None
+                project_id is not None
+                and session_id is not None
                 and shard_of(project_id, session_id, settings.shards) == shard
             )
             seq = copied["seq"] if session_known else None
@@ -220,13 +316,25 @@ class CommandApplier:
         else:
             session = SessionKeys(settings.stream_prefix, shard, _PLACEHOLDER, _PLACEHOLDER)
         result_id = result_event_id(project_id, event_id)
-        keys = [*session.all(), streams.dedupe(project_id or _PLACEHOLDER, event_id),
-                streams.results, streams.lifecycle]
+        keys = [
+            *session.all(),
+            streams.dedupe(project_id or _PLACEHOLDER, event_id),
+            streams.results,
+            streams.lifecycle,
+        ]
         prefix = _prefix(result_id, event_id, command_type, copied, now_iso, duration_ms)
         argv: list[str | bytes | int] = [
-            "", entry_id, self.group, prefix, seq if seq is not None else "", now_ms, now_iso,
-            settings.session_ttl_seconds * 1000, settings.dedupe_ttl_seconds * 1000,
-            settings.tombstone_ttl_seconds * 1000, intake.traceparent or "",
+            "",
+            entry_id,
+            self.group,
+            prefix,
+            seq if seq is not None else "",
+            now_ms,
+            now_iso,
+            settings.session_ttl_seconds * 1000,
+            settings.dedupe_ttl_seconds * 1000,
+            settings.tombstone_ttl_seconds * 1000,
+            intake.traceparent or "",
             settings.max_checkpoints_per_session,
         ]
         if isinstance(intake, Refused):
@@ -237,24 +345,42 @@ class CommandApplier:
             argv[0] = cmd.type
             if isinstance(cmd, SpawnCommand):
                 ttl = (cmd.ttl_seconds or settings.session_ttl_seconds) * 1000
-                argv += [cmd.agent_instance_id, cmd.agent_type_id or "", ttl,
-                         len(intake.encoded_state)]
+                argv += [
+                    cmd.agent_instance_id,
+                    cmd.agent_type_id or "",
+                    ttl,
+                    len(intake.encoded_state),
+                ]
                 for key, text in intake.encoded_state:
                     argv += [key, text]
             elif isinstance(cmd, PauseCommand):
-                argv += [cmd.checkpoint_id or default_checkpoint_id(cmd.project_id, event_id),
-                         cmd.description or ""]
+                argv += [
+                    cmd.checkpoint_id or default_checkpoint_id(cmd.project_id, event_id),
+                    cmd.description or "",
+                ]
             elif isinstance(cmd, ResumeCommand):
                 argv += [cmd.checkpoint_id or "", "1" if cmd.clear_current else "0"]
             elif isinstance(cmd, TerminateCommand):
-                extra = orjson.dumps({
-                    "task_description": cmd.task_description,
-                    "lessons_learned": cmd.lessons_learned,
-                    "tokens_used": cmd.tokens_used,
-                    "importance": cmd.importance,
-                })
-                argv += [cmd.outcome, "1" if cmd.consolidate else "0",
-                         "1" if cmd.cleanup else "0", b"," + extra[1:-1]]
-        outcome = Outcome(entry_id, "planned", command=command_type, project_id=project_id,
-                          session_id=session_id, event_id=event_id)
+                extra = orjson.dumps(
+                    {
+                        "task_description": cmd.task_description,
+                        "lessons_learned": cmd.lessons_learned,
+                        "tokens_used": cmd.tokens_used,
+                        "importance": cmd.importance,
+                    }
+                )
+                argv += [
+                    cmd.outcome,
+                    "1" if cmd.consolidate else "0",
+                    "1" if cmd.cleanup else "0",
+                    b"," + extra[1:-1],
+                ]
+        outcome = Outcome(
+            entry_id,
+            "planned",
+            command=command_type,
+            project_id=project_id,
+            session_id=session_id,
+            event_id=event_id,
+        )
         return keys, argv, outcome

@@ -26,7 +26,8 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from worker.applier import CommandApplier, Outcome
+from worker.applier import CommandApplier, Outcome, Plan
+from worker.connections import redis_client
 from worker.keys import LIFECYCLE_GROUP, StreamKeys
 from worker.logs import get_logger
 from worker.metrics import APPLY_SECONDS, BATCH_SIZE, COMMANDS, DEAD_LETTERS, READY
@@ -35,6 +36,8 @@ from worker.settings import Settings
 log = get_logger("memworker.lifecycle")
 
 Entry = tuple[bytes | str, Mapping[bytes, bytes]]
+IN_FLIGHT = 2
+"""Batches sent and not yet answered: two keep both Redis and the worker busy."""
 _CONNECTION_ERRORS = (RedisConnectionError, RedisTimeoutError, OSError)
 
 
@@ -70,8 +73,16 @@ class RetryBook:
 
     held: dict[tuple[int, str], Held] = field(default_factory=dict)
 
-    def hold(self, shard: int, entry_id: str, fields: Mapping[bytes, bytes], delay: float,
-             *, waiting: bool, error: bool) -> Held:
+    def hold(
+        self,
+        shard: int,
+        entry_id: str,
+        fields: Mapping[bytes, bytes],
+        delay: float,
+        *,
+        waiting: bool,
+        error: bool,
+    ) -> Held:
         now = time.monotonic()
         item = self.held.get((shard, entry_id))
         if item is None:
@@ -100,12 +111,14 @@ class LifecycleWorker:
     def __init__(self, settings: Settings, *, consumer: str | None = None) -> None:
         self.settings = settings
         self.consumer = consumer or default_consumer_name()
-        self.redis = Redis.from_url(settings.redis_url, health_check_interval=10)
+        self.redis = redis_client(settings.redis_url, health_check_interval=10)
         self.applier = CommandApplier(self.redis, settings)
         self.retry = RetryBook()
         self.ready = False
         self._stopping = asyncio.Event()
         self._inflight = 0
+        self._window = asyncio.Semaphore(IN_FLIGHT)
+        self._settling: set[asyncio.Task[None]] = set()
         self.broker = RedisBroker(settings.redis_url, logger=None)
         for shard in range(settings.shards):
             self._subscribe(shard)
@@ -135,7 +148,7 @@ class LifecycleWorker:
 
         async def handle(raw: Any) -> None:
             entries = list(zip(raw["message_ids"], raw["data"], strict=True))
-            await self.apply_batch(shard, entries)
+            await self.dispatch(shard, entries)
 
         self.broker.subscriber(
             stream=stream,
@@ -145,6 +158,53 @@ class LifecycleWorker:
         )(handle)
 
     # -- applying ---------------------------------------------------------------------------
+
+    async def dispatch(self, shard: int, entries: Sequence[Entry]) -> None:
+        """Send a batch and return before its replies arrive, so the next batch is read and
+        parsed while Redis runs this one. At most ``IN_FLIGHT`` batches are outstanding; they
+        share one connection, so Redis applies them in the order they were read."""
+        await self._window.acquire()
+        started = time.perf_counter()
+        try:
+            channel = self.applier.channel
+            if not channel.connected:
+                await channel.connect()
+            plan = self.applier.plan(shard, entries, started)
+            future = channel.submit(plan.commands)
+        except _CONNECTION_ERRORS as exc:
+            self._window.release()
+            self._unreachable(shard, entries, exc)
+            return
+        self._inflight += 1
+        task = asyncio.create_task(self._complete(plan, future))
+        self._settling.add(task)
+        task.add_done_callback(self._settled)
+
+    def _settled(self, task: asyncio.Task[None]) -> None:
+        self._settling.discard(task)
+        self._inflight -= 1
+        self._window.release()
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            log.error("batch_failed", error=repr(exc))
+
+    async def _complete(self, plan: Plan, future: asyncio.Future[list[Any]]) -> None:
+        try:
+            replies = await future
+        except _CONNECTION_ERRORS as exc:
+            self._unreachable(plan.shard, plan.entries, exc)
+            return
+        outcomes = self.applier.finish(plan, replies)
+        if outcomes is None:  # the server lost our scripts (restart, SCRIPT FLUSH): redo
+            await self.applier.ensure_scripts()
+            await self._apply(plan.shard, plan.entries)
+            return
+        await self._record(plan.shard, plan.entries, outcomes, plan.received)
+
+    def _unreachable(self, shard: int, entries: Sequence[Entry], exc: BaseException) -> None:
+        self._set_ready(False)
+        log.warning("redis_unavailable", error=str(exc), held=len(entries))
+        for entry_id, fields in entries:
+            self.retry.hold(shard, _text(entry_id), fields, 1.0, waiting=False, error=False)
 
     async def apply_batch(self, shard: int, entries: Sequence[Entry]) -> list[Outcome]:
         """Apply entries; hold what must wait or be retried. Survives a cancelled caller."""
@@ -161,53 +221,89 @@ class LifecycleWorker:
         try:
             outcomes = await self.applier.apply(shard, entries, started)
         except _CONNECTION_ERRORS as exc:
-            self._set_ready(False)
-            log.warning("redis_unavailable", error=str(exc), held=len(entries))
-            for entry_id, fields in entries:
-                self.retry.hold(shard, _text(entry_id), fields, 1.0, waiting=False, error=False)
+            self._unreachable(shard, entries, exc)
             return []
+        await self._record(shard, entries, outcomes, started)
+        return outcomes
+
+    async def _record(
+        self, shard: int, entries: Sequence[Entry], outcomes: list[Outcome], started: float
+    ) -> None:
         self._set_ready(True)
         BATCH_SIZE.labels(LIFECYCLE_GROUP).observe(len(entries))
         APPLY_SECONDS.labels(LIFECYCLE_GROUP).observe(time.perf_counter() - started)
         fields_by_id = {_text(i): f for i, f in entries}
         for outcome in outcomes:
             await self._settle(shard, outcome, fields_by_id[outcome.entry_id])
-        return outcomes
 
     async def _settle(self, shard: int, outcome: Outcome, fields: Mapping[bytes, bytes]) -> None:
         status = outcome.status
         if status == "wait":
-            held = self.retry.hold(shard, outcome.entry_id, fields,
-                                   self.settings.seq_retry_ms / 1000, waiting=True, error=False)
+            held = self.retry.hold(
+                shard,
+                outcome.entry_id,
+                fields,
+                self.settings.seq_retry_ms / 1000,
+                waiting=True,
+                error=False,
+            )
             if time.monotonic() - held.first_seen > self.settings.seq_gap_timeout_seconds:
                 self.retry.release(shard, outcome.entry_id)
-                await self._dead(shard, outcome.entry_id, fields, "seq_gap",
-                                 f"waited {self.settings.seq_gap_timeout_seconds:g}s for seq "
-                                 f"{outcome.detail} of session {outcome.project_id}/"
-                                 f"{outcome.session_id}; it never arrived", 1)
+                await self._dead(
+                    shard,
+                    outcome.entry_id,
+                    fields,
+                    "seq_gap",
+                    f"waited {self.settings.seq_gap_timeout_seconds:g}s for seq "
+                    f"{outcome.detail} of session {outcome.project_id}/"
+                    f"{outcome.session_id}; it never arrived",
+                    1,
+                )
             return
         if status == "error":
             held = self.retry.hold(shard, outcome.entry_id, fields, 0.5, waiting=False, error=True)
-            log.error("apply_failed", entry_id=outcome.entry_id, error=outcome.detail,
-                      attempts=held.attempts, event_id=outcome.event_id)
+            log.error(
+                "apply_failed",
+                entry_id=outcome.entry_id,
+                error=outcome.detail,
+                attempts=held.attempts,
+                event_id=outcome.event_id,
+            )
             if held.attempts >= self.settings.max_deliveries:
                 self.retry.release(shard, outcome.entry_id)
-                await self._dead(shard, outcome.entry_id, fields, "max_deliveries",
-                                 outcome.detail, held.attempts)
+                await self._dead(
+                    shard, outcome.entry_id, fields, "max_deliveries", outcome.detail, held.attempts
+                )
             return
         self.retry.release(shard, outcome.entry_id)
         if status == "dead":
             DEAD_LETTERS.labels(LIFECYCLE_GROUP, outcome.reason or "unparseable").inc()
-            log.warning("dead_letter", entry_id=outcome.entry_id, reason=outcome.reason,
-                        error=outcome.detail)
+            log.warning(
+                "dead_letter",
+                entry_id=outcome.entry_id,
+                reason=outcome.reason,
+                error=outcome.detail,
+            )
             return
         COMMANDS.labels(outcome.command or "unknown", status, outcome.reason or "").inc()
         if status == "rejected":
-            log.info("command_rejected", reason=outcome.reason, event_id=outcome.event_id,
-                     project_id=outcome.project_id, session_id=outcome.session_id)
+            log.info(
+                "command_rejected",
+                reason=outcome.reason,
+                event_id=outcome.event_id,
+                project_id=outcome.project_id,
+                session_id=outcome.session_id,
+            )
 
-    async def _dead(self, shard: int, entry_id: str, fields: Mapping[bytes, bytes],
-                    reason: str, error: str, deliveries: int) -> None:
+    async def _dead(
+        self,
+        shard: int,
+        entry_id: str,
+        fields: Mapping[bytes, bytes],
+        reason: str,
+        error: str,
+        deliveries: int,
+    ) -> None:
         await self.applier.dead_letter(shard, entry_id, fields, reason, error, deliveries)
         DEAD_LETTERS.labels(LIFECYCLE_GROUP, reason).inc()
         log.warning("dead_letter", entry_id=entry_id, reason=reason, error=error)
@@ -242,9 +338,12 @@ class LifecycleWorker:
         total = 0
         while True:
             reply = await self.redis.xautoclaim(
-                stream, LIFECYCLE_GROUP, self.consumer,
+                stream,
+                LIFECYCLE_GROUP,
+                self.consumer,
                 min_idle_time=self.settings.reclaim_idle_ms,
-                start_id=start, count=self.settings.batch_size,
+                start_id=start,
+                count=self.settings.batch_size,
             )
             start = _text(reply[0])
             claimed = [(i, f) for i, f in reply[1] if f]
@@ -254,8 +353,14 @@ class LifecycleWorker:
                 for entry_id, fields in claimed:
                     n = counts.get(_text(entry_id), 1)
                     if n > self.settings.max_deliveries:
-                        await self._dead(shard, _text(entry_id), fields, "max_deliveries",
-                                         f"delivered {n} times without being applied", n)
+                        await self._dead(
+                            shard,
+                            _text(entry_id),
+                            fields,
+                            "max_deliveries",
+                            f"delivered {n} times without being applied",
+                            n,
+                        )
                     else:
                         good.append((entry_id, fields))
                 await self.apply_batch(shard, good)
@@ -266,7 +371,11 @@ class LifecycleWorker:
     async def _deliveries(self, stream: str, claimed: Sequence[Entry]) -> dict[str, int]:
         ids = [_text(i) for i, _ in claimed]
         rows = await self.redis.xpending_range(
-            stream, LIFECYCLE_GROUP, min=ids[0], max=ids[-1], count=len(ids) * 4 + 10,
+            stream,
+            LIFECYCLE_GROUP,
+            min=ids[0],
+            max=ids[-1],
+            count=len(ids) * 4 + 10,
             consumername=self.consumer,
         )
         return {_text(r["message_id"]): int(r["times_delivered"]) for r in rows}
@@ -277,8 +386,12 @@ class LifecycleWorker:
             stream = self.streams(shard).lifecycle
             ids = [entry_id for entry_id, _ in items]
             with_lease = await self.redis.xclaim(
-                stream, LIFECYCLE_GROUP, self.consumer, min_idle_time=0,
-                message_ids=ids, justid=True,
+                stream,
+                LIFECYCLE_GROUP,
+                self.consumer,
+                min_idle_time=0,
+                message_ids=ids,
+                justid=True,
             )
             owned = {_text(i) for i in with_lease}
             for entry_id in ids:
@@ -328,10 +441,12 @@ class LifecycleWorker:
         await self.broker.start()
         self._set_ready(True)
         self._tasks = [
-            asyncio.create_task(self._loop(self.settings.reclaim_interval_ms / 1000,
-                                           self._reclaim_all, "reclaim")),
-            asyncio.create_task(self._loop(self.settings.seq_retry_ms / 1000,
-                                           self.retry_once, "retry")),
+            asyncio.create_task(
+                self._loop(self.settings.reclaim_interval_ms / 1000, self._reclaim_all, "reclaim")
+            ),
+            asyncio.create_task(
+                self._loop(self.settings.seq_retry_ms / 1000, self.retry_once, "retry")
+            ),
         ]
         log.info("lifecycle_worker_started", consumer=self.consumer, shards=self.settings.shards)
 
@@ -345,6 +460,7 @@ class LifecycleWorker:
         while self._inflight:
             await asyncio.sleep(0.01)
         self._set_ready(False)
+        await self.applier.close()
         await self.redis.aclose()
         log.info("lifecycle_worker_stopped", consumer=self.consumer)
 

@@ -53,6 +53,10 @@ class LuaScript:
             await redis.script_load(self.source)
             return await redis.evalsha(self.sha, len(keys), *keys, *args)  # type: ignore[no-untyped-call]
 
+    def command(self, keys: Sequence[str], args: Sequence[str | int | float | bytes]) -> list[Any]:
+        """The EVALSHA command as a list, for a ``ScriptChannel`` batch."""
+        return ["EVALSHA", self.sha, len(keys), *keys, *args]
+
     def queue(
         self, pipe: Pipeline, keys: Sequence[str], args: Sequence[str | int | float | bytes]
     ) -> None:

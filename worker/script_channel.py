@@ -1,0 +1,155 @@
+"""``ScriptChannel``: one Redis connection that pipelines batches of commands in order.
+
+The worker's hot path sends a whole batch of apply scripts, and while Redis executes it the
+worker parses the next batch: two batches can be in flight on one connection. Redis runs a
+connection's commands in the order they arrive, so commands of one session keep their order
+across batches. Replies are parsed by hiredis in C and matched to batches first-in, first-out.
+
+redis-py's pipeline cannot do this (it waits for a batch's replies before the connection is
+reused, and reads each reply through a Python timeout context: ~20 µs per command here).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import hiredis
+from redis.connection import parse_url
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
+
+
+@dataclass(slots=True)
+class _Waiting:
+    expected: int
+    future: asyncio.Future[list[Any]]
+    replies: list[Any] = field(default_factory=list)
+
+
+class ScriptChannel:
+    """Ordered, pipelined batches over one connection; reconnects on the next batch."""
+
+    def __init__(self, url: str, connect_timeout: float = 5.0) -> None:
+        self.url = url
+        self.connect_timeout = connect_timeout
+        self._options: dict[str, Any] = parse_url(url)
+        self._reader: asyncio.StreamReader | None = None
+        self._writer: asyncio.StreamWriter | None = None
+        self._waiting: deque[_Waiting] = deque()
+        self._read_task: asyncio.Task[None] | None = None
+        self._connecting = asyncio.Lock()
+
+    @property
+    def connected(self) -> bool:
+        return self._writer is not None and not self._writer.is_closing()
+
+    async def connect(self) -> None:
+        async with self._connecting:
+            if self.connected:
+                return
+            opts = self._options
+            try:
+                if "path" in opts:
+                    opened = asyncio.open_unix_connection(opts["path"])
+                else:
+                    tls = ssl.create_default_context() if self.url.startswith("rediss://") else None
+                    opened = asyncio.open_connection(
+                        opts.get("host", "127.0.0.1"), opts.get("port", 6379), ssl=tls
+                    )
+                reader, writer = await asyncio.wait_for(opened, self.connect_timeout)
+            except (OSError, TimeoutError) as exc:
+                raise RedisConnectionError(f"cannot connect to {self.url}: {exc}") from exc
+            self._reader, self._writer = reader, writer
+            self._read_task = asyncio.create_task(self._read_loop(reader))
+            setup: list[list[Any]] = []
+            if opts.get("password"):
+                auth: list[Any] = ["AUTH"]
+                if opts.get("username"):
+                    auth.append(opts["username"])
+                setup.append([*auth, opts["password"]])
+            if opts.get("db"):
+                setup.append(["SELECT", int(opts["db"])])
+            if setup:
+                for reply in await self.submit(setup):
+                    if isinstance(reply, Exception):
+                        self._fail_all(RedisConnectionError(f"handshake failed: {reply}"))
+                        raise RedisConnectionError(f"handshake with {self.url} failed: {reply}")
+
+    def submit(self, commands: Sequence[Sequence[Any]]) -> asyncio.Future[list[Any]]:
+        """Write a batch now (in call order) and return a future of its replies.
+
+        Raises ConnectionError when not connected: call ``connect`` first.
+        """
+        if not self.connected or self._writer is None:
+            raise RedisConnectionError(f"not connected to {self.url}")
+        future: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
+        if not commands:
+            future.set_result([])
+            return future
+        payload = b"".join(hiredis.pack_command(tuple(c)) for c in commands)
+        self._waiting.append(_Waiting(len(commands), future))
+        self._writer.write(payload)
+        return future
+
+    async def execute(self, commands: Sequence[Sequence[Any]]) -> list[Any]:
+        """Send a batch and wait for its replies (errors are returned as exceptions)."""
+        if not self.connected:
+            await self.connect()
+        future = self.submit(commands)
+        assert self._writer is not None
+        try:
+            await self._writer.drain()
+        except (OSError, ConnectionError) as exc:
+            self._fail_all(RedisConnectionError(f"lost connection to {self.url}: {exc}"))
+        return await future
+
+    async def _read_loop(self, reader: asyncio.StreamReader) -> None:
+        parser = hiredis.Reader(replyError=ResponseError)
+        error: Exception = RedisConnectionError(f"connection to {self.url} closed")
+        try:
+            while True:
+                data = await reader.read(1 << 16)
+                if not data:
+                    break
+                parser.feed(data)
+                while (reply := parser.gets()) is not False:
+                    self._deliver(reply)
+        except (OSError, ConnectionError, hiredis.ProtocolError) as exc:
+            error = RedisConnectionError(f"lost connection to {self.url}: {exc}")
+        except asyncio.CancelledError:
+            error = RedisConnectionError(f"connection to {self.url} closed")
+        self._fail_all(error)
+
+    def _deliver(self, reply: Any) -> None:
+        if not self._waiting:
+            return
+        head = self._waiting[0]
+        head.replies.append(reply)
+        if len(head.replies) == head.expected:
+            self._waiting.popleft()
+            if not head.future.done():
+                head.future.set_result(head.replies)
+
+    def _fail_all(self, error: Exception) -> None:
+        writer, self._writer, self._reader = self._writer, None, None
+        if writer is not None:
+            writer.close()
+        while self._waiting:
+            waiting = self._waiting.popleft()
+            if not waiting.future.done():
+                waiting.future.set_exception(error)
+
+    async def close(self) -> None:
+        task, self._read_task = self._read_task, None
+        self._fail_all(RedisConnectionError(f"connection to {self.url} closed"))
+        if task is not None:
+            task.cancel()
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
