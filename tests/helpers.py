@@ -20,26 +20,33 @@ from worker.lifecycle import LifecycleWorker
 from worker.settings import Settings
 
 
-def command(kind: str, event_id: str, session: str = "s1", project: str = "p1",
-            **fields: Any) -> dict[str, Any]:
-    return {"type": kind, "event_id": event_id, "project_id": project, "session_id": session,
-            "agent_instance_id": "agent-1", **fields}
+def command(
+    kind: str, event_id: str, session: str = "s1", project: str = "p1", **fields: Any
+) -> dict[str, Any]:
+    return {
+        "type": kind,
+        "event_id": event_id,
+        "project_id": project,
+        "session_id": session,
+        "agent_instance_id": "agent-1",
+        **fields,
+    }
 
 
-async def publish(redis: Redis, settings: Settings, body: Mapping[str, Any] | bytes,
-                  shard: int | None = None) -> str:
+async def publish(
+    redis: Redis, settings: Settings, body: Mapping[str, Any] | bytes, shard: int | None = None
+) -> str:
     """XADD a command (a dict as JSON, or raw bytes) to its shard's lifecycle stream."""
     if shard is None:
         assert isinstance(body, Mapping)
         shard = shard_of(str(body["project_id"]), str(body["session_id"]), settings.shards)
     data = body if isinstance(body, bytes) else orjson.dumps(body)
-    entry_id = await redis.xadd(StreamKeys(settings.stream_prefix, shard).lifecycle,
-                                {"data": data})
-    return str(entry_id.decode())
+    entry_id = await redis.xadd(StreamKeys(settings.stream_prefix, shard).lifecycle, {"data": data})
+    return entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
 
 
 async def results(redis: Redis, settings: Settings, shard: int = 0) -> list[dict[str, Any]]:
-    rows = await redis.xrange(StreamKeys(settings.stream_prefix, shard).results)
+    rows: Any = await redis.xrange(StreamKeys(settings.stream_prefix, shard).results)
     return [orjson.loads(f[b"data"]) for _i, f in rows]
 
 
@@ -51,7 +58,7 @@ async def all_results(redis: Redis, settings: Settings) -> list[dict[str, Any]]:
 
 
 async def dead_letters(redis: Redis, settings: Settings, shard: int = 0) -> list[dict[str, str]]:
-    rows = await redis.xrange(StreamKeys(settings.stream_prefix, shard).dlq)
+    rows: Any = await redis.xrange(StreamKeys(settings.stream_prefix, shard).dlq)
     return [{k.decode(): v.decode() for k, v in f.items()} for _i, f in rows]
 
 
@@ -74,8 +81,9 @@ async def stream_len_at_least(redis: Redis, stream: str, n: int, timeout: float 
 
 
 @contextlib.asynccontextmanager
-async def running_worker(settings: Settings, consumer: str | None = None
-                         ) -> AsyncIterator[LifecycleWorker]:
+async def running_worker(
+    settings: Settings, consumer: str | None = None
+) -> AsyncIterator[LifecycleWorker]:
     """A lifecycle worker running in this event loop for the duration of the block."""
     worker = LifecycleWorker(settings, consumer=consumer)
     stop = asyncio.Event()
@@ -99,20 +107,24 @@ def _ready(worker: LifecycleWorker, task: asyncio.Task[None]) -> Any:
 
 def worker_env(settings: Settings, **extra: str) -> dict[str, str]:
     env = dict(os.environ)
-    env.update({
-        "REDIS_URL": settings.redis_url,
-        "DATABASE_URL": settings.database_url,
-        "MEMWORKER_STREAM_PREFIX": settings.stream_prefix,
-        "MEMWORKER_SHARDS": str(settings.shards),
-        "MEMWORKER_LOG_JSON": "true",
-        "MEMWORKER_LOG_LEVEL": "WARNING",
-        **extra,
-    })
+    env.update(
+        {
+            "REDIS_URL": settings.redis_url,
+            "DATABASE_URL": settings.database_url,
+            "MEMWORKER_STREAM_PREFIX": settings.stream_prefix,
+            "MEMWORKER_SHARDS": str(settings.shards),
+            "MEMWORKER_LOG_JSON": "true",
+            "MEMWORKER_LOG_LEVEL": "WARNING",
+            **extra,
+        }
+    )
     return env
 
 
 @contextlib.contextmanager
-def worker_process(settings: Settings, *args: str, **extra: str) -> Iterator[subprocess.Popen[bytes]]:
+def worker_process(
+    settings: Settings, *args: str, **extra: str
+) -> Iterator[subprocess.Popen[bytes]]:
     """``memworker run`` as a subprocess (as a process manager would run it)."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "worker.cli", "run", *args],

@@ -47,10 +47,23 @@ class RedisProcess:
 
     def start(self) -> None:
         self.proc = subprocess.Popen(
-            [server_binary(), "--port", str(self.port), "--bind", "127.0.0.1",
-             "--dir", str(self.data_dir), "--appendonly", "yes",
-             "--appendfsync", self.appendfsync, "--save", ""],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            [
+                server_binary(),
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--dir",
+                str(self.data_dir),
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                self.appendfsync,
+                "--save",
+                "",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:

@@ -70,7 +70,10 @@ class Plan:
 
 @dataclass(frozen=True, slots=True)
 class Outcome:
-    """What happened to one entry: ``status`` is applied, rejected, duplicate, wait, dead or error."""
+    """What happened to one entry.
+
+    ``status``: applied, rejected, duplicate, wait (seq ahead), dead (DLQ) or error.
+    """
 
     entry_id: str
     status: str
@@ -280,9 +283,11 @@ class CommandApplier:
         settings = self.settings
         if isinstance(intake, Accepted):
             cmd = intake.command
-            project_id, session_id, event_id = cmd.project_id, cmd.session_id, cmd.event_id
+            project_id: str | None = cmd.project_id
+            session_id: str | None = cmd.session_id
+            event_id = cmd.event_id
             command_type: str | None = cmd.type
-            copied = {
+            copied: dict[str, Any] = {
                 "project_id": project_id,
                 "session_id": session_id,
                 "agent_instance_id": cmd.agent_instance_id,
@@ -291,13 +296,14 @@ class CommandApplier:
                 "correlation_id": cmd.correlation_id,
                 "metadata": cmd.metadata,
             }
-            seq = cmd.seq
+            seq: int | None = cmd.seq
             session_known = True
         else:
             raw = intake.raw
             event_id = intake.event_id
             copied = _copied(raw, keep_metadata=intake.reason != "limit_exceeded")
-            project_id, session_id = copied["project_id"], copied["session_id"]
+            project_id = copied["project_id"]
+            session_id = copied["session_id"]
             kind = raw.get("type")
             command_type = (
                 kind
@@ -310,8 +316,7 @@ class CommandApplier:
                 and shard_of(project_id, session_id, settings.shards) == shard
             )
             seq = copied["seq"] if session_known else None
-        if session_known:
-            assert project_id is not None and session_id is not None
+        if session_known and project_id is not None and session_id is not None:
             session = SessionKeys(settings.stream_prefix, shard, project_id, session_id)
         else:
             session = SessionKeys(settings.stream_prefix, shard, _PLACEHOLDER, _PLACEHOLDER)

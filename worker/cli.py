@@ -6,6 +6,7 @@ Exit status: 0 on success, 2 on a usage error, 1 on failure, with one clear line
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -246,8 +247,11 @@ def publish(
     if command_type not in ("spawn", "pause", "resume", "terminate"):
         raise typer.BadParameter("must be spawn, pause, resume or terminate", param_hint="TYPE")
     body: dict[str, Any] = {
-        "type": command_type, "project_id": project, "session_id": session,
-        "agent_instance_id": agent, **_parse_assignments(field or []),
+        "type": command_type,
+        "project_id": project,
+        "session_id": session,
+        "agent_instance_id": agent,
+        **_parse_assignments(field or []),
     }
     if state is not None:
         try:
@@ -284,13 +288,20 @@ def _print_entry(stream: str, entry_id: str, fields: dict[bytes, bytes], as_json
     decoded = {k.decode(): v.decode("utf-8", "replace") for k, v in fields.items()}
     data: Any = decoded.get("data")
     if data is not None:
-        try:
+        with contextlib.suppress(orjson.JSONDecodeError):
             data = orjson.loads(data)
-        except orjson.JSONDecodeError:
-            pass
     if as_json:
-        print(json.dumps({"stream": stream, "id": entry_id, "data": data,
-                          **{k: v for k, v in decoded.items() if k != "data"}}), flush=True)
+        print(
+            json.dumps(
+                {
+                    "stream": stream,
+                    "id": entry_id,
+                    "data": data,
+                    **{k: v for k, v in decoded.items() if k != "data"},
+                }
+            ),
+            flush=True,
+        )
         return
     if isinstance(data, dict) and "source_stream" not in decoded:
         kind = data.get("type", "?")
@@ -299,8 +310,9 @@ def _print_entry(stream: str, entry_id: str, fields: dict[bytes, bytes], as_json
         out.print(f"[dim]{entry_id}[/dim] [bold]{kind}[/bold] {who} {extra}", highlight=False)
     else:
         reason = decoded.get("reason", "")
-        out.print(f"[dim]{entry_id}[/dim] [red]{reason}[/red] {decoded.get('error', '')}",
-                  highlight=False)
+        out.print(
+            f"[dim]{entry_id}[/dim] [red]{reason}[/red] {decoded.get('error', '')}", highlight=False
+        )
 
 
 @app.command()
@@ -319,14 +331,15 @@ def tail(
     if what == "episodes":
         names = [episodes_stream(settings.stream_prefix)]
     else:
-        names = [getattr(StreamKeys(settings.stream_prefix, i), what)
-                 for i in range(settings.shards)]
+        names = [
+            getattr(StreamKeys(settings.stream_prefix, i), what) for i in range(settings.shards)
+        ]
 
     async def go(redis: Redis) -> None:
         positions: dict[str, str] = {name: "0-0" if from_start else "$" for name in names}
         seen = 0
         while count is None or seen < count:
-            reply = await redis.xread(positions, count=100, block=1000)  # type: ignore[arg-type]
+            reply: Any = await redis.xread(positions, count=100, block=1000)  # type: ignore[arg-type]
             for stream, entries in reply or []:
                 name = stream.decode()
                 for entry_id, fields in entries:
@@ -382,15 +395,23 @@ def stats(
     table = Table("stream", "length", "group", "lag", "pending", "oldest pending", "consumers")
     for r in rows:
         age = "" if r.oldest_pending_age_s is None else f"{r.oldest_pending_age_s:.1f}s"
-        table.add_row(r.stream, str(r.length), r.group or "-",
-                      "" if r.lag is None else str(r.lag), str(r.pending), age, str(r.consumers))
+        table.add_row(
+            r.stream,
+            str(r.length),
+            r.group or "-",
+            "" if r.lag is None else str(r.lag),
+            str(r.pending),
+            age,
+            str(r.consumers),
+        )
     out.print(table)
 
 
 @app.command()
 def replay(
-    what: Annotated[str, typer.Argument(
-        help="lifecycle (into the worker) or results (into the consolidator).")],
+    what: Annotated[
+        str, typer.Argument(help="lifecycle (into the worker) or results (into the consolidator).")
+    ],
     shard: Annotated[int | None, typer.Option(help="One shard (default: every shard).")] = None,
     start: Annotated[str, typer.Option("--from", help="First entry id (inclusive).")] = "-",
     end: Annotated[str, typer.Option("--to", help="Last entry id (inclusive).")] = "+",
@@ -408,11 +429,17 @@ def replay(
 
         total = 0
         for s in shards:
-            total += await count_range(redis, getattr(StreamKeys(settings.stream_prefix, s), what),
-                                       start, end)
+            total += await count_range(
+                redis, getattr(StreamKeys(settings.stream_prefix, s), what), start, end
+            )
         summary: dict[str, int] = {}
-        with Progress(TextColumn("replaying {task.description}"), BarColumn(),
-                      MofNCompleteColumn(), TimeElapsedColumn(), console=err) as progress:
+        with Progress(
+            TextColumn("replaying {task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=err,
+        ) as progress:
             task = progress.add_task(what, total=total)
 
             def advance(n: int) -> None:
@@ -479,8 +506,13 @@ def dlq_list(
         return
     table = Table("id", "reason", "source", "deliveries", "error")
     for _stream, entry_id, f in rows:
-        table.add_row(entry_id, f.get("reason", ""), f.get("source_id", ""),
-                      f.get("deliveries", ""), f.get("error", "")[:80])
+        table.add_row(
+            entry_id,
+            f.get("reason", ""),
+            f.get("source_id", ""),
+            f.get("deliveries", ""),
+            f.get("error", "")[:80],
+        )
     out.print(table)
 
 
@@ -515,8 +547,9 @@ def dlq_redrive(
     async def go(redis: Redis) -> int:
         from worker.dlq import redrive
 
-        return sum([await redrive(redis, s, entry_ids or None)
-                    for s in _dlq_streams(settings, shard)])
+        return sum(
+            [await redrive(redis, s, entry_ids or None) for s in _dlq_streams(settings, shard)]
+        )
 
     out.print(f"redriven: {run_async(with_redis(settings, go))}")
 
@@ -535,8 +568,9 @@ def dlq_purge(
     async def go(redis: Redis) -> int:
         from worker.dlq import purge
 
-        return sum([await purge(redis, s, entry_ids or None)
-                    for s in _dlq_streams(settings, shard)])
+        return sum(
+            [await purge(redis, s, entry_ids or None) for s in _dlq_streams(settings, shard)]
+        )
 
     out.print(f"purged: {run_async(with_redis(settings, go))}")
 

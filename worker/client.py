@@ -6,7 +6,6 @@ publishers (in any number of processes) still give every command of a session it
 
 from __future__ import annotations
 
-import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator, Mapping
@@ -14,6 +13,7 @@ from typing import Any
 
 import orjson
 from redis.asyncio import Redis
+from redis.exceptions import ResponseError
 
 from schemas.commands import COMMAND_TYPES
 from schemas.results import RESULT_ADAPTER, Result
@@ -51,7 +51,10 @@ class LifecycleClient:
             await self.redis.aclose()
 
     async def publish(
-        self, command: Mapping[str, Any], *, assign_seq: bool = True,
+        self,
+        command: Mapping[str, Any],
+        *,
+        assign_seq: bool = True,
         traceparent: str | None = None,
     ) -> str:
         """Publish one command (a dict as in the contract); returns its ``event_id``.
@@ -70,55 +73,99 @@ class LifecycleClient:
             self.settings.stream_prefix, self.settings.shards, project_id, session_id
         )
         if assign_seq and "seq" not in body:
-            body["seq"] = int(await self.redis.incr(
-                seq_key(self.settings.stream_prefix, keys.shard, project_id, session_id)
-            ))
+            body["seq"] = int(
+                await self.redis.incr(
+                    seq_key(self.settings.stream_prefix, keys.shard, project_id, session_id)
+                )
+            )
         fields: dict[str, bytes | str] = {"data": orjson.dumps(body)}
         if traceparent:
             fields["traceparent"] = traceparent
         streams = keys.streams
         # Remember where results could start, so wait() need not scan the whole stream.
-        last = await self.redis.xinfo_stream(streams.results) if await self.redis.exists(
-            streams.results) else None
-        start = last["last-generated-id"].decode() if last else "0-0"
+        start = "0-0"
+        try:
+            info: Any = await self.redis.xinfo_stream(streams.results)
+            start = info["last-generated-id"].decode()
+        except ResponseError:  # no results stream yet
+            pass
         await self.redis.xadd(streams.lifecycle, fields)  # type: ignore[arg-type]
         self._sent[event_id] = (keys.shard, start)
         return str(event_id)
 
-    async def spawn(self, project_id: str, session_id: str, agent_instance_id: str,
-                    initial_state: Mapping[str, Any] | None = None, **fields: Any) -> str:
-        return await self.publish({
-            "type": "spawn", "project_id": project_id, "session_id": session_id,
-            "agent_instance_id": agent_instance_id, "initial_state": dict(initial_state or {}),
-            **fields,
-        })
+    async def spawn(
+        self,
+        project_id: str,
+        session_id: str,
+        agent_instance_id: str,
+        initial_state: Mapping[str, Any] | None = None,
+        **fields: Any,
+    ) -> str:
+        return await self.publish(
+            {
+                "type": "spawn",
+                "project_id": project_id,
+                "session_id": session_id,
+                "agent_instance_id": agent_instance_id,
+                "initial_state": dict(initial_state or {}),
+                **fields,
+            }
+        )
 
-    async def pause(self, project_id: str, session_id: str, agent_instance_id: str,
-                    **fields: Any) -> str:
-        return await self.publish({"type": "pause", "project_id": project_id,
-                                   "session_id": session_id,
-                                   "agent_instance_id": agent_instance_id, **fields})
+    async def pause(
+        self, project_id: str, session_id: str, agent_instance_id: str, **fields: Any
+    ) -> str:
+        return await self.publish(
+            {
+                "type": "pause",
+                "project_id": project_id,
+                "session_id": session_id,
+                "agent_instance_id": agent_instance_id,
+                **fields,
+            }
+        )
 
-    async def resume(self, project_id: str, session_id: str, agent_instance_id: str,
-                     **fields: Any) -> str:
-        return await self.publish({"type": "resume", "project_id": project_id,
-                                   "session_id": session_id,
-                                   "agent_instance_id": agent_instance_id, **fields})
+    async def resume(
+        self, project_id: str, session_id: str, agent_instance_id: str, **fields: Any
+    ) -> str:
+        return await self.publish(
+            {
+                "type": "resume",
+                "project_id": project_id,
+                "session_id": session_id,
+                "agent_instance_id": agent_instance_id,
+                **fields,
+            }
+        )
 
-    async def terminate(self, project_id: str, session_id: str, agent_instance_id: str,
-                        **fields: Any) -> str:
-        return await self.publish({"type": "terminate", "project_id": project_id,
-                                   "session_id": session_id,
-                                   "agent_instance_id": agent_instance_id, **fields})
+    async def terminate(
+        self, project_id: str, session_id: str, agent_instance_id: str, **fields: Any
+    ) -> str:
+        return await self.publish(
+            {
+                "type": "terminate",
+                "project_id": project_id,
+                "session_id": session_id,
+                "agent_instance_id": agent_instance_id,
+                **fields,
+            }
+        )
 
-    async def wait(self, event_id: str, timeout: float = 10.0, *,
-                   project_id: str | None = None, session_id: str | None = None) -> Result:
+    async def wait(
+        self,
+        event_id: str,
+        timeout: float = 10.0,
+        *,
+        project_id: str | None = None,
+        session_id: str | None = None,
+    ) -> Result:
         """The result of a command published by this client (or name its session)."""
         if event_id in self._sent:
             shard, start = self._sent[event_id]
         elif project_id and session_id:
-            shard = SessionKeys.for_session(self.settings.stream_prefix, self.settings.shards,
-                                            project_id, session_id).shard
+            shard = SessionKeys.for_session(
+                self.settings.stream_prefix, self.settings.shards, project_id, session_id
+            ).shard
             start = "0-0"
         else:
             raise ValueError("wait() needs project_id and session_id for a command it did not send")
@@ -126,8 +173,9 @@ class LifecycleClient:
         deadline = time.monotonic() + timeout
         last = start
         while (left := deadline - time.monotonic()) > 0:
-            reply = await self.redis.xread({stream: last}, count=500,
-                                           block=max(1, int(min(left, 1.0) * 1000)))
+            reply: Any = await self.redis.xread(
+                {stream: last}, count=500, block=max(1, int(min(left, 1.0) * 1000))
+            )
             for _stream, entries in reply or []:
                 for entry_id, fields in entries:
                     last = entry_id
@@ -142,8 +190,14 @@ class LifecycleClient:
             "running against this Redis and stream prefix?"
         )
 
-    async def follow(self, stream: str, group: str, consumer: str, *, block_ms: int = 1000,
-                     ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+    async def follow(
+        self,
+        stream: str,
+        group: str,
+        consumer: str,
+        *,
+        block_ms: int = 1000,
+    ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
         """Follow a stream in your own consumer group, resuming where the group left off.
 
         Yields (entry id, decoded ``data``) and acknowledges an entry when the next one is
@@ -156,8 +210,9 @@ class LifecycleClient:
                 raise
         last = "0"
         while True:
-            reply = await self.redis.xreadgroup(group, consumer, {stream: last}, count=100,
-                                                block=block_ms)
+            reply: Any = await self.redis.xreadgroup(
+                group, consumer, {stream: last}, count=100, block=block_ms
+            )
             entries = reply[0][1] if reply else []
             if not entries and last == "0":
                 last = ">"
@@ -174,5 +229,3 @@ class LifecycleClient:
 
     def episodes_stream(self) -> str:
         return episodes_stream(self.settings.stream_prefix)
-
-

@@ -13,9 +13,10 @@ from typing import Any
 from redis.asyncio import Connection, Redis
 
 try:
-    from hiredis import pack_command as _pack
+    from hiredis import pack_command as _pack_command
 except ImportError:  # pragma: no cover - hiredis is a dependency; keep working without it
-    _pack = None
+    _pack_command = None  # type: ignore[assignment]
+_pack: Any = _pack_command
 
 
 class HiredisPackedConnection(Connection):
@@ -25,9 +26,9 @@ class HiredisPackedConnection(Connection):
         if _pack is None:  # pragma: no cover
             return super().pack_command(*args)
         first = args[0]
-        if isinstance(first, str) and " " in first:
-            args = (*first.split(), *args[1:])
-        elif isinstance(first, bytes) and b" " in first:
+        if (isinstance(first, str) and " " in first) or (
+            isinstance(first, bytes) and b" " in first
+        ):
             args = (*first.split(), *args[1:])
         return [_pack(args)]
 

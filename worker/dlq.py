@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from datetime import UTC, datetime
+from typing import Any
 
 import orjson
 from redis.asyncio import Redis
@@ -18,14 +19,15 @@ def _text(value: bytes | str) -> str:
     return value.decode("utf-8", "backslashreplace") if isinstance(value, bytes) else value
 
 
-def entry_fields_json(fields: Mapping[bytes | str, bytes | str]) -> str:
+def entry_fields_json(fields: Mapping[Any, Any]) -> str:
     """The original entry's fields as one JSON object (bytes shown with backslash escapes)."""
-    return orjson.dumps({_text(k): _text(v) for k, v in fields.items()}).decode()
+    items: Any = fields.items()
+    return orjson.dumps({_text(k): _text(v) for k, v in items}).decode()
 
 
 def dead_letter(
     *,
-    fields: Mapping[bytes | str, bytes | str],
+    fields: Mapping[Any, Any],
     source_stream: str,
     source_id: str,
     group: str,
@@ -60,9 +62,11 @@ async def list_dead_letters(
     redis: Redis, stream: str, count: int = 100, start: str = "-"
 ) -> list[tuple[str, dict[str, str]]]:
     """The oldest ``count`` dead letters of one DLQ stream from ``start``."""
-    rows = await redis.xrange(stream, min=start, max="+", count=count)
-    return [(i.decode(), {k.decode(): v.decode("utf-8", "replace") for k, v in f.items()})
-            for i, f in rows]
+    rows: Any = await redis.xrange(stream, min=start, max="+", count=count)
+    return [
+        (i.decode(), {k.decode(): v.decode("utf-8", "replace") for k, v in f.items()})
+        for i, f in rows
+    ]
 
 
 async def redrive(redis: Redis, stream: str, entry_ids: list[str] | None = None) -> int:
@@ -71,6 +75,7 @@ async def redrive(redis: Redis, stream: str, entry_ids: list[str] | None = None)
     Each entry is re-added and deleted in one MULTI/EXEC, so a redrive is never lost or
     doubled. Without ``entry_ids`` every dead letter of the stream is redriven.
     """
+    rows: Any
     if entry_ids is None:
         rows = await redis.xrange(stream, min="-", max="+")
     else:
@@ -82,7 +87,9 @@ async def redrive(redis: Redis, stream: str, entry_ids: list[str] | None = None)
         original = orjson.loads(fields[b"data"])
         source = fields[b"source_stream"].decode()
         async with redis.pipeline(transaction=True) as pipe:
-            pipe.xadd(source, {k: v.encode("utf-8", "surrogateescape") for k, v in original.items()})
+            pipe.xadd(
+                source, {k: v.encode("utf-8", "surrogateescape") for k, v in original.items()}
+            )
             pipe.xdel(stream, entry_id)
             await pipe.execute()
         moved += 1

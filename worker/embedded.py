@@ -71,7 +71,7 @@ class EmbeddedPostgres:
             ) from exc
         self.data_dir.mkdir(parents=True, exist_ok=True)
         try:
-            self._server = pgserver.get_server(
+            self._server = pgserver.get_server(  # type: ignore[attr-defined]
                 str(self.data_dir), cleanup_mode="stop" if self.keep else "delete"
             )
         except Exception as exc:

@@ -52,7 +52,9 @@ async def stream_stats(redis: Redis, settings: Settings) -> list[GroupStats]:
             rows.append(GroupStats(name, length, None, None, 0, None, 0))
             continue
         for group in groups:
-            group_name = group["name"].decode() if isinstance(group["name"], bytes) else group["name"]
+            group_name = (
+                group["name"].decode() if isinstance(group["name"], bytes) else group["name"]
+            )
             pending = int(group["pending"])
             oldest = None
             if pending:
@@ -60,9 +62,17 @@ async def stream_stats(redis: Redis, settings: Settings) -> list[GroupStats]:
                 if summary["min"]:
                     oldest = max(0.0, (now_ms - _id_ms(summary["min"])) / 1000)
             lag = group.get("lag")
-            rows.append(GroupStats(name, length, group_name,
-                                   int(lag) if lag is not None else None, pending, oldest,
-                                   int(group["consumers"])))
+            rows.append(
+                GroupStats(
+                    name,
+                    length,
+                    group_name,
+                    int(lag) if lag is not None else None,
+                    pending,
+                    oldest,
+                    int(group["consumers"]),
+                )
+            )
     return rows
 
 

@@ -104,9 +104,7 @@ class SessionKeys:
     session_id: str
 
     @classmethod
-    def for_session(
-        cls, prefix: str, shards: int, project_id: str, session_id: str
-    ) -> SessionKeys:
+    def for_session(cls, prefix: str, shards: int, project_id: str, session_id: str) -> SessionKeys:
         validate_id(project_id, "project_id")
         validate_id(session_id, "session_id")
         return cls(prefix, shard_of(project_id, session_id, shards), project_id, session_id)

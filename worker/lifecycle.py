@@ -10,6 +10,7 @@ the DLQ, and entries whose ``seq`` is ahead wait in a retry book whose leases ar
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import socket
 import time
@@ -18,9 +19,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from faststream.message import StreamMessage
 from faststream.middlewares import AckPolicy
 from faststream.redis import RedisBroker, StreamSub
-from faststream.message import StreamMessage
 from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError, ResponseError
@@ -119,7 +120,7 @@ class LifecycleWorker:
         self._inflight = 0
         self._window = asyncio.Semaphore(IN_FLIGHT)
         self._settling: set[asyncio.Task[None]] = set()
-        self.broker = RedisBroker(settings.redis_url, logger=None)
+        self.broker = RedisBroker(settings.redis_url, logger=None)  # type: ignore[arg-type]
         for shard in range(settings.shards):
             self._subscribe(shard)
 
@@ -321,7 +322,7 @@ class LifecycleWorker:
         done = 0
         last = "0"
         while True:
-            reply = await self.redis.xreadgroup(
+            reply: Any = await self.redis.xreadgroup(
                 LIFECYCLE_GROUP, self.consumer, {stream: last}, count=self.settings.batch_size
             )
             entries = [(i, f) for i, f in reply[0][1] if f] if reply else []
@@ -337,7 +338,7 @@ class LifecycleWorker:
         start = "0-0"
         total = 0
         while True:
-            reply = await self.redis.xautoclaim(
+            reply: Any = await self.redis.xautoclaim(
                 stream,
                 LIFECYCLE_GROUP,
                 self.consumer,
@@ -370,7 +371,7 @@ class LifecycleWorker:
 
     async def _deliveries(self, stream: str, claimed: Sequence[Entry]) -> dict[str, int]:
         ids = [_text(i) for i, _ in claimed]
-        rows = await self.redis.xpending_range(
+        rows: Any = await self.redis.xpending_range(
             stream,
             LIFECYCLE_GROUP,
             min=ids[0],
@@ -385,12 +386,12 @@ class LifecycleWorker:
         for shard, items in self.retry.due().items():
             stream = self.streams(shard).lifecycle
             ids = [entry_id for entry_id, _ in items]
-            with_lease = await self.redis.xclaim(
+            with_lease: Any = await self.redis.xclaim(
                 stream,
                 LIFECYCLE_GROUP,
                 self.consumer,
                 min_idle_time=0,
-                message_ids=ids,
+                message_ids=list(ids),
                 justid=True,
             )
             owned = {_text(i) for i in with_lease}
@@ -412,10 +413,8 @@ class LifecycleWorker:
                 log.warning("redis_unavailable", loop=name, error=str(exc), retry_in=backoff)
             except RedisError as exc:
                 log.error("loop_error", loop=name, error=str(exc))
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stopping.wait(), timeout=backoff)
-            except TimeoutError:
-                pass
 
     async def _reclaim_all(self) -> None:
         for shard in range(self.settings.shards):

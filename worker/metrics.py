@@ -17,19 +17,25 @@ COMMANDS = Counter(
     ["command", "status", "reason"],
 )
 DEAD_LETTERS = Counter(
-    "memworker_dead_letters_total", "Entries moved to a DLQ, by group and reason.",
+    "memworker_dead_letters_total",
+    "Entries moved to a DLQ, by group and reason.",
     ["group", "reason"],
 )
 BATCH_SIZE = Histogram(
-    "memworker_batch_size", "Entries per applied batch.", ["group"],
+    "memworker_batch_size",
+    "Entries per applied batch.",
+    ["group"],
     buckets=(1, 5, 10, 25, 50, 100, 250, 500, 1000, 2500),
 )
 APPLY_SECONDS = Histogram(
-    "memworker_batch_apply_seconds", "Time to apply one batch (parse, scripts, replies).",
-    ["group"], buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+    "memworker_batch_apply_seconds",
+    "Time to apply one batch (parse, scripts, replies).",
+    ["group"],
+    buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
 )
 CONSOLIDATION_SECONDS = Histogram(
-    "memworker_consolidation_batch_seconds", "Time to store one batch of results in Postgres.",
+    "memworker_consolidation_batch_seconds",
+    "Time to store one batch of results in Postgres.",
     buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
 )
 STREAM_LAG = Gauge(

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 from redis.asyncio import Redis
 
@@ -24,7 +25,7 @@ async def read_range(
     """Batches of entries of ``stream`` from ``start`` to ``end`` inclusive."""
     low = start
     while True:
-        rows: Entries = await redis.xrange(stream, min=low, max=end, count=batch)
+        rows: Any = await redis.xrange(stream, min=low, max=end, count=batch)
         if not rows:
             return
         yield rows
@@ -36,7 +37,11 @@ async def read_range(
 
 
 async def replay_lifecycle(
-    redis: Redis, settings: Settings, shard: int, start: str = "-", end: str = "+",
+    redis: Redis,
+    settings: Settings,
+    shard: int,
+    start: str = "-",
+    end: str = "+",
     progress: Callable[[int], None] | None = None,
 ) -> Counter[str]:
     """Re-apply ``P:lifecycle:{shard}`` entries; counts of applied/rejected/duplicate/…"""

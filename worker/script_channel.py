@@ -12,6 +12,7 @@ reused, and reads each reply through a Python timeout context: ~20 µs per comma
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ssl
 from collections import deque
 from collections.abc import Sequence
@@ -37,7 +38,7 @@ class ScriptChannel:
     def __init__(self, url: str, connect_timeout: float = 5.0) -> None:
         self.url = url
         self.connect_timeout = connect_timeout
-        self._options: dict[str, Any] = parse_url(url)
+        self._options: dict[str, Any] = parse_url(url)  # type: ignore[no-untyped-call]
         self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None
         self._waiting: deque[_Waiting] = deque()
@@ -149,7 +150,5 @@ class ScriptChannel:
         self._fail_all(RedisConnectionError(f"connection to {self.url} closed"))
         if task is not None:
             task.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError):
                 await task
-            except asyncio.CancelledError:
-                pass

@@ -48,10 +48,10 @@ class LuaScript:
     ) -> Any:
         """Run by SHA; load the script first if the server does not know it (e.g. restarted)."""
         try:
-            return await redis.evalsha(self.sha, len(keys), *keys, *args)  # type: ignore[no-untyped-call]
+            return await redis.evalsha(self.sha, len(keys), *keys, *args)
         except NoScriptError:
             await redis.script_load(self.source)
-            return await redis.evalsha(self.sha, len(keys), *keys, *args)  # type: ignore[no-untyped-call]
+            return await redis.evalsha(self.sha, len(keys), *keys, *args)
 
     def command(self, keys: Sequence[str], args: Sequence[str | int | float | bytes]) -> list[Any]:
         """The EVALSHA command as a list, for a ``ScriptChannel`` batch."""
@@ -61,7 +61,7 @@ class LuaScript:
         self, pipe: Pipeline, keys: Sequence[str], args: Sequence[str | int | float | bytes]
     ) -> None:
         """Add a run to a pipeline; the caller makes sure the script is loaded (``ensure``)."""
-        pipe.evalsha(self.sha, len(keys), *keys, *args)  # type: ignore[no-untyped-call]
+        pipe.evalsha(self.sha, len(keys), *keys, *args)
 
     async def ensure(self, redis: Redis) -> None:
         exists = await redis.script_exists(self.sha)

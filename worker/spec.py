@@ -59,19 +59,28 @@ def asyncapi_document(settings: Settings) -> dict[str, Any]:
         ...
 
     broker.publisher(
-        stream=streams.results, title="results", schema=Result,
+        stream=streams.results,
+        title="results",
+        schema=Result,
         description="One result per applied or rejected command, `P:results:{i}`.",
     )
     broker.publisher(
-        stream=streams.dlq, title="dlq", schema=DeadLetter,
+        stream=streams.dlq,
+        title="dlq",
+        schema=DeadLetter,
         description="Entries that could not become a result, `P:dlq:{i}`.",
     )
     broker.publisher(
-        stream=episodes_stream(settings.stream_prefix), title="episodes",
-        schema=EpisodeRecorded, description="A new episode stored in Postgres, `P:episodes`.",
+        stream=episodes_stream(settings.stream_prefix),
+        title="episodes",
+        schema=EpisodeRecorded,
+        description="A new episode stored in Postgres, `P:episodes`.",
     )
     spec = AsyncAPI(
-        broker, schema_version="3.0.0", title="memworker", version="1.0.0",
+        broker,
+        schema_version="3.0.0",
+        title="memworker",
+        version="1.0.0",
         description="The memworker wire contract (v1).",
     ).to_specification()
     document: dict[str, Any] = json.loads(spec.to_json())

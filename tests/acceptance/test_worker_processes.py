@@ -21,19 +21,26 @@ pytestmark = pytest.mark.slow
 async def prefill(redis: Redis, settings: Settings, sessions: int, kinds: list[str]) -> int:
     """Publish every command of every session, with seq, interleaved across sessions."""
     for shard in range(settings.shards):
-        await ensure_group(redis, StreamKeys(settings.stream_prefix, shard).lifecycle,
-                           LIFECYCLE_GROUP)
+        await ensure_group(
+            redis, StreamKeys(settings.stream_prefix, shard).lifecycle, LIFECYCLE_GROUP
+        )
     pipe = redis.pipeline(transaction=False)
     total = 0
     for seq, kind in enumerate(kinds, start=1):
         for n in range(sessions):
             session = f"s{n}"
             shard = shard_of("proj", session, settings.shards)
-            body = command(kind, f"{session}-{seq}", session=session, project="proj", seq=seq,
-                           **({"initial_state": {"n": n, "step": "start"}} if kind == "spawn"
-                              else {}))
-            pipe.xadd(StreamKeys(settings.stream_prefix, shard).lifecycle,
-                      {"data": orjson.dumps(body)})
+            body = command(
+                kind,
+                f"{session}-{seq}",
+                session=session,
+                project="proj",
+                seq=seq,
+                **({"initial_state": {"n": n, "step": "start"}} if kind == "spawn" else {}),
+            )
+            pipe.xadd(
+                StreamKeys(settings.stream_prefix, shard).lifecycle, {"data": orjson.dumps(body)}
+            )
             total += 1
             if len(pipe) >= 1000:
                 await pipe.execute()
@@ -42,8 +49,12 @@ async def prefill(redis: Redis, settings: Settings, sessions: int, kinds: list[s
 
 
 async def total_results(redis: Redis, settings: Settings) -> int:
-    return sum([int(await redis.xlen(StreamKeys(settings.stream_prefix, s).results))
-                for s in range(settings.shards)])
+    return sum(
+        [
+            int(await redis.xlen(StreamKeys(settings.stream_prefix, s).results))
+            for s in range(settings.shards)
+        ]
+    )
 
 
 async def wait_for_total(redis: Redis, settings: Settings, n: int, timeout: float) -> None:
@@ -60,8 +71,10 @@ async def test_four_worker_processes_apply_1000_sessions_in_seq_order_exactly_on
     sharded = settings.model_copy(update={"shards": 2})
     kinds = ["spawn", "pause", "resume", "terminate"]
     total = await prefill(redis, sharded, 1000, kinds)
-    procs = [worker_process(sharded, "--consumer", f"w{i}",
-                            MEMWORKER_RECLAIM_IDLE_MS="2000") for i in range(4)]
+    procs = [
+        worker_process(sharded, "--consumer", f"w{i}", MEMWORKER_RECLAIM_IDLE_MS="2000")
+        for i in range(4)
+    ]
     with procs[0], procs[1], procs[2], procs[3]:
         await wait_for_total(redis, sharded, total, timeout=180)
         await asyncio.sleep(0.5)
@@ -73,8 +86,9 @@ async def test_four_worker_processes_apply_1000_sessions_in_seq_order_exactly_on
     for n in range(1000):
         keys = SessionKeys.for_session(sharded.stream_prefix, 2, "proj", f"s{n}")
         assert await redis.hget(keys.meta, "state") == b"terminated"
-    groups = await redis.xinfo_consumers(StreamKeys(sharded.stream_prefix, 0).lifecycle,
-                                         LIFECYCLE_GROUP)
+    groups = await redis.xinfo_consumers(
+        StreamKeys(sharded.stream_prefix, 0).lifecycle, LIFECYCLE_GROUP
+    )
     assert len(groups) >= 2, "the work was shared between processes"
 
 
@@ -91,8 +105,13 @@ async def test_a_worker_killed_mid_stream_loses_and_doubles_nothing(
         victim.wait()
     done_at_kill = int(await redis.xlen(results))
     assert done_at_kill < total, "the kill must land mid-stream"
-    with worker_process(settings, "--consumer", "survivor", MEMWORKER_RECLAIM_IDLE_MS="500",
-                        MEMWORKER_RECLAIM_INTERVAL_MS="200"):
+    with worker_process(
+        settings,
+        "--consumer",
+        "survivor",
+        MEMWORKER_RECLAIM_IDLE_MS="500",
+        MEMWORKER_RECLAIM_INTERVAL_MS="200",
+    ):
         await wait_for_total(redis, settings, total, timeout=180)
         await asyncio.sleep(1.0)
     out = await all_results(redis, settings)
@@ -100,6 +119,5 @@ async def test_a_worker_killed_mid_stream_loses_and_doubles_nothing(
     assert len(out) == total, f"{len(out)} results for {total} commands"
     assert set(per_command.values()) == {1}
     assert [r for r in out if r["type"] == "command.rejected"] == []
-    pending = await redis.xpending(StreamKeys(settings.stream_prefix, 0).lifecycle,
-                                   LIFECYCLE_GROUP)
+    pending = await redis.xpending(StreamKeys(settings.stream_prefix, 0).lifecycle, LIFECYCLE_GROUP)
     assert pending["pending"] == 0

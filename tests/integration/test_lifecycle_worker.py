@@ -28,14 +28,20 @@ from worker.settings import Settings
 @pytest.fixture
 def fast(settings: Settings) -> Settings:
     """Settings with short recovery timings, so recovery paths run within a test."""
-    return settings.model_copy(update={
-        "reclaim_idle_ms": 300, "reclaim_interval_ms": 100, "seq_retry_ms": 20,
-        "seq_gap_timeout_seconds": 1.0, "max_deliveries": 3,
-    })
+    return settings.model_copy(
+        update={
+            "reclaim_idle_ms": 300,
+            "reclaim_interval_ms": 100,
+            "seq_retry_ms": 20,
+            "seq_gap_timeout_seconds": 1.0,
+            "max_deliveries": 3,
+        }
+    )
 
 
-async def run_commands(redis: Redis, settings: Settings, bodies: list[Any],
-                       expect_results: int, expect_dead: int = 0) -> list[dict[str, Any]]:
+async def run_commands(
+    redis: Redis, settings: Settings, bodies: list[Any], expect_results: int, expect_dead: int = 0
+) -> list[dict[str, Any]]:
     for body in bodies:
         await publish(redis, settings, body, shard=0 if isinstance(body, bytes) else None)
     streams = StreamKeys(settings.stream_prefix, 0)
@@ -50,16 +56,40 @@ async def run_commands(redis: Redis, settings: Settings, bodies: list[Any],
 async def test_a_session_lifecycle_yields_one_valid_result_per_command(
     redis: Redis, settings: Settings
 ) -> None:
-    out = await run_commands(redis, settings, [
-        command("spawn", "e1", initial_state={"goal": "find x", "n": 3}, seq=1,
-                correlation_id="corr-1", metadata={"team": "a"}, agent_type_id="planner"),
-        command("pause", "e2", seq=2, description="lunch"),
-        command("resume", "e3", seq=3),
-        command("terminate", "e4", seq=4, outcome="partial", lessons_learned=["be brief"],
-                tokens_used=42, task_description="find x", importance=0.9),
-    ], expect_results=4)
+    out = await run_commands(
+        redis,
+        settings,
+        [
+            command(
+                "spawn",
+                "e1",
+                initial_state={"goal": "find x", "n": 3},
+                seq=1,
+                correlation_id="corr-1",
+                metadata={"team": "a"},
+                agent_type_id="planner",
+            ),
+            command("pause", "e2", seq=2, description="lunch"),
+            command("resume", "e3", seq=3),
+            command(
+                "terminate",
+                "e4",
+                seq=4,
+                outcome="partial",
+                lessons_learned=["be brief"],
+                tokens_used=42,
+                task_description="find x",
+                importance=0.9,
+            ),
+        ],
+        expect_results=4,
+    )
     assert [r["type"] for r in out] == [
-        "agent.spawned", "agent.paused", "agent.resumed", "agent.terminated"]
+        "agent.spawned",
+        "agent.paused",
+        "agent.resumed",
+        "agent.terminated",
+    ]
     for r in out:
         RESULT_ADAPTER.validate_python(r)
     spawned, paused, resumed, terminated = out
@@ -111,13 +141,26 @@ async def test_a_command_published_twice_has_one_effect_and_one_result(
     [
         ([command("pause", "r1")], "unknown_session", "spawn it first"),
         ([command("spawn", "r0"), command("spawn", "r1")], "already_exists", "already exists"),
-        ([command("spawn", "r0"), command("terminate", "rt"), command("pause", "r1")],
-         "already_terminated", "terminated"),
+        (
+            [command("spawn", "r0"), command("terminate", "rt"), command("pause", "r1")],
+            "already_terminated",
+            "terminated",
+        ),
         ([command("spawn", "r0"), command("resume", "r1")], "invalid_transition", "active"),
-        ([command("spawn", "r0"), command("pause", "rp"), command("pause", "r1")],
-         "invalid_transition", "paused"),
-        ([command("spawn", "r0"), command("pause", "rp"),
-          command("resume", "r1", checkpoint_id="nope")], "checkpoint_not_found", "nope"),
+        (
+            [command("spawn", "r0"), command("pause", "rp"), command("pause", "r1")],
+            "invalid_transition",
+            "paused",
+        ),
+        (
+            [
+                command("spawn", "r0"),
+                command("pause", "rp"),
+                command("resume", "r1", checkpoint_id="nope"),
+            ],
+            "checkpoint_not_found",
+            "nope",
+        ),
         ([command("spawn", "r1", schema_version=2)], "unsupported_version", "schema_version 2"),
         ([command("spawn", "r1", seq="one")], "invalid_event", "seq"),
         ([command("spawn", "r1", initial_state={"_secret": 1})], "invalid_event", "_secret"),
@@ -125,12 +168,18 @@ async def test_a_command_published_twice_has_one_effect_and_one_result(
         ([command("terminate", "r1", outcome="great")], "invalid_event", "outcome"),
         ([command("explode", "r1")], "invalid_event", "type"),
         ([command("spawn", "r0", seq=1), command("pause", "r1", seq=1)], "stale_seq", "seq 1"),
-        ([command("spawn", "r1", initial_state={"big": "x" * 2_000_000})], "limit_exceeded",
-         "bytes"),
+        (
+            [command("spawn", "r1", initial_state={"big": "x" * 2_000_000})],
+            "limit_exceeded",
+            "bytes",
+        ),
     ],
 )
 async def test_each_rejection_names_its_reason_and_an_actionable_detail(
-    redis: Redis, settings: Settings, bodies: list[dict[str, Any]], reason: str,
+    redis: Redis,
+    settings: Settings,
+    bodies: list[dict[str, Any]],
+    reason: str,
     detail_mentions: str,
 ) -> None:
     out = await run_commands(redis, settings, bodies, expect_results=len(bodies))
@@ -154,8 +203,9 @@ async def test_initial_state_over_the_key_limit_is_rejected_without_effect(
 ) -> None:
     limited = settings.model_copy(update={"max_keys_per_session": 5})
     state = {f"k{i}": i for i in range(6)}
-    out = await run_commands(redis, limited, [command("spawn", "k1", initial_state=state)],
-                             expect_results=1)
+    out = await run_commands(
+        redis, limited, [command("spawn", "k1", initial_state=state)], expect_results=1
+    )
     assert out[0]["reason"] == "limit_exceeded"
     assert "MEMWORKER_MAX_KEYS_PER_SESSION" in out[0]["detail"]
     keys = SessionKeys.for_session(settings.stream_prefix, 1, "p1", "s1")
@@ -198,12 +248,21 @@ async def test_junk_is_dead_lettered_or_rejected_and_good_commands_still_apply(
 ) -> None:
     streams = StreamKeys(settings.stream_prefix, 0)
     good = [command("spawn", f"ok{i}", session=f"s{i}") for i in range(5)]
-    junk: list[Any] = [b"\x00\xff raw bytes", b"[]", b"{}", b'{"event_id": "bad id with spaces"}',
-                       command("spawn", "wrong-types", initial_state=[1, 2], ttl_seconds="x"),
-                       command("spawn", "huge", blob="y" * (2 * 1024 * 1024))]
+    junk: list[Any] = [
+        b"\x00\xff raw bytes",
+        b"[]",
+        b"{}",
+        b'{"event_id": "bad id with spaces"}',
+        command("spawn", "wrong-types", initial_state=[1, 2], ttl_seconds="x"),
+        command("spawn", "huge", blob="y" * (2 * 1024 * 1024)),
+    ]
     await ensure_group(redis, streams.lifecycle, LIFECYCLE_GROUP)
     for i, body in enumerate(junk):
-        await publish(redis, settings, good[i] if i < len(good) else command("spawn", "ok-last", session="s-last"))
+        await publish(
+            redis,
+            settings,
+            good[i] if i < len(good) else command("spawn", "ok-last", session="s-last"),
+        )
         await publish(redis, settings, body, shard=0)
     await redis.xadd(streams.lifecycle, {"not-data": "x"})
     async with running_worker(settings):
@@ -220,8 +279,9 @@ async def test_junk_is_dead_lettered_or_rejected_and_good_commands_still_apply(
     letters = await dead_letters(redis, settings)
     assert len(letters) == 5
     assert {d["reason"] for d in letters} == {"unparseable"}
-    assert all(d["source_stream"] == streams.lifecycle and d["group"] == LIFECYCLE_GROUP
-               for d in letters)
+    assert all(
+        d["source_stream"] == streams.lifecycle and d["group"] == LIFECYCLE_GROUP for d in letters
+    )
     pending = await redis.xpending(streams.lifecycle, LIFECYCLE_GROUP)
     assert pending["pending"] == 0
 
@@ -242,7 +302,7 @@ async def test_pending_entries_of_a_dead_consumer_are_reclaimed(
     await ensure_group(redis, streams.lifecycle, LIFECYCLE_GROUP)
     for i in range(10):
         await publish(redis, fast, command("spawn", f"c{i}", session=f"s{i}"))
-    taken = await redis.xreadgroup(LIFECYCLE_GROUP, "dead-consumer", {streams.lifecycle: ">"})
+    taken: Any = await redis.xreadgroup(LIFECYCLE_GROUP, "dead-consumer", {streams.lifecycle: ">"})
     assert len(taken[0][1]) == 10
     async with running_worker(fast):
         await stream_len_at_least(redis, streams.results, 10, timeout=15)
@@ -308,7 +368,8 @@ async def test_resume_with_clear_current_false_keeps_keys_the_checkpoint_lacks(
         await redis.hset(keys.vars, mapping={"a": b"100", "c": b"3"})
         await publish(redis, settings, command("resume", "m3", clear_current=False))
         await stream_len_at_least(redis, streams.results, 3)
-    variables = {k.decode(): orjson.loads(v) for k, v in (await redis.hgetall(keys.vars)).items()}
+    stored: Any = await redis.hgetall(keys.vars)
+    variables = {k.decode(): orjson.loads(v) for k, v in stored.items()}
     assert variables == {"a": 1, "b": 2, "c": 3}
 
 
@@ -338,6 +399,7 @@ async def test_sessions_are_spread_over_shards_and_a_wrong_shard_is_refused(
     wrong = (right + 1) % 4
     await publish(redis, sharded, command("pause", "misrouted", session="s0"), shard=wrong)
     async with running_worker(sharded):
+
         async def all_in() -> bool:
             total = 0
             for shard in range(4):
@@ -361,10 +423,15 @@ async def test_sessions_are_spread_over_shards_and_a_wrong_shard_is_refused(
 async def test_projects_never_share_a_session_or_a_dedupe_record(
     redis: Redis, settings: Settings
 ) -> None:
-    out = await run_commands(redis, settings, [
-        command("spawn", "same-id", project="alpha", initial_state={"who": "alpha"}),
-        command("spawn", "same-id", project="beta", initial_state={"who": "beta"}),
-    ], expect_results=2)
+    out = await run_commands(
+        redis,
+        settings,
+        [
+            command("spawn", "same-id", project="alpha", initial_state={"who": "alpha"}),
+            command("spawn", "same-id", project="beta", initial_state={"who": "beta"}),
+        ],
+        expect_results=2,
+    )
     assert sorted(r["project_id"] for r in out) == ["alpha", "beta"]
     assert all(r["type"] == "agent.spawned" for r in out)
     assert out[0]["event_id"] != out[1]["event_id"]
@@ -381,8 +448,9 @@ async def test_redis_going_away_makes_the_worker_not_ready_until_it_returns(
     server = RedisProcess(tmp_path)
     server.start()
     try:
-        settings = Settings(redis_url=server.url, stream_prefix=prefix, reclaim_idle_ms=300,
-                            reclaim_interval_ms=100)
+        settings = Settings(
+            redis_url=server.url, stream_prefix=prefix, reclaim_idle_ms=300, reclaim_interval_ms=100
+        )
         client = Redis.from_url(server.url)
         streams = StreamKeys(prefix, 0)
         await publish(client, settings, command("spawn", "before"))

