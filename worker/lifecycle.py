@@ -32,6 +32,7 @@ from worker.connections import redis_client
 from worker.keys import LIFECYCLE_GROUP, StreamKeys
 from worker.logs import get_logger
 from worker.metrics import APPLY_SECONDS, BATCH_SIZE, COMMANDS, DEAD_LETTERS, READY
+from worker.retention import trim_stream
 from worker.settings import Settings
 
 log = get_logger("memworker.lifecycle")
@@ -420,6 +421,15 @@ class LifecycleWorker:
         for shard in range(self.settings.shards):
             await self.reclaim_once(shard)
 
+    async def trim_once(self) -> int:
+        """Trim lifecycle and results streams below what every group has acknowledged."""
+        removed = 0
+        for shard in range(self.settings.shards):
+            streams = self.streams(shard)
+            for stream in (streams.lifecycle, streams.results):
+                removed += await trim_stream(self.redis, stream, self.settings.retention_seconds)
+        return removed
+
     # -- running ----------------------------------------------------------------------------
 
     async def start(self) -> None:
@@ -445,6 +455,9 @@ class LifecycleWorker:
             ),
             asyncio.create_task(
                 self._loop(self.settings.seq_retry_ms / 1000, self.retry_once, "retry")
+            ),
+            asyncio.create_task(
+                self._loop(self.settings.retention_interval_seconds, self.trim_once, "retention")
             ),
         ]
         log.info("lifecycle_worker_started", consumer=self.consumer, shards=self.settings.shards)

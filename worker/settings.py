@@ -53,6 +53,9 @@ class Settings(BaseSettings):
     seq_gap_timeout_seconds: float = Field(default=60.0, gt=0)
     seq_retry_ms: int = Field(default=200, ge=10)
 
+    retention_seconds: float = Field(default=86_400.0, ge=0)
+    retention_interval_seconds: float = Field(default=60.0, gt=0)
+
     # Consolidator.
     consolidation_batch_size: int = Field(default=500, ge=1, le=10_000)
     consolidation_max_attempts: int = Field(default=10, ge=1)
