@@ -1,0 +1,1 @@
+"""Postgres: the long-term memory (episodes) and the lifecycle event log."""

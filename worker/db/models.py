@@ -1,0 +1,160 @@
+"""The Postgres schema (CONTRACT.md "Consolidation"), as SQLAlchemy models.
+
+The Alembic migrations in ``worker/migrations`` create exactly this schema; a test compares the
+two, so a change here without a migration fails CI.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    Computed,
+    DateTime,
+    Double,
+    Index,
+    MetaData,
+    Text,
+    UniqueConstraint,
+    func,
+    text,
+)
+from sqlalchemy.dialects.postgresql import JSONB, TSVECTOR, UUID
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+EPISODE_NAMESPACE = uuid.UUID("6f1c54b2-7d0e-5f39-9a52-3b0c1e8d4a71")
+"""uuid5 namespace of episode ids: an episode's id is derived from its result's ``event_id``."""
+
+SEARCH_CONFIG = "english"
+"""The text-search configuration of ``episodes.search_vector`` and of every search query."""
+
+SEARCH_SUMMARY_CHARS = 1_000
+SEARCH_VECTOR_SQL = (
+    f"setweight(to_tsvector('{SEARCH_CONFIG}'::regconfig, coalesce(task_description, '')), 'A')"
+    f" || setweight(jsonb_to_tsvector('{SEARCH_CONFIG}'::regconfig, lessons_learned,"
+    " '[\"string\"]'::jsonb), 'B')"
+    f" || setweight(to_tsvector('{SEARCH_CONFIG}'::regconfig,"
+    f" left(coalesce(context_summary, ''), {SEARCH_SUMMARY_CHARS})), 'C')"
+)
+"""Task description weighs most, then lessons, then the head of the summary: task state and
+last steps. The variable dumps at its end are left out: noise for ranking, and parsing them
+cost more than the rest of the INSERT."""
+
+
+def episode_id_for(source_event_id: str) -> uuid.UUID:
+    """The episode id of the ``agent.terminated`` result ``source_event_id``: replays agree."""
+    return uuid.uuid5(EPISODE_NAMESPACE, source_event_id)
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(
+        naming_convention={
+            "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+            "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+            "pk": "pk_%(table_name)s",
+        }
+    )
+    type_annotation_map = {  # noqa: RUF012 - SQLAlchemy reads it at class creation
+        datetime: DateTime(timezone=True),
+        str: Text(),
+        int: BigInteger(),
+        float: Double(),
+        dict[str, Any]: JSONB(),
+        list[Any]: JSONB(),
+        uuid.UUID: UUID(as_uuid=True),
+    }
+
+
+class LifecycleEvent(Base):
+    """Every result the lifecycle worker published, verbatim in ``payload``: the audit log."""
+
+    __tablename__ = "lifecycle_events"
+
+    event_id: Mapped[str] = mapped_column(primary_key=True)
+    type: Mapped[str]
+    project_id: Mapped[str | None]
+    session_id: Mapped[str | None]
+    agent_instance_id: Mapped[str | None]
+    causation_id: Mapped[str]
+    command: Mapped[str | None]
+    seq: Mapped[int | None]
+    occurred_at: Mapped[datetime]
+    recorded_at: Mapped[datetime] = mapped_column(server_default=func.now())
+    payload: Mapped[dict[str, Any]]
+
+    __table_args__ = (Index(None, "project_id", "session_id", "occurred_at"),)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "event_id": self.event_id,
+            "type": self.type,
+            "project_id": self.project_id,
+            "session_id": self.session_id,
+            "agent_instance_id": self.agent_instance_id,
+            "causation_id": self.causation_id,
+            "command": self.command,
+            "seq": self.seq,
+            "occurred_at": self.occurred_at.isoformat(),
+            "recorded_at": self.recorded_at.isoformat(),
+            "payload": self.payload,
+        }
+
+
+class Episode(Base):
+    """One finished session, consolidated: what it tried, how it went, what it learned."""
+
+    __tablename__ = "episodes"
+
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True)
+    source_event_id: Mapped[str] = mapped_column(unique=True)
+    project_id: Mapped[str]
+    session_id: Mapped[str]
+    agent_instance_id: Mapped[str | None]
+    agent_type_id: Mapped[str | None]
+    task_description: Mapped[str | None]
+    outcome: Mapped[str]
+    lessons_learned: Mapped[list[Any]] = mapped_column(server_default=text("'[]'::jsonb"))
+    context_summary: Mapped[str]
+    snapshot: Mapped[dict[str, Any] | None]
+    tokens_used: Mapped[int | None]
+    importance_score: Mapped[float]
+    duration_seconds: Mapped[float | None]
+    started_at: Mapped[datetime | None]
+    occurred_at: Mapped[datetime]
+    recorded_at: Mapped[datetime] = mapped_column(server_default=func.now())
+    announced_at: Mapped[datetime | None] = mapped_column(
+        doc="When episode.recorded was published; null while it is owed (an outbox flag)."
+    )
+    search_vector: Mapped[str] = mapped_column(
+        TSVECTOR(), Computed(SEARCH_VECTOR_SQL, persisted=True), deferred=True
+    )
+
+    __table_args__ = (
+        UniqueConstraint("project_id", "session_id"),
+        Index(None, "project_id", "occurred_at"),
+        Index("ix_episodes_search_vector", "search_vector", postgresql_using="gin"),
+    )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": str(self.id),
+            "source_event_id": self.source_event_id,
+            "project_id": self.project_id,
+            "session_id": self.session_id,
+            "agent_instance_id": self.agent_instance_id,
+            "agent_type_id": self.agent_type_id,
+            "task_description": self.task_description,
+            "outcome": self.outcome,
+            "lessons_learned": self.lessons_learned,
+            "context_summary": self.context_summary,
+            "snapshot": self.snapshot,
+            "tokens_used": self.tokens_used,
+            "importance_score": self.importance_score,
+            "duration_seconds": self.duration_seconds,
+            "started_at": self.started_at.isoformat() if self.started_at else None,
+            "occurred_at": self.occurred_at.isoformat(),
+            "recorded_at": self.recorded_at.isoformat(),
+        }

@@ -1,0 +1,316 @@
+"""The long-term memory API: episodes and lifecycle history in Postgres, per project.
+
+Every call takes a ``project_id`` and every query filters on it: nothing here can read or remove
+another project's rows. ``forget`` also removes the project's working memory from Redis, matching
+keys with an escaped glob and then checking each name exactly, so an id that contains ``:`` or a
+prefix that contains glob characters can never widen what is deleted.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, TypeVar
+
+from redis.asyncio import Redis
+from sqlalchemy import ColumnElement, Select, delete, desc, func, select
+from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker
+
+from worker.db.models import SEARCH_CONFIG, Episode, LifecycleEvent
+from worker.keys import SessionKeys, escape_glob, project_pattern, validate_id
+
+SCAN_COUNT = 1_000
+_Row = TypeVar("_Row")
+DELETE_BATCH = 500
+
+
+@dataclass(frozen=True, slots=True)
+class SearchHit:
+    episode: Episode
+    rank: float
+
+
+@dataclass(frozen=True, slots=True)
+class ForgetResult:
+    """How many rows and keys ``forget`` actually removed."""
+
+    episodes: int = 0
+    lifecycle_events: int = 0
+    redis_keys: int = 0
+
+
+@dataclass(slots=True)
+class ProjectExport:
+    """Everything memworker holds about a project (or one session of it)."""
+
+    project_id: str
+    session_id: str | None
+    episodes: list[dict[str, Any]] = field(default_factory=list)
+    lifecycle_events: list[dict[str, Any]] = field(default_factory=list)
+    working_memory: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "project_id": self.project_id,
+            "session_id": self.session_id,
+            "episodes": self.episodes,
+            "lifecycle_events": self.lifecycle_events,
+            "working_memory": self.working_memory,
+        }
+
+
+_KEY_KINDS = tuple(key.rsplit(":", 1)[1] for key in SessionKeys("p", 0, "project", "session").all())
+
+
+def working_memory_key_re(
+    prefix: str, project_id: str, session_id: str | None = None
+) -> re.Pattern[str]:
+    """Exactly the names of a project's (or a session's) working-memory keys."""
+    session = re.escape(session_id) if session_id else r"[A-Za-z0-9._:-]{1,128}"
+    kinds = "|".join(_KEY_KINDS)
+    return re.compile(
+        rf"^{re.escape(prefix)}:\{{\d+\}}:s:{re.escape(project_id)}/(?P<session>{session}):"
+        rf"(?P<kind>{kinds})$"
+    )
+
+
+def working_memory_pattern(prefix: str, project_id: str, session_id: str | None = None) -> str:
+    """A SCAN MATCH pattern at least as wide as ``working_memory_key_re``."""
+    if session_id is None:
+        return project_pattern(prefix, project_id)
+    validate_id(session_id, "session_id")
+    return f"{escape_glob(prefix)}:{{*}}:s:{escape_glob(project_id)}/{escape_glob(session_id)}:*"
+
+
+async def working_memory_keys(
+    redis: Redis, prefix: str, project_id: str, session_id: str | None = None
+) -> AsyncIterator[tuple[str, str, str]]:
+    """``(key, session_id, kind)`` of every working-memory key of the project (or session)."""
+    exact = working_memory_key_re(prefix, project_id, session_id)
+    pattern = working_memory_pattern(prefix, project_id, session_id)
+    async for raw in redis.scan_iter(match=pattern, count=SCAN_COUNT):
+        key = raw.decode() if isinstance(raw, bytes) else str(raw)
+        if match := exact.match(key):
+            yield key, match["session"], match["kind"]
+
+
+def _decoded(value: Any) -> Any:
+    """Redis replies as JSON-friendly values: text when UTF-8, else ``{"base64": …}``."""
+    if isinstance(value, bytes):
+        try:
+            return value.decode()
+        except UnicodeDecodeError:
+            return {"base64": base64.b64encode(value).decode()}
+    if isinstance(value, dict):
+        return {str(_decoded(k)): _decoded(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_decoded(v) for v in value]
+    return value
+
+
+async def _read_key(redis: Redis, key: str) -> Any:
+    kind = await redis.type(key)
+    kind = kind.decode() if isinstance(kind, bytes) else kind
+    if kind == "string":
+        return _decoded(await redis.get(key))
+    if kind == "hash":
+        return _decoded(await redis.hgetall(key))
+    if kind == "list":
+        return _decoded(await redis.lrange(key, 0, -1))
+    if kind == "zset":
+        scored: Any = await redis.zrange(key, 0, -1, withscores=True)
+        return [[_decoded(m), s] for m, s in scored]
+    if kind == "set":
+        return sorted(_decoded(list(await redis.smembers(key))))
+    return None  # expired between SCAN and read
+
+
+class EpisodeStore:
+    """Read and forget what the consolidator stored; every method is scoped by project."""
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        self.engine = engine
+        self._sessions = async_sessionmaker(engine, expire_on_commit=False)
+
+    # -- reading -------------------------------------------------------------------------------
+
+    async def list_episodes(
+        self,
+        project_id: str,
+        *,
+        session_id: str | None = None,
+        agent_instance_id: str | None = None,
+        agent_type_id: str | None = None,
+        outcome: str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        limit: int = 50,
+        offset: int = 0,
+    ) -> list[Episode]:
+        """The project's episodes, newest first, filtered by whatever is given."""
+        filters: list[ColumnElement[bool]] = [Episode.project_id == project_id]
+        if session_id is not None:
+            filters.append(Episode.session_id == session_id)
+        if agent_instance_id is not None:
+            filters.append(Episode.agent_instance_id == agent_instance_id)
+        if agent_type_id is not None:
+            filters.append(Episode.agent_type_id == agent_type_id)
+        if outcome is not None:
+            filters.append(Episode.outcome == outcome)
+        if since is not None:
+            filters.append(Episode.occurred_at >= since)
+        if until is not None:
+            filters.append(Episode.occurred_at < until)
+        query = (
+            select(Episode)
+            .where(*filters)
+            .order_by(desc(Episode.occurred_at), Episode.id)
+            .limit(max(0, limit))
+            .offset(max(0, offset))
+        )
+        return await self._all(query)
+
+    async def get_episode(self, project_id: str, episode_id: uuid.UUID | str) -> Episode | None:
+        try:
+            key = episode_id if isinstance(episode_id, uuid.UUID) else uuid.UUID(episode_id)
+        except ValueError:
+            return None
+        rows = await self._all(
+            select(Episode).where(Episode.project_id == project_id, Episode.id == key)
+        )
+        return rows[0] if rows else None
+
+    async def search(self, project_id: str, query: str, limit: int = 10) -> list[SearchHit]:
+        """Full-text search (web-search syntax: ``"exact phrase" -without or``), best first."""
+        tsquery = func.websearch_to_tsquery(SEARCH_CONFIG, query)
+        rank = func.ts_rank(Episode.search_vector, tsquery).label("rank")
+        statement = (
+            select(Episode, rank)
+            .where(Episode.project_id == project_id, Episode.search_vector.op("@@")(tsquery))
+            .order_by(desc(rank), desc(Episode.occurred_at), Episode.id)
+            .limit(max(0, limit))
+        )
+        async with self._sessions() as session:
+            rows = (await session.execute(statement)).all()
+        return [SearchHit(episode, float(score)) for episode, score in rows]
+
+    async def session_history(self, project_id: str, session_id: str) -> list[LifecycleEvent]:
+        """Every result of one session, in the order they happened."""
+        return await self._all(
+            select(LifecycleEvent)
+            .where(LifecycleEvent.project_id == project_id, LifecycleEvent.session_id == session_id)
+            .order_by(
+                LifecycleEvent.occurred_at,
+                LifecycleEvent.seq.asc().nulls_last(),
+                LifecycleEvent.recorded_at,
+                LifecycleEvent.event_id,
+            )
+        )
+
+    # -- forgetting and exporting ----------------------------------------------------------------
+
+    async def forget(
+        self,
+        project_id: str,
+        *,
+        session_id: str | None = None,
+        before: datetime | None = None,
+        redis: Redis | None = None,
+        prefix: str | None = None,
+    ) -> ForgetResult:
+        """Remove the project's episodes and lifecycle events (one session's, older than
+        ``before``, when given), in one transaction; then, when ``redis`` and ``prefix`` are
+        given and ``before`` is not, its working memory in Redis. Returns real counts.
+
+        ``before`` narrows only the history: working memory is live state, never "older".
+        The dedupe records of applied commands are kept on purpose (they expire on their own):
+        deleting them would let a replayed command apply a second time.
+        """
+        validate_id(project_id, "project_id")
+        episodes = delete(Episode).where(Episode.project_id == project_id)
+        events = delete(LifecycleEvent).where(LifecycleEvent.project_id == project_id)
+        if session_id is not None:
+            validate_id(session_id, "session_id")
+            episodes = episodes.where(Episode.session_id == session_id)
+            events = events.where(LifecycleEvent.session_id == session_id)
+        if before is not None:
+            episodes = episodes.where(Episode.occurred_at < before)
+            events = events.where(LifecycleEvent.occurred_at < before)
+        async with self.engine.begin() as conn:
+            removed_episodes = (await conn.execute(episodes)).rowcount
+            removed_events = (await conn.execute(events)).rowcount
+        removed_keys = 0
+        if redis is not None and prefix is not None and before is None:
+            removed_keys = await self._forget_working_memory(redis, prefix, project_id, session_id)
+        return ForgetResult(removed_episodes, removed_events, removed_keys)
+
+    async def export(
+        self,
+        project_id: str,
+        *,
+        session_id: str | None = None,
+        before: datetime | None = None,
+        redis: Redis | None = None,
+        prefix: str | None = None,
+    ) -> ProjectExport:
+        """Everything ``forget`` with the same arguments would remove, as JSON-ready data."""
+        validate_id(project_id, "project_id")
+        episode_query = select(Episode).where(Episode.project_id == project_id)
+        event_query = select(LifecycleEvent).where(LifecycleEvent.project_id == project_id)
+        if session_id is not None:
+            validate_id(session_id, "session_id")
+            episode_query = episode_query.where(Episode.session_id == session_id)
+            event_query = event_query.where(LifecycleEvent.session_id == session_id)
+        if before is not None:
+            episode_query = episode_query.where(Episode.occurred_at < before)
+            event_query = event_query.where(LifecycleEvent.occurred_at < before)
+        export = ProjectExport(project_id, session_id)
+        episodes = await self._all(episode_query.order_by(Episode.occurred_at, Episode.id))
+        export.episodes = [e.to_dict() for e in episodes]
+        events = await self._all(
+            event_query.order_by(LifecycleEvent.occurred_at, LifecycleEvent.event_id)
+        )
+        export.lifecycle_events = [e.to_dict() for e in events]
+        if redis is not None and prefix is not None and before is None:
+            async for key, session, kind in working_memory_keys(
+                redis, prefix, project_id, session_id
+            ):
+                value = await _read_key(redis, key)
+                if value is not None:
+                    export.working_memory.setdefault(session, {})[kind] = value
+        return export
+
+    # -- internals -------------------------------------------------------------------------------
+
+    async def _all(self, statement: Select[_Row]) -> list[_Row]:
+        async with self._sessions() as session:
+            return list((await session.scalars(statement)).all())
+
+    @staticmethod
+    async def _forget_working_memory(
+        redis: Redis, prefix: str, project_id: str, session_id: str | None
+    ) -> int:
+        removed = 0
+        batch: list[str] = []
+
+        async def flush() -> int:
+            pipe = redis.pipeline(transaction=False)
+            for key in batch:  # one key per UNLINK: fine on a cluster, where slots differ
+                pipe.unlink(key)
+            counts: Sequence[int] = await pipe.execute()
+            batch.clear()
+            return sum(int(c) for c in counts)
+
+        async for key, _session, _kind in working_memory_keys(
+            redis, prefix, project_id, session_id
+        ):
+            batch.append(key)
+            if len(batch) >= DELETE_BATCH:
+                removed += await flush()
+        if batch:
+            removed += await flush()
+        return removed
