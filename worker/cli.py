@@ -42,7 +42,8 @@ app = typer.Typer(
 dlq_app = typer.Typer(help="Inspect, redrive and purge dead letters.", no_args_is_help=True)
 app.add_typer(dlq_app, name="dlq")
 
-out = Console()
+# Off a terminal (pipes, CI logs) rich would wrap tables at 80 columns: give them room.
+out = Console(width=None if sys.stdout.isatty() else 160)
 err = Console(stderr=True)
 
 

@@ -25,7 +25,8 @@ import contextlib
 import os
 import socket
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -41,7 +42,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from schemas.results import RESULT_ADAPTER, AgentTerminated, Result
 from schemas.streams import EpisodeRecorded
+from worker.connections import redis_client
 from worker.context_summary import build_context_summary
+from worker.db.engine import create_database_engine
 from worker.db.models import EPISODE_NAMESPACE, Episode, LifecycleEvent, episode_id_for
 from worker.dlq import dead_letter, queue_dead_letter
 from worker.keys import CONSOLIDATION_GROUP, StreamKeys, episodes_stream
@@ -274,9 +277,47 @@ class Consolidator:
         self._reclaim_cursor = {keys.results: "0-0" for keys in self.streams}
         self._last_reclaim = 0.0
         self._outages = 0
+        self._owns_clients = False
         self.log = log.bind(consumer=self.consumer)
 
     # -- public --------------------------------------------------------------------------------
+
+    @classmethod
+    def from_settings(cls, settings: Settings, **options: Any) -> Consolidator:
+        """A consolidator with its own Redis client and engine (closed by ``close``)."""
+        consolidator = cls(
+            settings,
+            redis_client(settings.redis_url),
+            create_database_engine(settings.database_url),
+            **options,
+        )
+        consolidator._owns_clients = True
+        return consolidator
+
+    async def close(self) -> None:
+        if self._owns_clients:
+            await self.redis.aclose()
+            await self.engine.dispose()
+
+    def is_ready(self) -> bool:
+        """Ready when its groups exist and the last step reached both Redis and Postgres."""
+        return self._groups_ready and self._outages == 0
+
+    async def replay(self, entries: Sequence[StreamEntry]) -> BatchOutcome:
+        """Store ``entries`` again (a replay): idempotent; junk is skipped, not dead-lettered."""
+        outcome = BatchOutcome()
+        parsed: list[ParsedResult] = []
+        for entry in entries:
+            if not entry.fields:
+                continue
+            try:
+                payload = decode_entry(entry.fields)
+                parsed.append(ParsedResult(entry, payload, parse_result(payload)))
+            except UnusableEntryError:
+                outcome.dead_lettered += 1
+        if parsed:
+            await self._store(parsed, outcome)
+        return outcome
 
     async def ensure_groups(self) -> None:
         """Create group ``consolidation`` at id ``0`` on every results stream (if absent)."""
@@ -604,3 +645,39 @@ class Consolidator:
         """Sleep, but wake at once when asked to stop."""
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), timeout=seconds)
+
+
+async def replay_results(
+    redis: Redis,
+    settings: Settings,
+    shard: int,
+    start: str = "-",
+    end: str = "+",
+    progress: Callable[[int], None] | None = None,
+) -> Counter[str]:
+    """Re-store a range of ``P:results:{shard}`` into Postgres; counts of what changed.
+
+    ``results`` entries were read; ``new_episodes`` episodes did not exist before (or were
+    never announced); ``skipped`` entries were not results.
+    """
+    from worker.replay import read_range
+
+    consolidator = Consolidator(
+        settings, redis, create_database_engine(settings.database_url), consumer="replay"
+    )
+    stream = StreamKeys(settings.stream_prefix, shard).results
+    counts: Counter[str] = Counter()
+    try:
+        async for rows in read_range(redis, stream, start, end, settings.consolidation_batch_size):
+            entries = [
+                StreamEntry(stream, _text(i), {_text(k): v for k, v in f.items()}) for i, f in rows
+            ]
+            outcome = await consolidator.replay(entries)
+            counts["results"] += outcome.stored
+            counts["new_episodes"] += outcome.episodes_announced
+            counts["skipped"] += outcome.dead_lettered
+            if progress:
+                progress(len(rows))
+    finally:
+        await consolidator.engine.dispose()
+    return counts

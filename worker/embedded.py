@@ -7,6 +7,7 @@ Valkey (Redis-compatible) server on a TCP port, ``pgserver`` a PostgreSQL on a u
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -63,6 +64,8 @@ class EmbeddedPostgres:
     _server: Any = field(default=None, init=False, repr=False)
 
     def start(self) -> str:
+        # pgserver asks platformdirs for a runtime dir, which warns when XDG_RUNTIME_DIR is unset.
+        warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
         try:
             import pgserver
         except ImportError as exc:  # pragma: no cover - depends on the install

@@ -31,7 +31,15 @@ from worker.applier import CommandApplier, Outcome, Plan
 from worker.connections import redis_client
 from worker.keys import LIFECYCLE_GROUP, StreamKeys
 from worker.logs import get_logger
-from worker.metrics import APPLY_SECONDS, BATCH_SIZE, COMMANDS, DEAD_LETTERS, READY
+from worker.metrics import (
+    APPLY_SECONDS,
+    BATCH_SIZE,
+    COMMANDS,
+    DEAD_LETTERS,
+    READY,
+    STREAM_LAG,
+    STREAM_PENDING,
+)
 from worker.retention import trim_stream
 from worker.settings import Settings
 
@@ -421,6 +429,17 @@ class LifecycleWorker:
         for shard in range(self.settings.shards):
             await self.reclaim_once(shard)
 
+    async def probe_lag(self) -> None:
+        """Refresh the lag and pending gauges (slowly: never on the hot path)."""
+        for shard in range(self.settings.shards):
+            stream = self.streams(shard).lifecycle
+            groups: Any = await self.redis.xinfo_groups(stream)
+            for group in groups:
+                name = _text(group["name"])
+                lag = group.get("lag")
+                STREAM_LAG.labels(stream, name).set(float(lag) if lag is not None else 0.0)
+                STREAM_PENDING.labels(stream, name).set(float(group["pending"]))
+
     async def trim_once(self) -> int:
         """Trim lifecycle and results streams below what every group has acknowledged."""
         removed = 0
@@ -459,6 +478,7 @@ class LifecycleWorker:
             asyncio.create_task(
                 self._loop(self.settings.retention_interval_seconds, self.trim_once, "retention")
             ),
+            asyncio.create_task(self._loop(self.settings.lag_probe_seconds, self.probe_lag, "lag")),
         ]
         log.info("lifecycle_worker_started", consumer=self.consumer, shards=self.settings.shards)
 

@@ -63,6 +63,7 @@ class Settings(BaseSettings):
 
     # Operations.
     metrics_port: int | None = Field(default=None, ge=0, le=65_535)
+    lag_probe_seconds: float = Field(default=2.0, gt=0)
     log_level: str = "INFO"
     log_json: bool | None = None
 
