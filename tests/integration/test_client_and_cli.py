@@ -1,0 +1,232 @@
+"""LifecycleClient, the CLI and the generated documents, against real servers."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from redis.asyncio import Redis
+
+from tests.helpers import running_worker, worker_env
+from worker.client import LifecycleClient, ResultTimeoutError
+from worker.keys import StreamKeys
+from worker.settings import Settings
+from worker.spec import EVENT_MODELS, asyncapi_document
+
+
+def memworker(
+    settings: Settings, *args: str, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "worker.cli", *args],
+        env=worker_env(settings),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+async def test_client_assigns_seq_per_session_and_waits_for_results(
+    redis: Redis, settings: Settings
+) -> None:
+    async with running_worker(settings):
+        client = LifecycleClient(redis, settings)
+        spawn = await client.spawn("p", "s1", "a1", {"goal": "x"})
+        pause = await client.pause("p", "s1", "a1")
+        other = await client.spawn("p", "s2", "a1")
+        spawned = await client.wait(spawn, timeout=10)
+        paused = await client.wait(pause, timeout=10)
+        assert spawned.type == "agent.spawned" and spawned.seq == 1
+        assert paused.type == "agent.paused" and paused.seq == 2
+        assert (await client.wait(other, timeout=10)).seq == 1
+
+
+async def test_concurrent_publishers_keep_one_order_per_session(
+    redis: Redis, settings: Settings
+) -> None:
+    clients = [LifecycleClient(redis, settings) for _ in range(4)]
+    await clients[0].spawn("p", "busy", "a")
+    sends = []
+    for i in range(40):
+        kind = "pause" if i % 2 == 0 else "resume"
+        sends.append(
+            clients[i % 4].publish(
+                {"type": kind, "project_id": "p", "session_id": "busy", "agent_instance_id": "a"}
+            )
+        )
+    await asyncio.gather(*sends)
+    stream = StreamKeys(settings.stream_prefix, 0).lifecycle
+    rows: Any = await redis.xrange(stream)
+    seqs = sorted(json.loads(f[b"data"])["seq"] for _i, f in rows)
+    assert seqs == list(range(1, 42)), "every command got its own seq, none shared or skipped"
+
+
+async def test_waiting_for_a_result_that_never_comes_says_why(
+    redis: Redis, settings: Settings
+) -> None:
+    client = LifecycleClient(redis, settings)
+    sent = await client.spawn("p", "s1", "a")
+    with pytest.raises(ResultTimeoutError, match="is a lifecycle worker running"):
+        await client.wait(sent, timeout=0.3)
+
+
+async def test_follow_resumes_where_the_subscriber_group_left_off(
+    redis: Redis, settings: Settings
+) -> None:
+    client = LifecycleClient(redis, settings)
+    stream = client.results_stream(0)
+    for i in range(3):
+        await redis.xadd(stream, {"data": json.dumps({"n": i})})
+    seen = []
+    async for _entry_id, data in client.follow(stream, "mine", "c1", block_ms=100):
+        seen.append(data["n"])
+        if len(seen) == 2:
+            break
+    await redis.xadd(stream, {"data": json.dumps({"n": 3})})
+    async for _entry_id, data in client.follow(stream, "mine", "c1", block_ms=100):
+        seen.append(data["n"])
+        if len(seen) == 4:
+            break
+    # The entry in hand when the subscriber stopped was not acknowledged: it comes again.
+    assert seen == [0, 1, 1, 2]
+
+
+async def test_cli_publish_wait_prints_the_result(redis: Redis, settings: Settings) -> None:
+    async with running_worker(settings):
+        done = await asyncio.to_thread(
+            memworker,
+            settings,
+            "publish",
+            "spawn",
+            "-p",
+            "demo",
+            "-s",
+            "s1",
+            "--state",
+            '{"goal": "hello"}',
+            "--wait",
+        )
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["type"] == "agent.spawned"
+    assert result["initial_items"] == 1
+
+
+@pytest.mark.parametrize(
+    ("args", "status", "message"),
+    [
+        (["publish", "explode", "-p", "p", "-s", "s"], 2, "must be spawn"),
+        (["publish", "spawn", "-p", "bad id", "-s", "s"], 2, "project_id"),
+        (["publish", "spawn", "-p", "p", "-s", "s", "--state", "{nope"], 2, "not JSON"),
+        (["inspect", "-p", "p", "-s", "nobody"], 1, "no session p/nobody"),
+        (["dlq", "purge"], 2, "--yes"),
+        (["tail", "nowhere"], 2, "results, episodes"),
+    ],
+)
+async def test_cli_errors_are_one_clear_line_and_the_right_exit_status(
+    redis: Redis, settings: Settings, args: list[str], status: int, message: str
+) -> None:
+    done = await asyncio.to_thread(memworker, settings, *args)
+    assert done.returncode == status
+    assert message in done.stderr
+
+
+async def test_cli_reports_an_unreachable_redis_in_one_line(settings: Settings) -> None:
+    dead = settings.model_copy(update={"redis_url": "redis://127.0.0.1:1/0"})
+    done = await asyncio.to_thread(memworker, dead, "stats")
+    assert done.returncode == 1
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "cannot reach Redis at redis://127.0.0.1:1/0" in lines[0]
+
+
+async def test_cli_inspect_stats_and_dlq_show_what_is_stored(
+    redis: Redis, settings: Settings
+) -> None:
+    async with running_worker(settings):
+        client = LifecycleClient(redis, settings)
+        await client.wait(await client.spawn("p", "s1", "a", {"k": [1, 2]}), timeout=10)
+        await redis.xadd(StreamKeys(settings.stream_prefix, 0).lifecycle, {"data": b"junk"})
+
+        async def dead() -> bool:
+            return bool(await redis.xlen(StreamKeys(settings.stream_prefix, 0).dlq))
+
+        while not await dead():
+            await asyncio.sleep(0.05)
+    view = await asyncio.to_thread(memworker, settings, "inspect", "-p", "p", "-s", "s1")
+    assert view.returncode == 0, view.stderr
+    assert json.loads(view.stdout)["variables"] == {"k": [1, 2]}
+    stats = await asyncio.to_thread(memworker, settings, "stats", "--json")
+    rows = {(r["stream"], r["group"]): r for r in json.loads(stats.stdout)}
+    lifecycle = rows[(StreamKeys(settings.stream_prefix, 0).lifecycle, "lifecycle")]
+    assert lifecycle["length"] == 2 and lifecycle["pending"] == 0 and lifecycle["lag"] == 0
+    listed = await asyncio.to_thread(memworker, settings, "dlq", "list", "--json")
+    letters = json.loads(listed.stdout)
+    assert [d["reason"] for d in letters] == ["unparseable"]
+    redriven = await asyncio.to_thread(memworker, settings, "dlq", "redrive")
+    assert "redriven: 1" in redriven.stdout
+    assert await redis.xlen(StreamKeys(settings.stream_prefix, 0).dlq) == 0
+    assert await redis.xlen(StreamKeys(settings.stream_prefix, 0).lifecycle) == 3
+
+
+async def test_replaying_lifecycle_commands_twice_changes_nothing(
+    redis: Redis, settings: Settings
+) -> None:
+    async with running_worker(settings):
+        client = LifecycleClient(redis, settings)
+        for s in ("s1", "s2"):
+            await client.wait(await client.spawn("p", s, "a"), timeout=10)
+    before = await redis.xlen(StreamKeys(settings.stream_prefix, 0).results)
+    for _ in range(2):
+        done = await asyncio.to_thread(memworker, settings, "replay", "lifecycle")
+        assert done.returncode == 0, done.stderr
+        assert "duplicate=2" in done.stdout
+    assert await redis.xlen(StreamKeys(settings.stream_prefix, 0).results) == before
+
+
+def test_schema_writes_a_json_schema_per_event_and_an_asyncapi_document(
+    tmp_path: Path, settings: Settings
+) -> None:
+    done = memworker(settings, "schema", "--out", str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    for name in EVENT_MODELS:
+        schema = json.loads((tmp_path / f"{name}.schema.json").read_text())
+        assert schema["type"] == "object"
+    assert json.loads((tmp_path / "asyncapi.json").read_text())["asyncapi"] == "3.0.0"
+
+
+def test_the_asyncapi_document_validates_and_lists_every_stream_and_message(
+    settings: Settings,
+) -> None:
+    from faststream.specification.asyncapi.v3_0_0.schema import ApplicationSchema
+
+    document = asyncapi_document(settings)
+    ApplicationSchema.model_validate(document)
+    addresses = {c["address"] for c in document["channels"].values()}
+    streams = StreamKeys(settings.stream_prefix, 0)
+    assert {
+        streams.lifecycle,
+        streams.results,
+        streams.dlq,
+        f"{settings.stream_prefix}:episodes",
+    } <= addresses
+    schemas = document["components"]["schemas"]
+    for model in (
+        "SpawnCommand",
+        "PauseCommand",
+        "ResumeCommand",
+        "TerminateCommand",
+        "AgentSpawned",
+        "AgentPaused",
+        "AgentResumed",
+        "AgentTerminated",
+        "CommandRejected",
+        "DeadLetter",
+        "EpisodeRecorded",
+    ):
+        assert model in schemas, model
