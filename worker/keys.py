@@ -87,6 +87,9 @@ def shard_of_stream(name: str) -> int:
     return int(name[start + 1 : -1])
 
 
+_SESSION_SUFFIXES = (":meta", ":vars", ":vexp", ":task", ":scratch", ":cps", ":cpdata")
+
+
 @dataclass(frozen=True, slots=True)
 class SessionKeys:
     """The keys of one session's working memory.
@@ -143,7 +146,8 @@ class SessionKeys:
 
     def all(self) -> list[str]:
         """The session's keys in the order every Lua script receives them (KEYS[1..7])."""
-        return [self.meta, self.vars, self.vexp, self.task, self.scratch, self.cps, self.cpdata]
+        base = self.base
+        return [base + suffix for suffix in _SESSION_SUFFIXES]
 
     @property
     def streams(self) -> StreamKeys:

@@ -129,6 +129,7 @@ class LifecycleWorker:
         self._inflight = 0
         self._window = asyncio.Semaphore(IN_FLIGHT)
         self._settling: set[asyncio.Task[None]] = set()
+        self._counters: dict[tuple[str, str, str], Any] = {}
         self.broker = RedisBroker(settings.redis_url, logger=None)  # type: ignore[arg-type]
         for shard in range(settings.shards):
             self._subscribe(shard)
@@ -295,7 +296,11 @@ class LifecycleWorker:
                 error=outcome.detail,
             )
             return
-        COMMANDS.labels(outcome.command or "unknown", status, outcome.reason or "").inc()
+        key = (outcome.command or "unknown", status, outcome.reason or "")
+        counter = self._counters.get(key)
+        if counter is None:
+            counter = self._counters[key] = COMMANDS.labels(*key)
+        counter.inc()
         if status == "rejected":
             log.info(
                 "command_rejected",
