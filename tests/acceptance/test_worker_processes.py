@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import signal
 from collections import Counter
+from typing import Any
 
 import orjson
 import pytest
@@ -121,3 +122,33 @@ async def test_a_worker_killed_mid_stream_loses_and_doubles_nothing(
     assert [r for r in out if r["type"] == "command.rejected"] == []
     pending = await redis.xpending(StreamKeys(settings.stream_prefix, 0).lifecycle, LIFECYCLE_GROUP)
     assert pending["pending"] == 0
+
+
+async def test_sigterm_finishes_the_batch_in_hand_and_leaves_the_rest_to_others(
+    redis: Redis, settings: Settings
+) -> None:
+    total = await prefill(redis, settings, 5000, ["spawn", "pause", "resume", "terminate"])
+    results = StreamKeys(settings.stream_prefix, 0).results
+    lifecycle = StreamKeys(settings.stream_prefix, 0).lifecycle
+    with worker_process(settings, "--consumer", "leaving") as leaving:
+        await stream_len_at_least(redis, results, 2000, timeout=60)
+        leaving.send_signal(signal.SIGTERM)
+        code = await asyncio.to_thread(leaving.wait, 30)
+    assert code == 0, "a graceful stop exits 0"
+    done = int(await redis.xlen(results))
+    assert done < total, "the stop must land mid-stream"
+    info: Any = await redis.xinfo_groups(lifecycle)
+    applied_and_acked = int(info[0]["entries-read"]) - int(info[0]["pending"])
+    assert applied_and_acked == done, "every acknowledged command has its result, no other"
+    with worker_process(
+        settings,
+        "--consumer",
+        "successor",
+        MEMWORKER_RECLAIM_IDLE_MS="300",
+        MEMWORKER_RECLAIM_INTERVAL_MS="100",
+    ):
+        await wait_for_total(redis, settings, total, timeout=180)
+        await asyncio.sleep(0.5)
+    out = await all_results(redis, settings)
+    assert len(out) == total
+    assert set(Counter(r["causation_id"] for r in out).values()) == {1}
