@@ -15,7 +15,6 @@ from datetime import UTC, datetime
 from typing import Any
 
 import orjson
-from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
 from schemas.commands import (
@@ -24,8 +23,9 @@ from schemas.commands import (
     SpawnCommand,
     TerminateCommand,
 )
+from worker.connections import AnyRedis, shard_urls
 from worker.dlq import dead_letter
-from worker.intake import Accepted, Refused, Unusable, parse_entry
+from worker.intake import Accepted, Refused, Unusable, fits_in_result, parse_entry
 from worker.keys import LIFECYCLE_GROUP, SessionKeys, StreamKeys, is_valid_id, shard_of
 from worker.script_channel import ScriptChannel
 from worker.scripts import script
@@ -96,7 +96,8 @@ def _copied(raw: Mapping[str, Any], *, keep_metadata: bool) -> dict[str, Any]:
     corr = raw.get("correlation_id")
     out["correlation_id"] = corr if isinstance(corr, str) and len(corr) <= 128 else None
     meta = raw.get("metadata")
-    out["metadata"] = meta if keep_metadata and isinstance(meta, dict) else None
+    usable = keep_metadata and isinstance(meta, dict) and fits_in_result(meta)
+    out["metadata"] = meta if usable else None
     return out
 
 
@@ -122,18 +123,44 @@ def _prefix(
 class CommandApplier:
     """Applies batches of entries from one consumer group's point of view."""
 
-    def __init__(self, redis: Redis, settings: Settings, group: str = LIFECYCLE_GROUP) -> None:
+    def __init__(self, redis: AnyRedis, settings: Settings, group: str = LIFECYCLE_GROUP) -> None:
         self.redis = redis
         self.settings = settings
         self.group = group
-        self.channel = ScriptChannel(settings.redis_url)
+        self._urls: dict[int, str] = dict.fromkeys(range(settings.shards), settings.redis_url)
+        self._resolved = not (settings.redis_cluster or settings.redis_sentinel_service)
+        self._channels: dict[str, ScriptChannel] = {}
+
+    async def resolve(self) -> None:
+        """Learn which server holds each shard (a cluster node, the Sentinel's master)."""
+        urls = await shard_urls(self.settings)
+        for url in set(self._channels) - set(urls.values()):
+            await self._channels.pop(url).close()
+        self._urls, self._resolved = urls, True
+
+    def url_of(self, shard: int) -> str:
+        """The URL of the server holding ``shard`` (after ``resolve`` on a cluster)."""
+        return self._urls[shard]
+
+    def channel_for(self, shard: int) -> ScriptChannel:
+        """The pipelined connection to the server of ``shard`` (one per server)."""
+        url = self._urls[shard]
+        channel = self._channels.get(url)
+        if channel is None:
+            channel = self._channels[url] = ScriptChannel(url)
+        return channel
 
     async def ensure_scripts(self) -> None:
-        for lua in (APPLY, DEAD_LETTER):
-            await self.channel.execute([["SCRIPT", "LOAD", lua.source]])
+        if not self._resolved:
+            await self.resolve()
+        for shard in {url: s for s, url in self._urls.items()}.values():
+            for lua in (APPLY, DEAD_LETTER):
+                await self.channel_for(shard).execute([["SCRIPT", "LOAD", lua.source]])
 
     async def close(self) -> None:
-        await self.channel.close()
+        for channel in self._channels.values():
+            await channel.close()
+        self._channels.clear()
 
     async def dead_letter(
         self,
@@ -183,6 +210,12 @@ class CommandApplier:
             entry_id = raw_id.decode() if isinstance(raw_id, bytes) else raw_id
             intake = parse_entry(fields, shard, settings)
             duration = (time.perf_counter() - received) * 1000
+            built = None
+            if not isinstance(intake, Unusable):
+                try:
+                    built = self._build(intake, shard, streams, entry_id, now_ms, now_iso, duration)
+                except Exception as exc:  # one odd entry must not poison its whole batch
+                    intake = Unusable(f"could not be prepared for applying: {exc!r:.300}")
             if isinstance(intake, Unusable):
                 plan.outcomes.append(Outcome(entry_id, "dead", intake.error, reason="unparseable"))
                 if dead_letters:
@@ -205,9 +238,8 @@ class CommandApplier:
                 else:
                     plan.replied.append(False)
                 continue
-            keys, argv, outcome = self._build(
-                intake, shard, streams, entry_id, now_ms, now_iso, duration
-            )
+            assert built is not None
+            keys, argv, outcome = built
             plan.commands.append(APPLY.command(keys, argv))
             plan.outcomes.append(outcome)
             plan.replied.append(True)
@@ -236,7 +268,7 @@ class CommandApplier:
             return []
         plan = self.plan(shard, entries, received, dead_letters=dead_letters)
         for _attempt in range(3):
-            outcomes = self.finish(plan, await self.channel.execute(plan.commands))
+            outcomes = self.finish(plan, await self.channel_for(shard).execute(plan.commands))
             if outcomes is not None:
                 return outcomes
             await self.ensure_scripts()

@@ -25,6 +25,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from worker.connections import client_for
 from worker.keys import InvalidIdError, StreamKeys, episodes_stream, shard_of, validate_id
 from worker.logs import configure_logging
 from worker.settings import Settings
@@ -67,7 +68,7 @@ def run_async(coro: Coroutine[Any, Any, T]) -> T:
 
 
 async def with_redis(settings: Settings, use: Callable[[Redis], Awaitable[T]]) -> T:
-    redis = Redis.from_url(settings.redis_url)
+    redis: Any = client_for(settings)
     try:
         await redis.ping()
     except (RedisConnectionError, OSError) as exc:

@@ -17,6 +17,7 @@ from redis.exceptions import ResponseError
 
 from schemas.commands import COMMAND_TYPES
 from schemas.results import RESULT_ADAPTER, Result
+from worker.connections import client_for
 from worker.keys import ID_PATTERN, SessionKeys, StreamKeys, episodes_stream, tag, validate_id
 from worker.settings import Settings, get_settings
 
@@ -37,7 +38,7 @@ class LifecycleClient:
     def __init__(self, redis: Redis | None = None, settings: Settings | None = None) -> None:
         self.settings = settings or get_settings()
         self._owns = redis is None
-        self.redis = redis or Redis.from_url(self.settings.redis_url)
+        self.redis = redis or client_for(self.settings)
         self._sent: dict[str, tuple[int, str]] = {}
 
     async def __aenter__(self) -> LifecycleClient:

@@ -23,12 +23,13 @@ from faststream.message import StreamMessage
 from faststream.middlewares import AckPolicy
 from faststream.redis import RedisBroker, StreamSub
 from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from worker.applier import CommandApplier, Outcome, Plan
-from worker.connections import redis_client
+from worker.connections import client_for
 from worker.keys import LIFECYCLE_GROUP, StreamKeys
 from worker.logs import get_logger
 from worker.metrics import (
@@ -56,7 +57,7 @@ def default_consumer_name() -> str:
     return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
 
 
-async def ensure_group(redis: Redis, stream: str, group: str) -> None:
+async def ensure_group(redis: Redis | RedisCluster, stream: str, group: str) -> None:
     """Create ``group`` at id 0 (commands published before any worker ran are processed)."""
     try:
         await redis.xgroup_create(stream, group, id="0", mkstream=True)
@@ -121,7 +122,7 @@ class LifecycleWorker:
     def __init__(self, settings: Settings, *, consumer: str | None = None) -> None:
         self.settings = settings
         self.consumer = consumer or default_consumer_name()
-        self.redis = redis_client(settings.redis_url, health_check_interval=10)
+        self.redis = client_for(settings, health_check_interval=10)
         self.applier = CommandApplier(self.redis, settings)
         self.retry = RetryBook()
         self.ready = False
@@ -130,16 +131,14 @@ class LifecycleWorker:
         self._window = asyncio.Semaphore(IN_FLIGHT)
         self._settling: set[asyncio.Task[None]] = set()
         self._counters: dict[tuple[str, str, str], Any] = {}
-        self.broker = RedisBroker(settings.redis_url, logger=None)  # type: ignore[arg-type]
-        for shard in range(settings.shards):
-            self._subscribe(shard)
+        self.brokers: dict[str, RedisBroker] = {}
 
     def streams(self, shard: int) -> StreamKeys:
         return StreamKeys(self.settings.stream_prefix, shard)
 
     # -- reading new entries (FastStream) -------------------------------------------------
 
-    def _subscribe(self, shard: int) -> None:
+    def _subscribe(self, broker: RedisBroker, shard: int) -> None:
         stream = StreamSub(
             self.streams(shard).lifecycle,
             group=LIFECYCLE_GROUP,
@@ -161,7 +160,7 @@ class LifecycleWorker:
             entries = list(zip(raw["message_ids"], raw["data"], strict=True))
             await self.dispatch(shard, entries)
 
-        self.broker.subscriber(
+        broker.subscriber(
             stream=stream,
             parser=keep_raw,
             decoder=raw_entries,
@@ -177,7 +176,7 @@ class LifecycleWorker:
         await self._window.acquire()
         started = time.perf_counter()
         try:
-            channel = self.applier.channel
+            channel = self.applier.channel_for(shard)
             if not channel.connected:
                 await channel.connect()
             plan = self.applier.plan(shard, entries, started)
@@ -186,6 +185,9 @@ class LifecycleWorker:
             self._window.release()
             self._unreachable(shard, entries, exc)
             return
+        except BaseException:
+            self._window.release()  # else two failures leave the worker waiting forever
+            raise
         self._inflight += 1
         task = asyncio.create_task(self._complete(plan, future))
         self._settling.add(task)
@@ -427,12 +429,16 @@ class LifecycleWorker:
                 log.warning("redis_unavailable", loop=name, error=str(exc), retry_in=backoff)
             except RedisError as exc:
                 log.error("loop_error", loop=name, error=str(exc))
+            except Exception as exc:  # a bug must not end the reclaim/retry loop for good
+                log.exception("loop_error", loop=name, error=repr(exc))
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stopping.wait(), timeout=backoff)
 
     async def _reclaim_all(self) -> None:
         for shard in range(self.settings.shards):
             await self.reclaim_once(shard)
+        # Redis answered: ready again after an outage even if no new command arrives.
+        self._set_ready(True)
 
     async def probe_lag(self) -> None:
         """Refresh the lag and pending gauges (slowly: never on the hot path)."""
@@ -471,7 +477,15 @@ class LifecycleWorker:
                 log.warning("redis_unavailable", error=str(exc), retry_in=delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
-        await self.broker.start()
+        # One FastStream broker per server: on a Redis Cluster each reads the shards whose
+        # streams live on that node; standalone, one broker reads every shard.
+        for shard in range(self.settings.shards):
+            url = self.applier.url_of(shard)
+            if url not in self.brokers:
+                self.brokers[url] = RedisBroker(url, logger=None)  # type: ignore[arg-type]
+            self._subscribe(self.brokers[url], shard)
+        for broker in self.brokers.values():
+            await broker.start()
         self._set_ready(True)
         self._tasks = [
             asyncio.create_task(
@@ -490,7 +504,8 @@ class LifecycleWorker:
     async def stop(self) -> None:
         """Finish the batch in hand; leave the rest pending for another consumer."""
         self._stopping.set()
-        await self.broker.stop()
+        for broker in self.brokers.values():
+            await broker.stop()
         for task in getattr(self, "_tasks", []):
             task.cancel()
         await asyncio.gather(*getattr(self, "_tasks", []), return_exceptions=True)

@@ -12,6 +12,7 @@ import time
 from typing import Any
 
 from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import ResponseError
 
 
@@ -21,7 +22,7 @@ def _parse(entry_id: bytes | str) -> tuple[int, int]:
     return int(ms), int(seq or 0)
 
 
-async def safe_trim_id(redis: Redis, stream: str, keep_seconds: float) -> str | None:
+async def safe_trim_id(redis: Redis | RedisCluster, stream: str, keep_seconds: float) -> str | None:
     """The id below which every entry is acknowledged by every group and older than
     ``keep_seconds``; None when nothing may be trimmed."""
     try:
@@ -42,7 +43,7 @@ async def safe_trim_id(redis: Redis, stream: str, keep_seconds: float) -> str | 
     return f"{bound[0]}-{bound[1]}"
 
 
-async def trim_stream(redis: Redis, stream: str, keep_seconds: float) -> int:
+async def trim_stream(redis: Redis | RedisCluster, stream: str, keep_seconds: float) -> int:
     """Trim ``stream`` up to its safe id; returns how many entries were removed."""
     min_id = await safe_trim_id(redis, stream, keep_seconds)
     if min_id is None:

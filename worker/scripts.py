@@ -15,6 +15,7 @@ from typing import Any
 
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
+from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import NoScriptError
 
 _PRELUDE = "_session.lua"
@@ -44,7 +45,10 @@ class LuaScript:
         return cls(name, body)
 
     async def __call__(
-        self, redis: Redis, keys: Sequence[str], args: Sequence[str | int | float | bytes]
+        self,
+        redis: Redis | RedisCluster,
+        keys: Sequence[str],
+        args: Sequence[str | int | float | bytes],
     ) -> Any:
         """Run by SHA; load the script first if the server does not know it (e.g. restarted)."""
         try:

@@ -28,6 +28,10 @@ class Settings(BaseSettings):
         default=DEFAULT_DATABASE_URL,
         validation_alias=AliasChoices("DATABASE_URL", "MEMWORKER_DATABASE_URL"),
     )
+    redis_cluster: bool = False
+    """REDIS_URL names one node of a Redis Cluster (shards map to the nodes of their slots)."""
+    redis_sentinel_service: str | None = None
+    """REDIS_URL names Sentinels (``redis://h1:26379,h2:26379/0``) watching this service."""
     stream_prefix: str = Field(default="agents", min_length=1, max_length=64)
     shards: int = Field(default=1, ge=1, le=1024)
 

@@ -17,8 +17,8 @@ from types import TracebackType
 from typing import Any, Self, get_args
 
 import orjson
-from redis.asyncio import Redis
 
+from worker.connections import AnyRedis, client_for
 from worker.keys import InvalidIdError, SessionKeys, validate_id
 from worker.memory.backend import JsonMember, MemoryBackend
 from worker.memory.errors import (
@@ -101,7 +101,7 @@ class WorkingMemory:
         *,
         project_id: str,
         agent_instance_id: str | None = None,
-        redis: Redis | None = None,
+        redis: AnyRedis | None = None,
         settings: Settings | None = None,
     ) -> WorkingMemory:
         """Open a session's working memory in Redis.
@@ -116,7 +116,7 @@ class WorkingMemory:
         if agent_instance_id is not None:
             validate_id(agent_instance_id, "agent_instance_id")
         owns = redis is None
-        client = redis if redis is not None else Redis.from_url(settings.redis_url)
+        client = redis if redis is not None else client_for(settings)
         backend = RedisBackend(client, keys, settings, owns_client=owns)
         return cls(
             backend,

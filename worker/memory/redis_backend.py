@@ -10,11 +10,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from worker.connections import AnyRedis
 from worker.keys import SessionKeys
 from worker.memory.backend import JsonMember, RawStats
 from worker.memory.errors import (
@@ -38,9 +38,13 @@ def _bytes(value: bytes | str) -> bytes:
     return value.encode() if isinstance(value, str) else value
 
 
-def describe_url(redis: Redis) -> str:
+def describe_url(redis: AnyRedis) -> str:
     """The client's server as a URL, without credentials, for error messages."""
-    kwargs = redis.connection_pool.connection_kwargs
+    pool = getattr(redis, "connection_pool", None)
+    if pool is None:  # a RedisCluster: name the node it was started from
+        nodes = redis.get_nodes() if hasattr(redis, "get_nodes") else []
+        return ", ".join(f"redis://{n.host}:{n.port}" for n in nodes) or "redis cluster"
+    kwargs = pool.connection_kwargs
     if "path" in kwargs:
         return f"unix://{kwargs['path']}?db={kwargs.get('db', 0)}"
     return f"redis://{kwargs.get('host', '?')}:{kwargs.get('port', '?')}/{kwargs.get('db', 0)}"
@@ -50,7 +54,7 @@ class RedisBackend:
     """One session's working memory in Redis, in the key layout of ``SessionKeys``."""
 
     def __init__(
-        self, redis: Redis, keys: SessionKeys, settings: Settings, *, owns_client: bool
+        self, redis: AnyRedis, keys: SessionKeys, settings: Settings, *, owns_client: bool
     ) -> None:
         self.redis = redis
         self.keys = keys

@@ -1,0 +1,93 @@
+"""The lifecycle worker, the client and working memory on a 3-node Redis Cluster, 4 shards."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from tests.helpers import running_worker, wait_until
+from tests.redis_cluster import redis_cluster
+from worker.client import LifecycleClient
+from worker.connections import client_for, shard_urls
+from worker.keys import SessionKeys, StreamKeys
+from worker.memory import WorkingMemory
+from worker.settings import Settings
+
+
+@pytest.fixture
+def cluster_settings(tmp_path: Path, prefix: str) -> Iterator[Settings]:
+    with redis_cluster(tmp_path) as ports:
+        yield Settings(
+            redis_url=f"redis://127.0.0.1:{ports[0]}/0",
+            redis_cluster=True,
+            shards=4,
+            stream_prefix=prefix,
+            reclaim_idle_ms=500,
+            reclaim_interval_ms=100,
+            seq_retry_ms=20,
+        )
+
+
+async def test_shards_are_spread_over_the_cluster_nodes(cluster_settings: Settings) -> None:
+    urls = await shard_urls(cluster_settings)
+    assert len(urls) == 4
+    assert len(set(urls.values())) >= 2, "the 4 shards' hash tags land on several nodes"
+
+
+async def test_the_lifecycle_end_to_end_runs_on_a_cluster(cluster_settings: Settings) -> None:
+    settings = cluster_settings
+    redis: Any = client_for(settings)
+    client = LifecycleClient(redis, settings)
+    sessions = [f"s{n}" for n in range(100)]
+    sent: list[str] = []
+    for session in sessions:
+        sent.append(await client.spawn("proj", session, "a", {"n": session}))
+    for kind in ("pause", "resume", "terminate"):
+        for session in sessions:
+            sent.append(
+                await client.publish(
+                    {
+                        "type": kind,
+                        "project_id": "proj",
+                        "session_id": session,
+                        "agent_instance_id": "a",
+                    }
+                )
+            )
+    async with running_worker(settings):
+
+        async def all_results() -> bool:
+            total = 0
+            for shard in range(4):
+                total += int(await redis.xlen(StreamKeys(settings.stream_prefix, shard).results))
+            return total == len(sent)
+
+        await wait_until(all_results, timeout=60)
+    results: list[dict[str, Any]] = []
+    for shard in range(4):
+        rows = await redis.xrange(StreamKeys(settings.stream_prefix, shard).results)
+        results += [orjson.loads(f[b"data"]) for _i, f in rows]
+    assert Counter(r["causation_id"] for r in results) == Counter(sent)
+    assert [r for r in results if r["type"] == "command.rejected"] == []
+    terminated = [r for r in results if r["type"] == "agent.terminated"]
+    assert sorted(r["snapshot"]["variables"]["n"] for r in terminated) == sorted(sessions)
+    for session in sessions:
+        keys = SessionKeys.for_session(settings.stream_prefix, 4, "proj", session)
+        assert await redis.hget(keys.meta, "state") == b"terminated"
+    await redis.aclose()
+
+
+async def test_working_memory_works_on_a_cluster(cluster_settings: Settings) -> None:
+    for session in ("a", "b", "c", "d"):
+        memory = await WorkingMemory.for_session(session, project_id="p", settings=cluster_settings)
+        await memory.set("k", {"session": session})
+        checkpoint = await memory.create_checkpoint("before")
+        await memory.set("k", "changed")
+        await memory.restore_checkpoint(checkpoint)
+        assert await memory.get("k") == {"session": session}
+        await memory.close()
