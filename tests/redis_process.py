@@ -35,10 +35,13 @@ def server_binary() -> str:
 
 
 class RedisProcess:
-    def __init__(self, data_dir: Path, appendfsync: str = "always") -> None:
+    def __init__(
+        self, data_dir: Path, appendfsync: str = "always", *, persistent: bool = True
+    ) -> None:
         self.data_dir = data_dir
         self.port = free_port()
         self.appendfsync = appendfsync
+        self.persistent = persistent
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -56,7 +59,7 @@ class RedisProcess:
                 "--dir",
                 str(self.data_dir),
                 "--appendonly",
-                "yes",
+                "yes" if self.persistent else "no",
                 "--appendfsync",
                 self.appendfsync,
                 "--save",

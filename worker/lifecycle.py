@@ -434,7 +434,28 @@ class LifecycleWorker:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stopping.wait(), timeout=backoff)
 
+    async def supervise_once(self) -> None:
+        """Restart FastStream subscribers that stopped for good.
+
+        FastStream stops a stream subscriber when its group disappears (a Redis restarted
+        without persistence, a deleted stream): recreate the groups and start a new broker.
+        """
+        for url, broker in list(self.brokers.items()):
+            if self._stopping.is_set() or all(sub.running for sub in broker.subscribers):
+                continue
+            shards = [s for s in range(self.settings.shards) if self.applier.url_of(s) == url]
+            log.warning("subscriber_restarting", url=url, shards=shards)
+            for shard in shards:
+                await ensure_group(self.redis, self.streams(shard).lifecycle, LIFECYCLE_GROUP)
+            await broker.stop()
+            fresh = RedisBroker(url, logger=None)  # type: ignore[arg-type]
+            for shard in shards:
+                self._subscribe(fresh, shard)
+            await fresh.start()
+            self.brokers[url] = fresh
+
     async def _reclaim_all(self) -> None:
+        await self.supervise_once()
         for shard in range(self.settings.shards):
             await self.reclaim_once(shard)
         # Redis answered: ready again after an outage even if no new command arrives.

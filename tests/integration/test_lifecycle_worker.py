@@ -471,3 +471,44 @@ async def test_redis_going_away_makes_the_worker_not_ready_until_it_returns(
         await client.aclose()
     finally:
         server.stop()
+
+
+async def test_a_redis_restarted_without_its_data_gets_groups_back_and_work_resumes(
+    tmp_path: Any, prefix: str
+) -> None:
+    from tests.redis_process import RedisProcess
+
+    server = RedisProcess(tmp_path, persistent=False)
+    server.start()
+    try:
+        settings = Settings(
+            redis_url=server.url, stream_prefix=prefix, reclaim_idle_ms=300, reclaim_interval_ms=100
+        )
+        streams = StreamKeys(prefix, 0)
+        async with running_worker(settings) as worker:
+            client = Redis.from_url(server.url)
+            await publish(client, settings, command("spawn", "before"))
+            await stream_len_at_least(client, streams.results, 1)
+            await client.aclose()
+            server.stop()
+            server.start()  # empty: no stream, no group, no scripts
+
+            async def ready_again() -> bool:
+                return worker.ready
+
+            client = Redis.from_url(server.url)
+
+            async def group_back() -> bool:
+                try:
+                    return bool(await client.xinfo_groups(streams.lifecycle))
+                except Exception:
+                    return False
+
+            await wait_until(group_back, timeout=30)
+            await publish(client, settings, command("spawn", "after", session="s2"))
+            await stream_len_at_least(client, streams.results, 1, timeout=30)
+            await wait_until(ready_again)
+            assert (await results(client, settings))[0]["causation_id"] == "after"
+            await client.aclose()
+    finally:
+        server.stop()
