@@ -512,3 +512,25 @@ async def test_a_redis_restarted_without_its_data_gets_groups_back_and_work_resu
             await client.aclose()
     finally:
         server.stop()
+
+
+async def test_a_rejected_command_at_its_seq_does_not_hold_up_the_next_one(
+    redis: Redis, fast: Settings
+) -> None:
+    out = await run_commands(
+        redis,
+        fast,
+        [
+            command("spawn", "q1", seq=1),
+            command("spawn", "q2", seq=2),  # rejected already_exists, but seq 2 is used up
+            command("resume", "q3", seq=3),  # rejected invalid_transition (active)
+            command("pause", "q4", seq=4),
+        ],
+        expect_results=4,
+    )
+    assert [(r["causation_id"], r.get("reason")) for r in out] == [
+        ("q1", None),
+        ("q2", "already_exists"),
+        ("q3", "invalid_transition"),
+        ("q4", None),
+    ]

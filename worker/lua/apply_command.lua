@@ -67,8 +67,10 @@ end
 
 if op == 'spawn' then
   if state == 'terminated' then
+    advance_seq()
     return reject('already_terminated', 'session was terminated; spawn a new session_id')
   elseif state then
+    advance_seq()
     return reject('already_exists', 'session already exists and is ' .. state
       .. '; spawn a new session_id, or resume/terminate this one')
   end
