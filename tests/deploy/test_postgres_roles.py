@@ -1,0 +1,243 @@
+"""deploy/postgres/roles.sql on a real Postgres: the owner migrates, the runtime role only works.
+
+Setup as in a deployment: roles.sql as an admin, ``memworker migrate`` as memworker_owner,
+roles.sql again. The roles are cluster-wide; the test sets their passwords (so it also works on
+a server with password authentication) and drops them afterwards when nothing else uses them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from redis.asyncio import Redis
+from sqlalchemy import make_url
+
+from tests.deploy.acl_redis import AclRedis
+from tests.helpers import running_worker
+from worker.client import LifecycleClient
+from worker.consolidator import Consolidator
+from worker.db.engine import create_database_engine
+from worker.episodes import EpisodeStore
+from worker.keys import StreamKeys, episodes_stream
+from worker.migrate import migrate
+from worker.settings import Settings
+
+asyncpg: Any = importlib.import_module("asyncpg")  # untyped: imported as Any, not stubbed
+ROLES_SQL = Path(__file__).resolve().parents[2] / "deploy" / "postgres" / "roles.sql"
+OWNER = "memworker_owner"
+RUNTIME = "memworker_runtime"
+
+
+@dataclass(frozen=True)
+class RoleUrls:
+    admin: str
+    owner: str
+    runtime: str
+
+
+def as_role(url: str, role: str, password: str) -> str:
+    return make_url(url).set(username=role, password=password).render_as_string(False)
+
+
+def dsn(url: str) -> str:
+    """An asyncpg DSN for a SQLAlchemy URL (``postgresql+asyncpg://`` → ``postgresql://``)."""
+    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+async def run_roles_sql(admin_url: str, owner_password: str, runtime_password: str) -> None:
+    conn = await asyncpg.connect(dsn(admin_url))
+    try:
+        await conn.execute(
+            "SELECT set_config('memworker.owner_password', $1, false)", owner_password
+        )
+        await conn.execute(
+            "SELECT set_config('memworker.runtime_password', $1, false)", runtime_password
+        )
+        await conn.execute(ROLES_SQL.read_text(encoding="utf-8"))
+    finally:
+        await conn.close()
+
+
+@pytest.fixture
+async def roles(database_url: str) -> AsyncIterator[RoleUrls]:
+    owner_password = "owner-" + uuid.uuid4().hex
+    runtime_password = "runtime-" + uuid.uuid4().hex
+    await run_roles_sql(database_url, owner_password, runtime_password)
+    urls = RoleUrls(
+        admin=database_url,
+        owner=as_role(database_url, OWNER, owner_password),
+        runtime=as_role(database_url, RUNTIME, runtime_password),
+    )
+    await migrate(urls.owner)
+    await run_roles_sql(database_url, owner_password, runtime_password)
+    try:
+        yield urls
+    finally:
+        conn = await asyncpg.connect(dsn(database_url))
+        try:
+            await conn.execute(f"DROP OWNED BY {OWNER}, {RUNTIME} CASCADE")
+            # Kept when another database still uses them (another test run, a deployment).
+            with contextlib.suppress(asyncpg.PostgresError):
+                await conn.execute(f"DROP ROLE {RUNTIME}, {OWNER}")
+        finally:
+            await conn.close()
+
+
+async def connect(url: str) -> Any:
+    return await asyncpg.connect(dsn(url))
+
+
+async def denied(conn: Any, sql: str, *args: Any) -> None:
+    with pytest.raises(asyncpg.InsufficientPrivilegeError):
+        await conn.execute(sql, *args)
+
+
+async def test_the_migration_runs_as_the_owner_role_which_owns_every_table(roles: RoleUrls) -> None:
+    conn = await connect(roles.owner)
+    try:
+        rows = await conn.fetch(
+            "SELECT tablename, tableowner FROM pg_tables WHERE schemaname = 'memworker'"
+        )
+        assert {r["tablename"] for r in rows} >= {"lifecycle_events", "episodes", "alembic_version"}
+        assert {r["tableowner"] for r in rows} == {OWNER}
+        assert await conn.fetchval("SHOW search_path") == "memworker"
+        await denied(conn, "CREATE ROLE memworker_intruder")
+        await denied(conn, "CREATE DATABASE memworker_intruder")
+    finally:
+        await conn.close()
+
+
+async def test_the_runtime_role_writes_rows_but_cannot_drop_alter_or_create(
+    roles: RoleUrls,
+) -> None:
+    conn = await connect(roles.runtime)
+    try:
+        await conn.execute(
+            "INSERT INTO lifecycle_events (event_id, type, causation_id, occurred_at, payload)"
+            " VALUES ('e-1', 'agent.spawned', 'c-1', now(), '{}') ON CONFLICT DO NOTHING"
+        )
+        episode_id = uuid.uuid4()
+        await conn.execute(
+            "INSERT INTO episodes (id, source_event_id, project_id, session_id, outcome,"
+            " context_summary, importance_score, occurred_at)"
+            " VALUES ($1, 'e-2', 'p', 's', 'success', 'done', 0.5, now())"
+            " ON CONFLICT DO NOTHING RETURNING id",
+            episode_id,
+        )
+        await conn.execute("UPDATE episodes SET announced_at = now() WHERE id = $1", episode_id)
+        assert await conn.fetchval("SELECT count(*) FROM lifecycle_events") == 1
+        assert await conn.fetchval("SELECT version_num FROM alembic_version")
+
+        for sql in (
+            "DROP TABLE episodes",
+            "DROP TABLE lifecycle_events",
+            "DROP TABLE alembic_version",
+            "ALTER TABLE episodes ADD COLUMN intruder int",
+            "ALTER TABLE lifecycle_events DROP COLUMN payload",
+            "TRUNCATE lifecycle_events",
+            "CREATE TABLE memworker.intruder (id int)",
+            "CREATE TABLE public.intruder (id int)",
+            "CREATE SCHEMA intruder",
+            "CREATE INDEX intruder ON episodes (outcome)",
+            "UPDATE episodes SET outcome = 'failure'",
+            "UPDATE lifecycle_events SET payload = '{}'",
+            "DELETE FROM alembic_version",
+            "UPDATE alembic_version SET version_num = 'x'",
+        ):
+            await denied(conn, sql)
+
+        assert await conn.fetchval("DELETE FROM episodes WHERE project_id = 'p' RETURNING 1")
+        assert await conn.fetchval("DELETE FROM lifecycle_events RETURNING 1")
+    finally:
+        await conn.close()
+
+
+async def test_roles_sql_runs_again_without_changing_any_privilege(roles: RoleUrls) -> None:
+    query = (
+        "SELECT table_name, privilege_type FROM information_schema.role_table_grants"
+        " WHERE grantee = $1 ORDER BY 1, 2"
+    )
+    conn = await connect(roles.admin)
+    try:
+        before = [tuple(r) for r in await conn.fetch(query, RUNTIME)]
+        await run_roles_sql(roles.admin, "", "")  # empty: leave the passwords as they are
+        after = [tuple(r) for r in await conn.fetch(query, RUNTIME)]
+    finally:
+        await conn.close()
+    assert before == after
+    assert set(before) == {
+        ("alembic_version", "SELECT"),
+        ("episodes", "DELETE"),
+        ("episodes", "INSERT"),
+        ("episodes", "SELECT"),
+        ("lifecycle_events", "DELETE"),
+        ("lifecycle_events", "INSERT"),
+        ("lifecycle_events", "SELECT"),
+    }
+    check = await connect(roles.runtime)  # the password set first still works
+    await check.close()
+
+
+async def test_the_consolidator_runs_as_the_runtime_role_and_its_own_redis_user(
+    roles: RoleUrls, acl_server: AclRedis, admin: Redis
+) -> None:
+    def settings_as(user: str) -> Settings:
+        return Settings(
+            redis_url=acl_server.url(user),
+            database_url=roles.runtime,
+            stream_prefix="agents",
+            shards=2,
+        )
+
+    publisher = LifecycleClient(settings=settings_as("publisher"))
+    try:
+        async with running_worker(settings_as("lifecycle-worker")):
+            for session in ("s-1", "s-2"):
+                await publisher.wait(await publisher.spawn("p-db", session, "a-1", {"n": 1}))
+                ended = await publisher.wait(
+                    await publisher.terminate(
+                        "p-db", session, "a-1", task_description="consolidate me", cleanup=False
+                    )
+                )
+                assert ended.type == "agent.terminated"
+    finally:
+        await publisher.close()
+    junk_stream = StreamKeys("agents", 0)
+    await admin.xadd(junk_stream.results, {"data": b"not json"})
+
+    consolidator = Consolidator.from_settings(settings_as("consolidator"))
+    try:
+        finished = await consolidator.run_once()
+    finally:
+        await consolidator.close()
+    assert finished == 5  # 2 spawned, 2 terminated, 1 dead-lettered
+
+    engine = create_database_engine(roles.runtime)
+    redis = Redis.from_url(acl_server.url("consolidator"))
+    try:
+        store = EpisodeStore(engine)
+        episodes = await store.list_episodes("p-db")
+        assert sorted(e.session_id for e in episodes) == ["s-1", "s-2"]
+        assert all(e.announced_at is not None for e in episodes)
+        forgotten = await store.forget("p-db", redis=redis, prefix="agents")
+        assert (forgotten.episodes, forgotten.lifecycle_events) == (2, 4)
+        assert forgotten.redis_keys > 0
+    finally:
+        await redis.aclose()
+        await engine.dispose()
+
+    announced: Any = await admin.xrange(episodes_stream("agents"))
+    assert len(announced) == 2
+    dead: Any = await admin.xrange(junk_stream.dlq)
+    assert [orjson.loads(f[b"data"]) for _i, f in dead] == [{"data": "not json"}]
+    assert [k async for k in admin.scan_iter(match="agents:{*}:s:p-db/*")] == []
+    log: Any = await admin.acl_log()
+    assert [(e["username"], e["object"]) for e in log] == []

@@ -1,0 +1,342 @@
+"""deploy/redis/users.acl on a real server: each role does its job and nothing else.
+
+The real code paths run as each user (the lifecycle worker, LifecycleClient, WorkingMemory, the
+inspection used by ``memworker stats``); since Redis 7 the ACL also applies to the commands and
+keys a Lua script calls, so a script needing more than its caller may do fails here. After the
+happy paths the ACL log must be empty: a refused command the code tolerates (and so would hide)
+still fails the test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import orjson
+import pytest
+from redis.asyncio import Redis
+from redis.exceptions import AuthenticationError, NoPermissionError
+
+from tests.deploy.acl_redis import AclRedis
+from tests.helpers import running_worker, wait_until
+from worker.client import LifecycleClient
+from worker.inspection import stream_stats
+from worker.keys import (
+    CONSOLIDATION_GROUP,
+    LIFECYCLE_GROUP,
+    SessionKeys,
+    StreamKeys,
+    episodes_stream,
+)
+from worker.memory import WorkingMemory
+from worker.settings import Settings
+
+PREFIX = "agents"  # the prefix the ACL key patterns are written for
+SHARDS = 2
+
+
+def settings_for(server: AclRedis, user: str) -> Settings:
+    return Settings(
+        redis_url=server.url(user),
+        stream_prefix=PREFIX,
+        shards=SHARDS,
+        reclaim_interval_ms=50,
+        retention_interval_seconds=0.1,
+    )
+
+
+def session_keys(project: str, session: str) -> SessionKeys:
+    return SessionKeys.for_session(PREFIX, SHARDS, project, session)
+
+
+@pytest.fixture
+async def clients(acl_server: AclRedis) -> AsyncIterator[dict[str, Redis]]:
+    """One client per user of the ACL file, logged in as that user."""
+    users = [
+        "lifecycle-worker",
+        "consolidator",
+        "publisher",
+        "subscriber",
+        "agent",
+        "operator",
+        "keda",
+        "healthcheck",
+    ]
+    opened = {user: Redis.from_url(acl_server.url(user)) for user in users}
+    try:
+        yield opened
+    finally:
+        for client in opened.values():
+            await client.aclose()
+
+
+async def denials(admin: Redis) -> list[dict[str, Any]]:
+    entries: Any = await admin.acl_log()
+    return [e for e in entries if e.get("username") != "default"]
+
+
+async def assert_no_denials(admin: Redis) -> None:
+    found = await denials(admin)
+    summary = [(e["username"], e["reason"], e["object"], e["context"]) for e in found]
+    assert summary == [], f"commands refused by the ACL: {summary}"
+
+
+async def refused(call: Any) -> None:
+    with pytest.raises(NoPermissionError):
+        await call
+
+
+async def test_the_default_user_is_disabled_so_a_client_without_credentials_is_refused(
+    acl_server: AclRedis,
+) -> None:
+    anonymous = Redis.from_url(acl_server.anonymous_url)
+    try:
+        with pytest.raises(AuthenticationError):
+            await anonymous.ping()
+    finally:
+        await anonymous.aclose()
+    wrong = Redis.from_url(acl_server.url("publisher", "not-the-password"))
+    try:
+        with pytest.raises(AuthenticationError):
+            await wrong.ping()
+    finally:
+        await wrong.aclose()
+
+
+async def test_commands_published_as_the_publisher_are_applied_by_the_worker_as_lifecycle_worker(
+    acl_server: AclRedis, admin: Redis
+) -> None:
+    publisher = LifecycleClient(settings=settings_for(acl_server, "publisher"))
+    worker_settings = settings_for(acl_server, "lifecycle-worker")
+    try:
+        async with running_worker(worker_settings) as worker:
+            for session in ("s-1", "s-2", "s-3"):
+                spawned = await publisher.wait(
+                    await publisher.spawn("p-acl", session, "agent-1", {"goal": "ship", "n": 1})
+                )
+                assert spawned.type == "agent.spawned", spawned
+                paused = await publisher.wait(
+                    await publisher.pause("p-acl", session, "agent-1", checkpoint_id="cp-1")
+                )
+                assert paused.type == "agent.paused", paused
+                resumed = await publisher.wait(await publisher.resume("p-acl", session, "agent-1"))
+                assert resumed.type == "agent.resumed", resumed
+                ended = await publisher.wait(
+                    await publisher.terminate(
+                        "p-acl", session, "agent-1", lessons_learned=["least privilege works"]
+                    )
+                )
+                assert ended.type == "agent.terminated", ended
+            # A rejection (state machine) and a duplicate take the script's other paths.
+            again = await publisher.wait(await publisher.pause("p-acl", "s-1", "agent-1"))
+            assert again.type == "command.rejected"
+
+            # Junk on the lifecycle stream goes to the DLQ through the dead-letter script.
+            shard = 0
+            lifecycle = StreamKeys(PREFIX, shard).lifecycle
+            await publisher.redis.xadd(lifecycle, {"data": b"not json"})
+            dlq = StreamKeys(PREFIX, shard).dlq
+
+            async def dead_lettered() -> bool:
+                return int(await admin.xlen(dlq)) == 1
+
+            await wait_until(dead_lettered, timeout=20)
+
+            # The background loops (reclaim, retention) run as the same user.
+            assert await worker.reclaim_once(shard) >= 0
+            assert await worker.trim_once() >= 0
+    finally:
+        await publisher.close()
+    await assert_no_denials(admin)
+
+
+async def test_the_publisher_cannot_read_working_memory_or_delete_streams(
+    acl_server: AclRedis, admin: Redis, clients: dict[str, Redis]
+) -> None:
+    keys = session_keys("p-pub", "s-1")
+    await admin.hset(keys.meta, mapping={"state": "active"})
+    await admin.hset(keys.vars, mapping={"secret": '"token"'})
+    streams = keys.streams
+    await admin.xadd(streams.results, {"data": b"{}"})
+    publisher = clients["publisher"]
+
+    assert await publisher.xadd(streams.lifecycle, {"data": b"{}"})
+    assert await publisher.incr(f"{PREFIX}:{{{keys.shard}}}:seq:p-pub/s-1") == 1
+    assert await publisher.xread({streams.results: "0-0"}, count=1)
+
+    await refused(publisher.hgetall(keys.vars))
+    await refused(publisher.hget(keys.meta, "state"))
+    await refused(publisher.get(keys.task))
+    await refused(publisher.delete(streams.lifecycle))
+    await refused(publisher.delete(streams.results))
+    await refused(publisher.xtrim(streams.lifecycle, maxlen=0))
+    await refused(publisher.xdel(streams.lifecycle, "0-1"))
+    await refused(publisher.xadd(streams.results, {"data": b"{}"}))
+    await refused(publisher.xadd(streams.dlq, {"data": b"{}"}))
+    await refused(publisher.xrange(streams.lifecycle))
+    await refused(publisher.xgroup_destroy(streams.lifecycle, LIFECYCLE_GROUP))
+    await refused(publisher.eval("return redis.call('HGETALL', KEYS[1])", 1, keys.vars))
+    await refused(publisher.keys("*"))
+    await refused(publisher.flushall())
+
+
+async def test_a_subscriber_follows_results_in_its_own_group_but_cannot_write(
+    acl_server: AclRedis, admin: Redis, clients: dict[str, Redis]
+) -> None:
+    streams = StreamKeys(PREFIX, 1)
+    result = {"type": "agent.spawned", "event_id": "r-1", "causation_id": "c-1"}
+    await admin.xadd(streams.results, {"data": orjson.dumps(result)})
+    await admin.xgroup_create(streams.results, CONSOLIDATION_GROUP, id="0", mkstream=True)
+    subscriber = LifecycleClient(clients["subscriber"], settings_for(acl_server, "subscriber"))
+    follower: Any = subscriber.follow(streams.results, "audit", "audit-1", block_ms=100)
+    try:
+        entry_id, data = await anext(follower)
+        assert data == result
+        assert await anext_or_none(follower, timeout=0.5) is None  # acknowledges the first
+    finally:
+        await follower.aclose()
+    pending: Any = await admin.xpending(streams.results, "audit")
+    assert pending["pending"] == 0
+
+    redis = clients["subscriber"]
+    episodes = episodes_stream(PREFIX)
+    await admin.xadd(episodes, {"data": b'{"type": "episode.recorded"}'})
+    assert await redis.xread({episodes: "0-0"})
+    assert await redis.xrange(streams.results)
+
+    await refused(redis.xadd(streams.results, {"data": b"{}"}))
+    await refused(redis.xadd(episodes, {"data": b"{}"}))
+    await refused(redis.xadd(streams.lifecycle, {"data": b"{}"}))
+    await refused(redis.set(f"{PREFIX}:anything", "x"))
+    await refused(redis.hset(session_keys("p-sub", "s-1").vars, "k", "v"))
+    await refused(redis.hgetall(session_keys("p-sub", "s-1").vars))
+    await refused(redis.delete(streams.results))
+    await refused(redis.xdel(streams.results, entry_id))
+    await refused(redis.xtrim(streams.results, maxlen=0))
+    await refused(redis.xgroup_destroy(streams.results, CONSOLIDATION_GROUP))
+    await refused(redis.xgroup_setid(streams.results, CONSOLIDATION_GROUP, "$"))
+    await refused(redis.xautoclaim(streams.results, CONSOLIDATION_GROUP, "thief", 0))
+    await refused(redis.xreadgroup(LIFECYCLE_GROUP, "x", {streams.lifecycle: ">"}))
+
+
+async def anext_or_none(iterator: Any, timeout: float) -> Any:
+    try:
+        return await asyncio.wait_for(anext(iterator), timeout)
+    except TimeoutError:
+        return None
+
+
+async def test_an_agent_uses_its_working_memory_but_cannot_publish_or_read_results(
+    acl_server: AclRedis, admin: Redis, clients: dict[str, Redis]
+) -> None:
+    publisher = LifecycleClient(settings=settings_for(acl_server, "publisher"))
+    try:
+        async with running_worker(settings_for(acl_server, "lifecycle-worker")):
+            spawned = await publisher.wait(
+                await publisher.spawn("p-agent", "s-1", "agent-1", {"goal": "write tests"})
+            )
+            assert spawned.type == "agent.spawned"
+    finally:
+        await publisher.close()
+
+    memory = await WorkingMemory.for_session(
+        "s-1", project_id="p-agent", settings=settings_for(acl_server, "agent")
+    )
+    try:
+        assert await memory.get("goal") == "write tests"
+        await memory.set("step", 2)
+        await memory.append_scratchpad("tried the obvious thing")
+        await memory.set_task_state(description="write tests", progress=0.5)
+        assert sorted(await memory.list_keys()) == ["goal", "step"]
+        checkpoint = await memory.create_checkpoint("before the risky part")
+        await memory.set("step", 3)
+        await memory.restore_checkpoint(checkpoint)
+        assert await memory.get("step") == 2
+        assert await memory.get_stats()
+    finally:
+        await memory.close()
+    await assert_no_denials(admin)
+
+    agent = clients["agent"]
+    streams = session_keys("p-agent", "s-1").streams
+    await refused(agent.xadd(streams.lifecycle, {"data": b"{}"}))
+    await refused(agent.xread({streams.results: "0-0"}))
+    await refused(agent.get(f"{PREFIX}:{{0}}:evt:p-agent/e-1"))
+    await refused(agent.incr(f"{PREFIX}:{{0}}:seq:p-agent/s-1"))
+    await refused(agent.delete(streams.lifecycle))
+
+
+async def test_the_lifecycle_worker_user_cannot_reach_beyond_its_streams_and_sessions(
+    clients: dict[str, Redis],
+) -> None:
+    redis = clients["lifecycle-worker"]
+    await refused(redis.xadd(episodes_stream(PREFIX), {"data": b"{}"}))
+    await refused(redis.incr(f"{PREFIX}:{{0}}:seq:p/s"))
+    await refused(redis.set("other-app:key", "x"))
+    await refused(redis.xrange(StreamKeys(PREFIX, 0).dlq))  # it writes the DLQ, never reads it
+    await refused(redis.xadd(StreamKeys(PREFIX, 0).lifecycle, {"data": b"{}"}))  # no commands
+    await refused(redis.delete(StreamKeys(PREFIX, 0).lifecycle))  # DEL only on session keys
+    await refused(redis.set(StreamKeys(PREFIX, 0).results, "x"))
+    await refused(redis.hset(f"{PREFIX}:lifecycle:other", "k", "v"))
+    await refused(redis.flushall())
+    await refused(redis.config_get("*"))
+    await refused(redis.script_flush())
+
+
+async def test_the_consolidator_user_cannot_write_working_memory_or_commands(
+    clients: dict[str, Redis],
+) -> None:
+    redis = clients["consolidator"]
+    keys = session_keys("p-con", "s-1")
+    await refused(redis.hset(keys.vars, "k", "v"))
+    await refused(redis.xadd(keys.streams.lifecycle, {"data": b"{}"}))
+    await refused(redis.xadd(keys.streams.results, {"data": b"{}"}))
+    await refused(redis.delete(keys.streams.results))
+    await refused(redis.unlink(keys.streams.results))  # UNLINK only on session keys (forget)
+    await refused(redis.get(keys.streams.results))
+    await refused(redis.xrange(keys.streams.dlq))
+    await refused(redis.evalsha("0" * 40, 0))
+
+
+async def test_the_operator_inspects_streams_but_cannot_flush_or_change_users(
+    acl_server: AclRedis, admin: Redis, clients: dict[str, Redis]
+) -> None:
+    streams = StreamKeys(PREFIX, 0)
+    await admin.xadd(streams.lifecycle, {"data": b"{}"})
+    await admin.xgroup_create(streams.lifecycle, LIFECYCLE_GROUP, id="0")
+    operator = clients["operator"]
+    rows = await stream_stats(operator, settings_for(acl_server, "operator"))
+    assert any(r.stream == streams.lifecycle and r.length == 1 for r in rows)
+    assert await operator.xrange(streams.lifecycle)
+    await refused(operator.flushall())
+    await refused(operator.flushdb())
+    await refused(operator.keys("*"))
+    await refused(operator.config_set("appendonly", "no"))
+    await refused(operator.acl_setuser("intruder", enabled=True, nopass=True))
+    await refused(operator.set("other-app:key", "x"))
+
+
+async def test_keda_reads_backlog_counts_and_nothing_else(
+    admin: Redis, clients: dict[str, Redis]
+) -> None:
+    streams = StreamKeys(PREFIX, 0)
+    await admin.xadd(streams.lifecycle, {"data": b"{}"})
+    await admin.xgroup_create(streams.lifecycle, LIFECYCLE_GROUP, id="0")
+    keda = clients["keda"]
+    assert await keda.xlen(streams.lifecycle) == 1
+    groups: Any = await keda.xinfo_groups(streams.lifecycle)
+    assert groups[0]["lag"] == 1
+    summary: Any = await keda.xpending(streams.lifecycle, LIFECYCLE_GROUP)
+    assert summary["pending"] == 0
+    await refused(keda.xreadgroup(LIFECYCLE_GROUP, "keda", {streams.lifecycle: ">"}))
+    await refused(keda.xrange(streams.lifecycle))
+    await refused(keda.xadd(streams.lifecycle, {"data": b"{}"}))
+    await refused(keda.hgetall(session_keys("p", "s").vars))
+
+
+async def test_the_healthcheck_user_may_only_ping(clients: dict[str, Redis]) -> None:
+    health = clients["healthcheck"]
+    assert await health.ping()
+    await refused(health.get(f"{PREFIX}:anything"))
+    await refused(health.xlen(StreamKeys(PREFIX, 0).lifecycle))
