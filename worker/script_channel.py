@@ -25,6 +25,25 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 
 
+def _tls_context(opts: dict[str, Any]) -> ssl.SSLContext:
+    """TLS as redis-py reads it from a ``rediss://`` URL's query: ``ssl_ca_certs``,
+    ``ssl_certfile``/``ssl_keyfile`` (client certificate), ``ssl_cert_reqs``
+    (none/optional/required) and ``ssl_check_hostname``; ``SSL_CERT_FILE`` works too."""
+    context = ssl.create_default_context(cafile=opts.get("ssl_ca_certs"))
+    if opts.get("ssl_certfile"):
+        context.load_cert_chain(opts["ssl_certfile"], opts.get("ssl_keyfile"))
+    reqs = str(opts.get("ssl_cert_reqs", "required")).lower()
+    if reqs in ("none", "cert_none"):
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    elif reqs in ("optional", "cert_optional"):
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_OPTIONAL
+    if str(opts.get("ssl_check_hostname", "true")).lower() in ("false", "0", "no"):
+        context.check_hostname = False
+    return context
+
+
 @dataclass(slots=True)
 class _Waiting:
     expected: int
@@ -58,7 +77,7 @@ class ScriptChannel:
                 if "path" in opts:
                     opened = asyncio.open_unix_connection(opts["path"])
                 else:
-                    tls = ssl.create_default_context() if self.url.startswith("rediss://") else None
+                    tls = _tls_context(opts) if self.url.startswith("rediss://") else None
                     opened = asyncio.open_connection(
                         opts.get("host", "127.0.0.1"), opts.get("port", 6379), ssl=tls
                     )

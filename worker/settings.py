@@ -6,6 +6,7 @@ can configure the worker, the consolidator and the CLI from one environment.
 
 from __future__ import annotations
 
+import re
 from functools import lru_cache
 
 from pydantic import AliasChoices, Field, field_validator
@@ -74,11 +75,13 @@ class Settings(BaseSettings):
     @field_validator("database_url")
     @classmethod
     def _asyncpg_driver(cls, value: str) -> str:
-        """Accept ``postgresql://`` and ``postgres://`` too: SQLAlchemy needs the driver named."""
+        """Accept ``postgresql://`` and ``postgres://`` too (SQLAlchemy needs the driver named),
+        and libpq's ``sslmode=`` (asyncpg calls it ``ssl=``)."""
         for plain in ("postgresql://", "postgres://"):
             if value.startswith(plain):
-                return "postgresql+asyncpg://" + value[len(plain) :]
-        return value
+                value = "postgresql+asyncpg://" + value[len(plain) :]
+                break
+        return re.sub(r"([?&])sslmode=", r"\1ssl=", value)
 
 
 @lru_cache(maxsize=1)

@@ -1,0 +1,30 @@
+"""Settings read from the environment as the contract names them."""
+
+from __future__ import annotations
+
+import pytest
+
+from worker.settings import Settings
+
+
+def test_plain_postgres_urls_get_the_asyncpg_driver_and_sslmode_becomes_ssl(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("DATABASE_URL", "postgres://u:p@db.example/mem?sslmode=require")
+    assert Settings().database_url == "postgresql+asyncpg://u:p@db.example/mem?ssl=require"
+
+
+def test_contract_variables_and_prefixed_settings_are_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("REDIS_URL", "redis://cache:6380/2")
+    monkeypatch.setenv("MEMWORKER_STREAM_PREFIX", "tenant-a")
+    monkeypatch.setenv("MEMWORKER_SHARDS", "8")
+    settings = Settings()
+    assert settings.redis_url == "redis://cache:6380/2"
+    assert settings.stream_prefix == "tenant-a"
+    assert settings.shards == 8
+
+
+def test_an_invalid_setting_is_refused_with_its_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MEMWORKER_SHARDS", "0")
+    with pytest.raises(ValueError, match="shards"):
+        Settings()
