@@ -17,6 +17,7 @@ from redis.exceptions import ResponseError
 
 from schemas.commands import COMMAND_TYPES
 from schemas.results import RESULT_ADAPTER, Result
+from schemas.streams import EpisodeRecorded
 from worker.connections import client_for
 from worker.keys import ID_PATTERN, SessionKeys, StreamKeys, episodes_stream, tag, validate_id
 from worker.settings import Settings, get_settings
@@ -224,6 +225,24 @@ class LifecycleClient:
                 await self.redis.xack(stream, group, entry_id)
             if last != ">" and entries:
                 last = entries[-1][0].decode()
+
+    async def follow_results(
+        self, group: str, consumer: str, shard: int = 0, *, block_ms: int = 1000
+    ) -> AsyncIterator[tuple[str, Result]]:
+        """Typed ``follow`` of ``P:results:{shard}``: yields (entry id, a ``schemas`` result)."""
+        async for entry_id, data in self.follow(
+            self.results_stream(shard), group, consumer, block_ms=block_ms
+        ):
+            yield entry_id, RESULT_ADAPTER.validate_python(data)
+
+    async def follow_episodes(
+        self, group: str, consumer: str, *, block_ms: int = 1000
+    ) -> AsyncIterator[tuple[str, EpisodeRecorded]]:
+        """Typed ``follow`` of ``P:episodes``: yields (entry id, ``EpisodeRecorded``)."""
+        async for entry_id, data in self.follow(
+            self.episodes_stream(), group, consumer, block_ms=block_ms
+        ):
+            yield entry_id, EpisodeRecorded.model_validate(data)
 
     def results_stream(self, shard: int) -> str:
         return StreamKeys(self.settings.stream_prefix, shard).results

@@ -230,3 +230,25 @@ def test_the_asyncapi_document_validates_and_lists_every_stream_and_message(
         "EpisodeRecorded",
     ):
         assert model in schemas, model
+
+
+async def test_typed_followers_yield_result_and_episode_models(
+    redis: Redis, settings: Settings
+) -> None:
+    from schemas.results import AgentSpawned
+    from schemas.streams import EpisodeRecorded
+
+    async with running_worker(settings):
+        client = LifecycleClient(redis, settings)
+        await client.wait(await client.spawn("p", "s1", "a"), timeout=10)
+    async for _entry_id, result in client.follow_results("audit", "me", block_ms=100):
+        assert isinstance(result, AgentSpawned)
+        assert result.session_id == "s1"
+        break
+    event = EpisodeRecorded(
+        event_id="e", episode_id="x", project_id="p", session_id="s1", causation_id="c"
+    )
+    await redis.xadd(client.episodes_stream(), {"data": event.model_dump_json()})
+    async for _entry_id, episode in client.follow_episodes("audit", "me", block_ms=100):
+        assert episode == event
+        break
