@@ -208,14 +208,14 @@ class CommandApplier:
         plan = Plan(shard, entries, received, dead_letters)
         for raw_id, fields in entries:
             entry_id = raw_id.decode() if isinstance(raw_id, bytes) else raw_id
-            intake = parse_entry(fields, shard, settings)
-            duration = (time.perf_counter() - received) * 1000
             built = None
-            if not isinstance(intake, Unusable):
-                try:
+            try:
+                intake = parse_entry(fields, shard, settings)
+                duration = (time.perf_counter() - received) * 1000
+                if not isinstance(intake, Unusable):
                     built = self._build(intake, shard, streams, entry_id, now_ms, now_iso, duration)
-                except Exception as exc:  # one odd entry must not poison its whole batch
-                    intake = Unusable(f"could not be prepared for applying: {exc!r:.300}")
+            except Exception as exc:  # one odd entry must not poison its whole batch
+                intake = Unusable(f"could not be prepared for applying: {exc!r:.300}")
             if isinstance(intake, Unusable):
                 plan.outcomes.append(Outcome(entry_id, "dead", intake.error, reason="unparseable"))
                 if dead_letters:

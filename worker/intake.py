@@ -51,6 +51,16 @@ class Unusable:
 Intake = Accepted | Refused | Unusable
 
 
+def fits_in_result(value: Any) -> bool:
+    """Whether ``value`` can be encoded as a member of a result: orjson refuses deep nesting,
+    and pydantic lets through a level or two more than a result can carry."""
+    try:
+        orjson.dumps({"v": value})
+    except TypeError:
+        return False
+    return True
+
+
 def _payload(fields: Mapping[bytes, bytes]) -> bytes | None:
     data = fields.get(DATA_FIELD)
     if data is not None:
@@ -121,6 +131,11 @@ def parse_entry(fields: Mapping[bytes, bytes], shard: int, settings: Settings) -
         command = COMMAND_ADAPTER.validate_python(raw)
     except ValidationError as exc:
         return refuse("invalid_event", "invalid fields: " + _describe(exc))
+    if command.metadata is not None and not fits_in_result(command.metadata):
+        return refuse(
+            "invalid_event",
+            "metadata is nested too deeply to be copied to the result; keep it under 250 levels",
+        )
     expected = shard_of(command.project_id, command.session_id, settings.shards)
     if expected != shard:
         return refuse(
@@ -137,7 +152,16 @@ def parse_entry(fields: Mapping[bytes, bytes], shard: int, settings: Settings) -
                 f"{settings.max_keys_per_session} (MEMWORKER_MAX_KEYS_PER_SESSION)",
             )
         for key, value in command.initial_state.items():
-            text = orjson.dumps(value)
+            try:
+                # Encoded where a terminate result will carry it (snapshot.variables[key]), so
+                # a value nested too deeply for orjson there is refused here, in one pass.
+                text = orjson.dumps({"v": {"v": {"v": {"v": value}}}})[20:-4]
+            except TypeError:
+                return refuse(
+                    "invalid_event",
+                    f"initial_state[{key!r:.60}] is nested too deeply; keep values under "
+                    "250 levels",
+                )
             if len(text) > settings.max_value_bytes:
                 return refuse(
                     "limit_exceeded",
