@@ -60,6 +60,7 @@ def _sentinel(settings: Settings) -> Sentinel:
 
 def client_for(settings: Settings, **kwargs: Any) -> AnyRedis:
     """The client for keyed commands, as the settings say: cluster, sentinel or standalone."""
+    kwargs.setdefault("socket_keepalive", True)
     if settings.redis_cluster:
         return RedisCluster.from_url(settings.redis_url, **kwargs)
     if settings.redis_sentinel_service:

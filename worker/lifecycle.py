@@ -202,7 +202,17 @@ class LifecycleWorker:
 
     async def _complete(self, plan: Plan, future: asyncio.Future[list[Any]]) -> None:
         try:
-            replies = await future
+            replies = await asyncio.wait_for(
+                asyncio.shield(future), self.settings.reply_timeout_seconds
+            )
+        except TimeoutError:
+            # A silent partition: no reset, no reply. Drop the connection so this batch is
+            # held and retried, and readiness reflects the truth.
+            self.applier.channel_for(plan.shard).abandon(
+                f"no reply within {self.settings.reply_timeout_seconds:g}s"
+            )
+            self._unreachable(plan.shard, plan.entries, TimeoutError("replies overdue"))
+            return
         except _CONNECTION_ERRORS as exc:
             self._unreachable(plan.shard, plan.entries, exc)
             return

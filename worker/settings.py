@@ -55,6 +55,8 @@ class Settings(BaseSettings):
     reclaim_idle_ms: int = Field(default=30_000, ge=100)
     reclaim_interval_ms: int = Field(default=1_000, ge=10)
     max_deliveries: int = Field(default=5, ge=1)
+    reply_timeout_seconds: float = Field(default=30.0, gt=0)
+    """A batch whose replies take longer drops its connection and is retried."""
     seq_gap_timeout_seconds: float = Field(default=60.0, gt=0)
     seq_retry_ms: int = Field(default=200, ge=10)
 
