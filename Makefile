@@ -35,11 +35,14 @@ format: $(STAMP)
 	$(BIN)/ruff format worker schemas tests bench
 	$(BIN)/ruff check --fix worker schemas tests bench
 
-## Benchmarks (figures for BENCHMARKS.md); REDIS_URL / DATABASE_URL pick the servers.
+## Benchmarks: runs every bench/ script and writes BENCHMARKS.md (about 5-10 minutes);
+## REDIS_URL / DATABASE_URL pick the servers (default: 127.0.0.1:6379, postgres@127.0.0.1:5432).
 bench: $(STAMP)
-	$(BIN)/python bench/working_memory.py $(if $(REDIS_URL),--redis-url $(REDIS_URL))
-	$(BIN)/python bench/lifecycle_throughput.py $(if $(REDIS_URL),--redis-url $(REDIS_URL))
-	$(BIN)/python bench/consolidation_throughput.py $(if $(REDIS_URL),--redis-url $(REDIS_URL)) $(if $(DATABASE_URL),--database-url $(DATABASE_URL))
+	$(BIN)/python bench/report.py $(if $(REDIS_URL),--redis-url $(REDIS_URL)) $(if $(DATABASE_URL),--database-url $(DATABASE_URL))
+
+## A steady load against a worker subprocess for MINUTES (default 10), sampling its RSS.
+soak: $(STAMP)
+	$(BIN)/python bench/soak.py $(if $(REDIS_URL),--redis-url $(REDIS_URL)) $(if $(MINUTES),--minutes $(MINUTES))
 
 schema: $(STAMP)
 	$(BIN)/memworker schema --out schema
