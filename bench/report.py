@@ -70,6 +70,12 @@ BENCHES = [
         quick=["--sessions", "1000"],
     ),
     Bench(
+        "worker_versions.py",
+        "Before and after the worker's optimisations (one process)",
+        "The first batched worker (commit 4583134) and this checkout, alternating rounds.",
+        quick=["--sessions", "1000", "--rounds", "1"],
+    ),
+    Bench(
         "scaling.py",
         "Throughput with 1, 2 and 4 worker processes, on 1 and 4 shards",
         "`memworker run --workers N` subprocesses on a backlog released at once.",
