@@ -23,6 +23,7 @@ from sqlalchemy import make_url, text
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
+from worker.connections import redis_client
 from worker.consolidator import (
     Consolidator,
     ParsedResult,
@@ -138,7 +139,7 @@ async def main() -> None:
         stream_prefix=prefix,
         consolidation_batch_size=args.batch_size,
     )
-    redis = Redis.from_url(args.redis_url)
+    redis = redis_client(args.redis_url)  # as the consolidator gets it in production
     engine = create_database_engine(url)
     try:
         await migrate(url)

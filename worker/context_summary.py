@@ -19,6 +19,13 @@ RECENT_STEPS = 5
 MAX_VARIABLES = 10
 ITEM_CHARS = 240
 ELLIPSIS = "…"
+TASK_STATE_HEADING = "Task state"
+STEPS_HEADING = "Last steps"
+VARIABLES_HEADING = "Variables"
+"""Section headings. Full-text search indexes the summary from the task state (or the last
+steps) up to the variables (``worker.db.models.SEARCH_VECTOR_SQL``): the task and the lessons
+before it are indexed from their own columns. Every line but a heading starts with a known
+prefix or ``- `` and items never hold a newline (``clip``), so a heading cannot be faked."""
 
 
 def clip(text: str, limit: int) -> str:
@@ -29,7 +36,7 @@ def clip(text: str, limit: int) -> str:
 
 
 def _as_text(value: Any) -> str:
-    if isinstance(value, str):
+    if type(value) is str or isinstance(value, str):
         return value
     return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
 
@@ -42,6 +49,13 @@ def _percent(value: Any) -> str:
 
 
 TIMESTAMPS = frozenset({"started_at", "updated_at", "created_at"})
+_DESCRIBED = frozenset({"current_step", "total_steps", "status", "progress", "description"})
+_LEFT_OUT = _DESCRIBED | TIMESTAMPS
+_EMPTY: tuple[Any, ...] = (None, {}, [], "")
+
+
+def _is_mapping(value: Any) -> bool:
+    return type(value) is dict or isinstance(value, Mapping)
 
 
 def describe_task_state(state: Mapping[str, Any]) -> str:
@@ -56,9 +70,8 @@ def describe_task_state(state: Mapping[str, Any]) -> str:
         parts.append(f"progress {_percent(progress)}")
     if description := state.get("description"):
         parts.append(f"doing {clip(_as_text(description), 160)}")
-    known = {"current_step", "total_steps", "status", "progress", "description"} | TIMESTAMPS
     for key, value in state.items():
-        if key not in known and value not in (None, {}, [], ""):
+        if key not in _LEFT_OUT and value not in _EMPTY:
             parts.append(f"{key} {clip(_as_text(value), 160)}")
     return ", ".join(parts)
 
@@ -75,30 +88,41 @@ def build_context_summary(
     ``snapshot`` is the result's raw ``snapshot`` object (shape-checked by the caller): reading
     it raw spares validating every variable value as JSON a second time.
     """
+    return summarise(
+        result.task_description, result.outcome, result.lessons_learned, snapshot, max_chars
+    )
+
+
+def summarise(
+    task_description: str | None,
+    outcome: str,
+    lessons_learned: Sequence[str],
+    snapshot: Mapping[str, Any] | None,
+    max_chars: int,
+) -> str:
+    """``build_context_summary`` from the fields it reads, for callers that hold no model."""
     lines: list[str] = []
-    if result.task_description:
-        lines.append(f"Task: {clip(result.task_description, 600)}")
-    lines.append(f"Outcome: {result.outcome}")
-    if result.lessons_learned:
+    if task_description:
+        lines.append(f"Task: {clip(task_description, 600)}")
+    lines.append(f"Outcome: {outcome}")
+    if lessons_learned:
         lines.append("Lessons:")
-        lines += _bullets(result.lessons_learned)
+        lines += _bullets(lessons_learned)
     if snapshot:
         task_state = snapshot.get("task_state")
-        if isinstance(task_state, Mapping) and task_state:
-            lines.append(f"Task state: {clip(describe_task_state(task_state), 400)}")
+        if task_state and _is_mapping(task_state):
+            lines.append(f"{TASK_STATE_HEADING}: {clip(describe_task_state(task_state), 400)}")
         scratchpad = snapshot.get("scratchpad") or []
         if scratchpad:
             recent = scratchpad[-RECENT_STEPS:]
             skipped = len(scratchpad) - len(recent)
-            lines.append("Last steps" + (f" (of {len(scratchpad)}):" if skipped else ":"))
-            lines += _bullets(
-                [_as_text(e.get("content") if isinstance(e, Mapping) else e) for e in recent]
-            )
+            lines.append(STEPS_HEADING + (f" (of {len(scratchpad)}):" if skipped else ":"))
+            lines += _bullets([_as_text(e.get("content") if _is_mapping(e) else e) for e in recent])
         variables = snapshot.get("variables") or {}
         if variables:
             names = sorted(variables)
             shown = names[:MAX_VARIABLES]
-            lines.append(f"Variables ({len(names)}):")
+            lines.append(f"{VARIABLES_HEADING} ({len(names)}):")
             lines += [
                 f"- {clip(name, 60)} = {clip(_as_text(variables[name]), 120)}" for name in shown
             ]
