@@ -41,6 +41,7 @@ from typing import Any, get_args
 import orjson
 from pydantic import BaseModel, TypeAdapter, ValidationError
 from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisError, ResponseError
 from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
@@ -49,7 +50,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from schemas.commands import Outcome
 from schemas.results import RESULT_ADAPTER, AgentTerminated, RejectionReason, Result
 from schemas.streams import EpisodeRecorded
-from worker.connections import redis_client
+from worker.connections import client_for
 from worker.context_summary import build_context_summary, summarise
 from worker.db.batch import insert_batch, mark_announced
 from worker.db.engine import create_database_engine
@@ -536,7 +537,7 @@ class Consolidator:
     def __init__(
         self,
         settings: Settings,
-        redis: Redis,
+        redis: Redis | RedisCluster,
         engine: AsyncEngine,
         *,
         consumer: str | None = None,
@@ -581,7 +582,7 @@ class Consolidator:
         """A consolidator with its own Redis client and engine (closed by ``close``)."""
         consolidator = cls(
             settings,
-            redis_client(settings.redis_url),
+            client_for(settings),
             create_database_engine(settings.database_url),
             **options,
         )
@@ -891,13 +892,27 @@ class Consolidator:
     # -- redis ---------------------------------------------------------------------------------
 
     async def _read(self, start: str, block_ms: int | None) -> list[StreamEntry]:
-        reply: Any = await self.redis.xreadgroup(
-            CONSOLIDATION_GROUP,
-            self.consumer,
-            {keys.results: start for keys in self.streams},
-            count=self.batch_size,
-            block=block_ms,
-        )
+        if self.settings.redis_cluster and len(self.streams) > 1:
+            # Shards live on different nodes: one XREADGROUP may not span them (CROSSSLOT).
+            reply: Any = []
+            for keys in self.streams:
+                part: Any = await self.redis.xreadgroup(
+                    CONSOLIDATION_GROUP,
+                    self.consumer,
+                    {keys.results: start},
+                    count=self.batch_size,
+                )
+                reply += list(part.items()) if isinstance(part, dict) else list(part or [])
+            if not any(entries for _stream, entries in reply) and block_ms:
+                await asyncio.sleep(block_ms / 1000)
+        else:
+            reply = await self.redis.xreadgroup(
+                CONSOLIDATION_GROUP,
+                self.consumer,
+                {keys.results: start for keys in self.streams},
+                count=self.batch_size,
+                block=block_ms,
+            )
         if not reply:
             return []
         pairs: Iterable[tuple[Any, Any]] = reply.items() if isinstance(reply, dict) else reply

@@ -13,6 +13,7 @@ from typing import Any
 import orjson
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
+from redis.asyncio.cluster import ClusterPipeline
 
 
 def _text(value: bytes | str) -> str:
@@ -49,7 +50,7 @@ def dead_letter(
 
 
 def queue_dead_letter(
-    pipe: Pipeline,
+    pipe: Pipeline | ClusterPipeline,
     dlq_stream: str,
     letter: dict[str, str],
 ) -> None:

@@ -91,3 +91,46 @@ async def test_working_memory_works_on_a_cluster(cluster_settings: Settings) -> 
         await memory.restore_checkpoint(checkpoint)
         assert await memory.get("k") == {"session": session}
         await memory.close()
+
+
+async def test_the_consolidator_stores_episodes_from_every_shard_of_a_cluster(
+    cluster_settings: Settings, database_url: str
+) -> None:
+    from sqlalchemy import func, select
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    from worker.consolidator import Consolidator
+    from worker.db.models import Episode
+    from worker.migrate import migrate
+
+    settings = cluster_settings.model_copy(update={"database_url": database_url})
+    await migrate(database_url)
+    redis: Any = client_for(settings)
+    client = LifecycleClient(redis, settings)
+    last = ""
+    for n in range(20):
+        await client.spawn("proj", f"s{n}", "a")
+        last = await client.terminate("proj", f"s{n}", "a")
+    async with running_worker(settings):
+        await client.wait(last, timeout=30)
+
+        async def all_done() -> bool:
+            total = 0
+            for shard in range(4):
+                total += int(await redis.xlen(StreamKeys(settings.stream_prefix, shard).results))
+            return total == 40
+
+        await wait_until(all_done, timeout=30)
+    consolidator = Consolidator.from_settings(settings)
+    try:
+        await consolidator.run_once()
+    finally:
+        await consolidator.close()
+    engine = create_async_engine(database_url)
+    try:
+        async with engine.connect() as conn:
+            count = (await conn.execute(select(func.count()).select_from(Episode))).scalar()
+    finally:
+        await engine.dispose()
+    assert count == 20
+    await redis.aclose()
