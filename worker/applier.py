@@ -7,6 +7,7 @@ untouched (still pending, redelivered later) or completely done.
 
 from __future__ import annotations
 
+import hashlib
 import time
 import uuid
 from collections.abc import Mapping, Sequence
@@ -40,14 +41,24 @@ APPLY = script("apply_command.lua")
 DEAD_LETTER = script("dead_letter.lua")
 
 
+def uuid5_text(namespace: uuid.UUID, name: str) -> str:
+    """``str(uuid.uuid5(namespace, name))`` without building UUID objects (2x faster; it runs
+    once per command on the worker's hot path)."""
+    digest = bytearray(hashlib.sha1(namespace.bytes + name.encode()).digest()[:16])
+    digest[6] = (digest[6] & 0x0F) | 0x50
+    digest[8] = (digest[8] & 0x3F) | 0x80
+    h = digest.hex()
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
+
 def result_event_id(project_id: str | None, event_id: str) -> str:
     """The result's id: the same command (project, event_id) always yields the same id."""
-    return str(uuid.uuid5(RESULT_NAMESPACE, f"{project_id or ''}/{event_id}"))
+    return uuid5_text(RESULT_NAMESPACE, f"{project_id or ''}/{event_id}")
 
 
 def default_checkpoint_id(project_id: str, event_id: str) -> str:
     """A pause without checkpoint_id gets this one: deterministic, so replays agree."""
-    return str(uuid.uuid5(CHECKPOINT_NAMESPACE, f"{project_id}/{event_id}"))
+    return uuid5_text(CHECKPOINT_NAMESPACE, f"{project_id}/{event_id}")
 
 
 def utc_now_iso() -> str:
