@@ -31,6 +31,7 @@ import contextlib
 import os
 import re
 import socket
+import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -58,6 +59,12 @@ from worker.db.models import EPISODE_NAMESPACE, episode_id_for, uuid5_text
 from worker.dlq import dead_letter, queue_dead_letter
 from worker.keys import CONSOLIDATION_GROUP, StreamKeys, episodes_stream
 from worker.logs import get_logger
+from worker.metrics import (
+    CONSOLIDATION_SECONDS,
+    DEAD_LETTERS,
+    EPISODES_RECORDED,
+    RESULTS_STORED,
+)
 from worker.settings import Settings
 
 log = get_logger("worker.consolidator")
@@ -769,6 +776,14 @@ class Consolidator:
         return batch
 
     async def _finish(self, batch: PreparedBatch) -> BatchOutcome:
+        started = time.perf_counter()
+        outcome = await self._finish_batch(batch)
+        CONSOLIDATION_SECONDS.observe(time.perf_counter() - started)
+        RESULTS_STORED.inc(outcome.stored)
+        EPISODES_RECORDED.inc(outcome.episodes_announced)
+        return outcome
+
+    async def _finish_batch(self, batch: PreparedBatch) -> BatchOutcome:
         outcome = BatchOutcome()
         if batch.gone:
             await self._ack(batch.gone)
@@ -953,6 +968,7 @@ class Consolidator:
         for stream, stream_items in by_stream.items():
             pipe = self.redis.pipeline(transaction=True)
             for entry, reason, error in stream_items:
+                DEAD_LETTERS.labels(CONSOLIDATION_GROUP, reason).inc()
                 self.log.warning(
                     "entry dead-lettered", stream=stream, entry_id=entry.entry_id, reason=reason
                 )

@@ -38,6 +38,12 @@ CONSOLIDATION_SECONDS = Histogram(
     "Time to store one batch of results in Postgres.",
     buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
 )
+RESULTS_STORED = Counter(
+    "memworker_results_consolidated_total", "Results stored in lifecycle_events (or already there)."
+)
+EPISODES_RECORDED = Counter(
+    "memworker_episodes_recorded_total", "Episodes announced on P:episodes after their COMMIT."
+)
 STREAM_LAG = Gauge(
     "memworker_stream_lag", "Entries not yet delivered to the group.", ["stream", "group"]
 )
