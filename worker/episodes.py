@@ -129,6 +129,24 @@ async def _read_key(redis: Redis, key: str) -> Any:
     return None  # expired between SCAN and read
 
 
+def _scope(
+    model: type[Episode] | type[LifecycleEvent],
+    project_id: str,
+    session_id: str | None,
+    before: datetime | None,
+) -> list[ColumnElement[bool]]:
+    """The rows ``forget`` removes and ``export`` returns: one project's, optionally one
+    session's, optionally older than ``before``. Ids are validated before they reach SQL."""
+    validate_id(project_id, "project_id")
+    conditions = [model.project_id == project_id]
+    if session_id is not None:
+        validate_id(session_id, "session_id")
+        conditions.append(model.session_id == session_id)
+    if before is not None:
+        conditions.append(model.occurred_at < before)
+    return conditions
+
+
 class EpisodeStore:
     """Read and forget what the consolidator stored; every method is scoped by project."""
 
@@ -230,16 +248,10 @@ class EpisodeStore:
         The dedupe records of applied commands are kept on purpose (they expire on their own):
         deleting them would let a replayed command apply a second time.
         """
-        validate_id(project_id, "project_id")
-        episodes = delete(Episode).where(Episode.project_id == project_id)
-        events = delete(LifecycleEvent).where(LifecycleEvent.project_id == project_id)
-        if session_id is not None:
-            validate_id(session_id, "session_id")
-            episodes = episodes.where(Episode.session_id == session_id)
-            events = events.where(LifecycleEvent.session_id == session_id)
-        if before is not None:
-            episodes = episodes.where(Episode.occurred_at < before)
-            events = events.where(LifecycleEvent.occurred_at < before)
+        episodes = delete(Episode).where(*_scope(Episode, project_id, session_id, before))
+        events = delete(LifecycleEvent).where(
+            *_scope(LifecycleEvent, project_id, session_id, before)
+        )
         async with self.engine.begin() as conn:
             removed_episodes = (await conn.execute(episodes)).rowcount
             removed_events = (await conn.execute(events)).rowcount
@@ -258,16 +270,10 @@ class EpisodeStore:
         prefix: str | None = None,
     ) -> ProjectExport:
         """Everything ``forget`` with the same arguments would remove, as JSON-ready data."""
-        validate_id(project_id, "project_id")
-        episode_query = select(Episode).where(Episode.project_id == project_id)
-        event_query = select(LifecycleEvent).where(LifecycleEvent.project_id == project_id)
-        if session_id is not None:
-            validate_id(session_id, "session_id")
-            episode_query = episode_query.where(Episode.session_id == session_id)
-            event_query = event_query.where(LifecycleEvent.session_id == session_id)
-        if before is not None:
-            episode_query = episode_query.where(Episode.occurred_at < before)
-            event_query = event_query.where(LifecycleEvent.occurred_at < before)
+        episode_query = select(Episode).where(*_scope(Episode, project_id, session_id, before))
+        event_query = select(LifecycleEvent).where(
+            *_scope(LifecycleEvent, project_id, session_id, before)
+        )
         export = ProjectExport(project_id, session_id)
         episodes = await self._all(episode_query.order_by(Episode.occurred_at, Episode.id))
         export.episodes = [e.to_dict() for e in episodes]
