@@ -202,8 +202,10 @@ def dev(
     ] = None,
     metrics_port: Annotated[int, typer.Option(help="Port of /metrics, /healthz, /readyz.")] = 9464,
 ) -> None:
-    """Run everything on this machine: embedded servers (unless REDIS_URL/DATABASE_URL are
-    set), migrations, the lifecycle worker and the consolidator, in one process."""
+    """Everything on this machine, in one process: embedded servers, migrations, worker, consolidator.
+
+    The embedded servers start unless REDIS_URL / DATABASE_URL are set.
+    """
     from worker.devmode import run_dev
 
     run_async(run_dev(data_dir, metrics_port))
