@@ -202,7 +202,7 @@ def dev(
     ] = None,
     metrics_port: Annotated[int, typer.Option(help="Port of /metrics, /healthz, /readyz.")] = 9464,
 ) -> None:
-    """Everything on this machine, in one process: embedded servers, migrations, worker, consolidator.
+    """All in one process: embedded servers, migrations, worker and consolidator.
 
     The embedded servers start unless REDIS_URL / DATABASE_URL are set.
     """
