@@ -61,6 +61,20 @@ def fits_in_result(value: Any) -> bool:
     return True
 
 
+_DEPTH_IN_RESULT = 4
+"""How deep a variable sits in a terminate result: result → snapshot → variables → value."""
+_WRAP_OPEN = len(b'{"v":') * _DEPTH_IN_RESULT
+
+
+def encode_as_nested(value: Any) -> bytes:
+    """``value``'s JSON, encoded as deep as it will sit in a terminate result, so a value too
+    deeply nested for orjson there (TypeError) is refused at intake, in the same single pass."""
+    wrapped = value
+    for _ in range(_DEPTH_IN_RESULT):
+        wrapped = {"v": wrapped}
+    return orjson.dumps(wrapped)[_WRAP_OPEN:-_DEPTH_IN_RESULT]
+
+
 def _payload(fields: Mapping[bytes, bytes]) -> bytes | None:
     data = fields.get(DATA_FIELD)
     if data is not None:
@@ -153,9 +167,7 @@ def parse_entry(fields: Mapping[bytes, bytes], shard: int, settings: Settings) -
             )
         for key, value in command.initial_state.items():
             try:
-                # Encoded where a terminate result will carry it (snapshot.variables[key]), so
-                # a value nested too deeply for orjson there is refused here, in one pass.
-                text = orjson.dumps({"v": {"v": {"v": {"v": value}}}})[20:-4]
+                text = encode_as_nested(value)
             except TypeError:
                 return refuse(
                     "invalid_event",
