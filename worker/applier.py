@@ -158,7 +158,9 @@ class CommandApplier:
         url = self._urls[shard]
         channel = self._channels.get(url)
         if channel is None:
-            channel = self._channels[url] = ScriptChannel(url)
+            channel = self._channels[url] = ScriptChannel(
+                url, reply_timeout=self.settings.reply_timeout_seconds
+            )
         return channel
 
     async def ensure_scripts(self) -> None:
@@ -197,6 +199,8 @@ class CommandApplier:
         for k, v in letter.items():
             args += [k, v]
         result = await DEAD_LETTER(self.redis, [streams.dlq, streams.lifecycle], args)
+        if result is None:  # no longer pending: someone else handled it
+            return ""
         return result.decode() if isinstance(result, bytes) else str(result)
 
     def plan(

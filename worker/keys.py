@@ -30,7 +30,7 @@ class InvalidIdError(ValueError):
 
 def validate_id(value: str, field: str = "id") -> str:
     """Return ``value`` if it is 1–128 characters of ``[A-Za-z0-9._:-]``, else raise."""
-    if not isinstance(value, str) or not _ID_RE.match(value):
+    if not isinstance(value, str) or not _ID_RE.fullmatch(value):
         raise InvalidIdError(
             f"{field} must be 1-128 characters of letters, digits, '.', '_', ':' or '-'; "
             f"got {value!r:.80}"
@@ -39,7 +39,7 @@ def validate_id(value: str, field: str = "id") -> str:
 
 
 def is_valid_id(value: object) -> bool:
-    return isinstance(value, str) and _ID_RE.match(value) is not None
+    return isinstance(value, str) and _ID_RE.fullmatch(value) is not None
 
 
 def shard_of(project_id: str, session_id: str, shards: int) -> int:

@@ -30,7 +30,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from worker.applier import CommandApplier, Outcome, Plan
 from worker.connections import client_for
-from worker.keys import LIFECYCLE_GROUP, StreamKeys
+from worker.keys import CONSOLIDATION_GROUP, LIFECYCLE_GROUP, StreamKeys
 from worker.logs import get_logger
 from worker.metrics import (
     APPLY_SECONDS,
@@ -234,10 +234,15 @@ class LifecycleWorker:
         if not entries:
             return []
         self._inflight += 1
-        try:
-            return await asyncio.shield(self._apply(shard, entries))
-        finally:
-            self._inflight -= 1
+        task = asyncio.ensure_future(self._apply(shard, entries))
+        # Counted down when the work ends, not when a (cancelled) caller stops waiting.
+        task.add_done_callback(self._applied)
+        return await asyncio.shield(task)
+
+    def _applied(self, task: asyncio.Future[list[Outcome]]) -> None:
+        self._inflight -= 1
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            log.error("batch_failed", error=repr(exc))
 
     async def _apply(self, shard: int, entries: Sequence[Entry]) -> list[Outcome]:
         started = time.perf_counter()
@@ -392,20 +397,22 @@ class LifecycleWorker:
                         good.append((entry_id, fields))
                 await self.apply_batch(shard, good)
                 total += len(claimed)
-            if start == "0-0" or not reply[1]:
+            # An empty page is not the end: XAUTOCLAIM scans at most COUNT×10 pending entries a
+            # call, so idle entries deep behind busy ones are reached by following the cursor.
+            if start == "0-0":
                 return total
 
     async def _deliveries(self, stream: str, claimed: Sequence[Entry]) -> dict[str, int]:
-        ids = [_text(i) for i, _ in claimed]
-        rows: Any = await self.redis.xpending_range(
-            stream,
-            LIFECYCLE_GROUP,
-            min=ids[0],
-            max=ids[-1],
-            count=len(ids) * 4 + 10,
-            consumername=self.consumer,
-        )
-        return {_text(r["message_id"]): int(r["times_delivered"]) for r in rows}
+        """Delivery counts of exactly these entries (one XPENDING each, in one pipeline: a
+        range query could stop short at other pending entries of this consumer)."""
+        pipe = self.redis.pipeline(transaction=False)
+        for entry_id, _fields in claimed:
+            pipe.xpending_range(stream, LIFECYCLE_GROUP, min=entry_id, max=entry_id, count=1)
+        counts: dict[str, int] = {}
+        for rows in await pipe.execute():
+            for row in rows:
+                counts[_text(row["message_id"])] = int(row["times_delivered"])
+        return counts
 
     async def retry_once(self) -> None:
         """Apply held entries that are due; renew their leases so nobody reclaims them."""
@@ -499,7 +506,12 @@ class LifecycleWorker:
         while True:
             try:
                 for shard in range(self.settings.shards):
-                    await ensure_group(self.redis, self.streams(shard).lifecycle, LIFECYCLE_GROUP)
+                    streams = self.streams(shard)
+                    await ensure_group(self.redis, streams.lifecycle, LIFECYCLE_GROUP)
+                    # Retention trims results below every group's position: the consolidation
+                    # group must exist from the first result on, or results written before the
+                    # first consolidator ran could be trimmed unconsolidated.
+                    await ensure_group(self.redis, streams.results, CONSOLIDATION_GROUP)
                 await self.applier.ensure_scripts()
                 for shard in range(self.settings.shards):
                     await self.drain_own_pending(shard)

@@ -63,22 +63,41 @@ class _Waiting:
     replies: list[Any] = field(default_factory=list)
 
 
+@dataclass(slots=True)
+class _Connection:
+    """One TCP (or unix) connection with its own queue of batches awaiting replies, so a
+    reply arriving late on a dropped connection can never be matched to a newer batch."""
+
+    reader: asyncio.StreamReader
+    writer: asyncio.StreamWriter
+    waiting: deque[_Waiting] = field(default_factory=deque)
+    read_task: asyncio.Task[None] | None = None
+    closed: bool = False
+
+    def fail(self, error: Exception) -> None:
+        self.closed = True
+        self.writer.close()
+        while self.waiting:
+            waiting = self.waiting.popleft()
+            if not waiting.future.done():
+                waiting.future.set_exception(error)
+
+
 class ScriptChannel:
     """Ordered, pipelined batches over one connection; reconnects on the next batch."""
 
-    def __init__(self, url: str, connect_timeout: float = 5.0) -> None:
+    def __init__(self, url: str, connect_timeout: float = 5.0, reply_timeout: float = 30.0) -> None:
         self.url = url
         self.connect_timeout = connect_timeout
+        self.reply_timeout = reply_timeout
         self._options: dict[str, Any] = parse_url(url)  # type: ignore[no-untyped-call]
-        self._reader: asyncio.StreamReader | None = None
-        self._writer: asyncio.StreamWriter | None = None
-        self._waiting: deque[_Waiting] = deque()
-        self._read_task: asyncio.Task[None] | None = None
+        self._conn: _Connection | None = None
         self._connecting = asyncio.Lock()
 
     @property
     def connected(self) -> bool:
-        return self._writer is not None and not self._writer.is_closing()
+        conn = self._conn
+        return conn is not None and not conn.closed and not conn.writer.is_closing()
 
     async def connect(self) -> None:
         async with self._connecting:
@@ -97,8 +116,9 @@ class ScriptChannel:
                 _keepalive(writer)
             except (OSError, TimeoutError) as exc:
                 raise RedisConnectionError(f"cannot connect to {self.url}: {exc}") from exc
-            self._reader, self._writer = reader, writer
-            self._read_task = asyncio.create_task(self._read_loop(reader))
+            conn = _Connection(reader, writer)
+            conn.read_task = asyncio.create_task(self._read_loop(conn))
+            self._conn = conn
             setup: list[list[Any]] = []
             if opts.get("password"):
                 auth: list[Any] = ["AUTH"]
@@ -110,7 +130,7 @@ class ScriptChannel:
             if setup:
                 for reply in await self.submit(setup):
                     if isinstance(reply, Exception):
-                        self._fail_all(RedisConnectionError(f"handshake failed: {reply}"))
+                        self._drop(conn, RedisConnectionError(f"handshake failed: {reply}"))
                         raise RedisConnectionError(f"handshake with {self.url} failed: {reply}")
 
     def submit(self, commands: Sequence[Sequence[Any]]) -> asyncio.Future[list[Any]]:
@@ -118,74 +138,85 @@ class ScriptChannel:
 
         Raises ConnectionError when not connected: call ``connect`` first.
         """
-        if not self.connected or self._writer is None:
+        conn = self._conn
+        if conn is None or not self.connected:
             raise RedisConnectionError(f"not connected to {self.url}")
         future: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
         if not commands:
             future.set_result([])
             return future
         payload = b"".join(hiredis.pack_command(tuple(c)) for c in commands)
-        self._waiting.append(_Waiting(len(commands), future))
-        self._writer.write(payload)
+        conn.waiting.append(_Waiting(len(commands), future))
+        conn.writer.write(payload)
         return future
 
     async def execute(self, commands: Sequence[Sequence[Any]]) -> list[Any]:
-        """Send a batch and wait for its replies (errors are returned as exceptions)."""
+        """Send a batch and wait for its replies (errors are returned as exceptions).
+
+        Replies overdue by ``reply_timeout`` drop the connection (a silent partition) and
+        raise ConnectionError; the caller retries, and the next batch reconnects.
+        """
         if not self.connected:
             await self.connect()
+        conn = self._conn
         future = self.submit(commands)
-        assert self._writer is not None
+        assert conn is not None
         try:
-            await self._writer.drain()
+            await conn.writer.drain()
         except (OSError, ConnectionError) as exc:
-            self._fail_all(RedisConnectionError(f"lost connection to {self.url}: {exc}"))
-        return await future
+            self._drop(conn, RedisConnectionError(f"lost connection to {self.url}: {exc}"))
+        try:
+            return await asyncio.wait_for(asyncio.shield(future), self.reply_timeout)
+        except TimeoutError:
+            self.abandon(f"no reply within {self.reply_timeout:g}s")
+            return await future
 
-    async def _read_loop(self, reader: asyncio.StreamReader) -> None:
+    async def _read_loop(self, conn: _Connection) -> None:
         parser = hiredis.Reader(replyError=ResponseError)
         error: Exception = RedisConnectionError(f"connection to {self.url} closed")
         try:
             while True:
-                data = await reader.read(1 << 16)
+                data = await conn.reader.read(1 << 16)
                 if not data:
                     break
                 parser.feed(data)
                 while (reply := parser.gets()) is not False:
-                    self._deliver(reply)
+                    _deliver(conn, reply)
         except (OSError, ConnectionError, hiredis.ProtocolError) as exc:
             error = RedisConnectionError(f"lost connection to {self.url}: {exc}")
         except asyncio.CancelledError:
             error = RedisConnectionError(f"connection to {self.url} closed")
-        self._fail_all(error)
+        self._drop(conn, error)
 
-    def _deliver(self, reply: Any) -> None:
-        if not self._waiting:
-            return
-        head = self._waiting[0]
-        head.replies.append(reply)
-        if len(head.replies) == head.expected:
-            self._waiting.popleft()
-            if not head.future.done():
-                head.future.set_result(head.replies)
-
-    def _fail_all(self, error: Exception) -> None:
-        writer, self._writer, self._reader = self._writer, None, None
-        if writer is not None:
-            writer.close()
-        while self._waiting:
-            waiting = self._waiting.popleft()
-            if not waiting.future.done():
-                waiting.future.set_exception(error)
+    def _drop(self, conn: _Connection, error: Exception) -> None:
+        """Fail ``conn``'s waiting batches; forget it if it is still the current one."""
+        conn.fail(error)
+        if self._conn is conn:
+            self._conn = None
 
     def abandon(self, reason: str) -> None:
         """Drop the connection (e.g. replies overdue): every waiting batch fails, the next
         batch reconnects."""
-        self._fail_all(RedisConnectionError(f"{reason}; reconnecting to {self.url}"))
+        if self._conn is not None:
+            self._drop(self._conn, RedisConnectionError(f"{reason}; reconnecting to {self.url}"))
 
     async def close(self) -> None:
-        task, self._read_task = self._read_task, None
-        self._fail_all(RedisConnectionError(f"connection to {self.url} closed"))
-        if task is not None:
-            task.cancel()
+        conn = self._conn
+        if conn is None:
+            return
+        self._drop(conn, RedisConnectionError(f"connection to {self.url} closed"))
+        if conn.read_task is not None:
+            conn.read_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await task
+                await conn.read_task
+
+
+def _deliver(conn: _Connection, reply: Any) -> None:
+    if not conn.waiting:
+        return
+    head = conn.waiting[0]
+    head.replies.append(reply)
+    if len(head.replies) == head.expected:
+        conn.waiting.popleft()
+        if not head.future.done():
+            head.future.set_result(head.replies)
