@@ -20,9 +20,17 @@ from schemas.results import RESULT_ADAPTER, Result
 from schemas.streams import EpisodeRecorded
 from worker.connections import client_for
 from worker.keys import ID_PATTERN, SessionKeys, StreamKeys, episodes_stream, tag, validate_id
+from worker.scripts import script
 from worker.settings import Settings, get_settings
 
 __all__ = ["ID_PATTERN", "LifecycleClient", "ResultTimeoutError"]
+
+
+PUBLISH = script("publish_command.lua")
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
 
 
 class ResultTimeoutError(TimeoutError):
@@ -74,23 +82,35 @@ class LifecycleClient:
         keys = SessionKeys.for_session(
             self.settings.stream_prefix, self.settings.shards, project_id, session_id
         )
-        if assign_seq and "seq" not in body:
-            body["seq"] = int(
-                await self.redis.incr(
-                    seq_key(self.settings.stream_prefix, keys.shard, project_id, session_id)
-                )
-            )
-        fields: dict[str, bytes | str] = {"data": orjson.dumps(body)}
-        if traceparent:
-            fields["traceparent"] = traceparent
         streams = keys.streams
-        # Remember where results could start, so wait() need not scan the whole stream.
+        # Where results could start, so wait() need not scan the whole stream.
         start = "0-0"
         try:
             info: Any = await self.redis.xinfo_stream(streams.results)
-            start = info["last-generated-id"].decode()
+            start = _text(info["last-generated-id"])
         except ResponseError:  # no results stream yet
             pass
+        if assign_seq and "seq" not in body:
+            settings = self.settings
+            ttl_ms = (settings.session_ttl_seconds + settings.tombstone_ttl_seconds) * 1000
+            await PUBLISH(
+                self.redis,
+                [
+                    seq_key(settings.stream_prefix, keys.shard, project_id, session_id),
+                    streams.lifecycle,
+                ],
+                [
+                    orjson.dumps(body),
+                    "1" if body["type"] == "spawn" else "0",
+                    ttl_ms,
+                    traceparent or "",
+                ],
+            )
+            self._sent[event_id] = (keys.shard, start)
+            return str(event_id)
+        fields: dict[str, bytes | str] = {"data": orjson.dumps(body)}
+        if traceparent:
+            fields["traceparent"] = traceparent
         await self.redis.xadd(streams.lifecycle, fields)  # type: ignore[arg-type]
         self._sent[event_id] = (keys.shard, start)
         return str(event_id)

@@ -252,3 +252,20 @@ async def test_typed_followers_yield_result_and_episode_models(
     async for _entry_id, episode in client.follow_episodes("audit", "me", block_ms=100):
         assert episode == event
         break
+
+
+async def test_a_refused_publish_takes_no_seq_and_a_new_spawn_restarts_the_count(
+    redis: Redis, settings: Settings
+) -> None:
+    """The seq is taken in the same script that XADDs the command, so a publish that does not
+    happen never leaves a gap that would stall the session."""
+    client = LifecycleClient(redis, settings)
+    await client.spawn("p", "s1", "a")
+    with pytest.raises(ValueError, match="type"):
+        await client.publish(
+            {"type": "explode", "project_id": "p", "session_id": "s1", "agent_instance_id": "a"}
+        )
+    await client.pause("p", "s1", "a")
+    await client.spawn("p", "s1", "a")  # the same session id spawned again (after expiry)
+    rows: Any = await redis.xrange(StreamKeys(settings.stream_prefix, 0).lifecycle)
+    assert [json.loads(f[b"data"])["seq"] for _i, f in rows] == [1, 2, 1]
