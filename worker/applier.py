@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import orjson
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 
 from schemas.commands import (
@@ -63,6 +64,12 @@ def default_checkpoint_id(project_id: str, event_id: str) -> str:
 
 def utc_now_iso() -> str:
     return datetime.now(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+TOPOLOGY_ERRORS = ("READONLY", "MOVED", "ASK", "CLUSTERDOWN", "TRYAGAIN", "MASTERDOWN", "LOADING")
+"""Replies meaning "not here, not now" (a failover, a resharding, a replica still loading):
+the command did nothing; it is held and retried against the server that now holds its shard,
+without counting as a failed delivery."""
 
 
 @dataclass(slots=True)
@@ -162,6 +169,13 @@ class CommandApplier:
                 url, reply_timeout=self.settings.reply_timeout_seconds
             )
         return channel
+
+    async def ping(self) -> None:
+        """Raise unless every server this applier writes to answers as a writable primary."""
+        for shard in {url: s for s, url in self._urls.items()}.values():
+            (role,) = await self.channel_for(shard).execute([["ROLE"]])
+            if isinstance(role, Exception) or role[0] != b"master":
+                raise RedisConnectionError(f"{self.url_of(shard)} is not a writable primary")
 
     async def ensure_scripts(self) -> None:
         if not self._resolved:
@@ -292,9 +306,10 @@ class CommandApplier:
     @staticmethod
     def _outcome(planned: Outcome, reply: Any) -> Outcome:
         if isinstance(reply, ResponseError | Exception):
+            moved = str(reply).startswith(TOPOLOGY_ERRORS)
             return Outcome(
                 planned.entry_id,
-                "error",
+                "unreachable" if moved else "error",
                 str(reply),
                 planned.command,
                 project_id=planned.project_id,

@@ -131,6 +131,7 @@ class LifecycleWorker:
         self._window = asyncio.Semaphore(IN_FLIGHT)
         self._settling: set[asyncio.Task[None]] = set()
         self._counters: dict[tuple[str, str, str], Any] = {}
+        self._topology_stale = False
         self.brokers: dict[str, RedisBroker] = {}
 
     def streams(self, shard: int) -> StreamKeys:
@@ -225,6 +226,7 @@ class LifecycleWorker:
 
     def _unreachable(self, shard: int, entries: Sequence[Entry], exc: BaseException) -> None:
         self._set_ready(False)
+        self._topology_stale = True
         log.warning("redis_unavailable", error=str(exc), held=len(entries))
         for entry_id, fields in entries:
             self.retry.hold(shard, _text(entry_id), fields, 1.0, waiting=False, error=False)
@@ -287,6 +289,12 @@ class LifecycleWorker:
                     f"{outcome.session_id}; it never arrived",
                     1,
                 )
+            return
+        if status == "unreachable":  # the shard moved (failover, resharding): not its fault
+            self._topology_stale = True
+            self._set_ready(False)
+            self.retry.hold(shard, outcome.entry_id, fields, 1.0, waiting=False, error=False)
+            log.warning("shard_moved", entry_id=outcome.entry_id, error=outcome.detail)
             return
         if status == "error":
             held = self.retry.hold(shard, outcome.entry_id, fields, 0.5, waiting=False, error=True)
@@ -442,6 +450,7 @@ class LifecycleWorker:
                 backoff = every
             except _CONNECTION_ERRORS as exc:
                 self._set_ready(False)
+                self._topology_stale = True
                 backoff = min(backoff * 2, 5.0)
                 log.warning("redis_unavailable", loop=name, error=str(exc), retry_in=backoff)
             except RedisError as exc:
@@ -472,11 +481,33 @@ class LifecycleWorker:
             self.brokers[url] = fresh
 
     async def _reclaim_all(self) -> None:
+        if self._topology_stale:
+            await self.refresh_topology()
         await self.supervise_once()
         for shard in range(self.settings.shards):
             await self.reclaim_once(shard)
-        # Redis answered: ready again after an outage even if no new command arrives.
+        # Every server answered as a writable primary: ready again after an outage, even if
+        # no new command arrives to prove it.
+        await self.applier.ping()
+        self._topology_stale = False
         self._set_ready(True)
+
+    async def refresh_topology(self) -> None:
+        """After a failover or resharding: learn which server holds each shard again, and
+        restart the FastStream readers whose server changed."""
+        if not (self.settings.redis_cluster or self.settings.redis_sentinel_service):
+            return
+        before = {shard: self.applier.url_of(shard) for shard in range(self.settings.shards)}
+        await self.applier.resolve()
+        after = {shard: self.applier.url_of(shard) for shard in range(self.settings.shards)}
+        if after == before:
+            return
+        log.warning("topology_changed", before=before, after=after)
+        await self.applier.ensure_scripts()
+        for broker in self.brokers.values():
+            await broker.stop()
+        self.brokers = {}
+        await self._start_brokers()
 
     async def probe_lag(self) -> None:
         """Refresh the lag and pending gauges (slowly: never on the hot path)."""
@@ -520,15 +551,7 @@ class LifecycleWorker:
                 log.warning("redis_unavailable", error=str(exc), retry_in=delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
-        # One FastStream broker per server: on a Redis Cluster each reads the shards whose
-        # streams live on that node; standalone, one broker reads every shard.
-        for shard in range(self.settings.shards):
-            url = self.applier.url_of(shard)
-            if url not in self.brokers:
-                self.brokers[url] = RedisBroker(url, logger=None)  # type: ignore[arg-type]
-            self._subscribe(self.brokers[url], shard)
-        for broker in self.brokers.values():
-            await broker.start()
+        await self._start_brokers()
         self._set_ready(True)
         self._tasks = [
             asyncio.create_task(
@@ -543,6 +566,17 @@ class LifecycleWorker:
             asyncio.create_task(self._loop(self.settings.lag_probe_seconds, self.probe_lag, "lag")),
         ]
         log.info("lifecycle_worker_started", consumer=self.consumer, shards=self.settings.shards)
+
+    async def _start_brokers(self) -> None:
+        """One FastStream broker per server: on a Redis Cluster each reads the shards whose
+        streams live on that node; standalone, one broker reads every shard."""
+        for shard in range(self.settings.shards):
+            url = self.applier.url_of(shard)
+            if url not in self.brokers:
+                self.brokers[url] = RedisBroker(url, logger=None)  # type: ignore[arg-type]
+            self._subscribe(self.brokers[url], shard)
+        for broker in self.brokers.values():
+            await broker.start()
 
     async def stop(self) -> None:
         """Finish the batch in hand; leave the rest pending for another consumer."""
