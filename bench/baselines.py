@@ -16,7 +16,6 @@ import asyncio
 import signal
 from typing import Any
 
-from faststream.message import StreamMessage
 from faststream.middlewares import AckPolicy
 from faststream.redis import RedisBroker, StreamSub
 from harness import ensure_group
@@ -37,6 +36,7 @@ from worker.consolidator import (
 from worker.db.engine import create_database_engine
 from worker.db.models import Episode, LifecycleEvent
 from worker.keys import CONSOLIDATION_GROUP, LIFECYCLE_GROUP, StreamKeys, episodes_stream
+from worker.lifecycle import keep_raw_message, raw_entries
 from worker.logs import configure_logging
 from worker.settings import Settings
 
@@ -49,6 +49,24 @@ def stop_on_signals() -> asyncio.Event:
     return stop
 
 
+def plain_subscriber(
+    broker: RedisBroker, redis: Redis, applier: CommandApplier, stream: str
+) -> None:
+    """Register the plain way on ``broker``: FastStream's per-message stream subscriber, the
+    same parse and apply script as the worker, one awaited EVALSHA per message through
+    redis-py's client."""
+
+    @broker.subscriber(
+        stream=StreamSub(stream, group=LIFECYCLE_GROUP, consumer="plain", last_id=">"),
+        parser=keep_raw_message,
+        decoder=raw_entries,
+        ack_policy=AckPolicy.MANUAL,
+    )
+    async def handle(msg: Any) -> None:
+        plan = applier.plan(0, [(msg["message_ids"][0], msg["data"])])
+        await redis.execute_command(*plan.commands[0])  # type: ignore[no-untyped-call]
+
+
 async def subscriber(settings: Settings) -> None:
     """FastStream's per-message stream subscriber: one awaited EVALSHA per message."""
     stop = stop_on_signals()
@@ -59,22 +77,7 @@ async def subscriber(settings: Settings) -> None:
     applier = CommandApplier(redis, settings)
     await applier.ensure_scripts()
 
-    async def keep_raw(message: Any, original: Any) -> StreamMessage[Any]:
-        return StreamMessage(raw_message=message, body=b"")
-
-    async def raw(message: StreamMessage[Any], original: Any) -> Any:
-        return message.raw_message
-
-    @broker.subscriber(
-        stream=StreamSub(streams.lifecycle, group=LIFECYCLE_GROUP, consumer="plain", last_id=">"),
-        parser=keep_raw,
-        decoder=raw,
-        ack_policy=AckPolicy.MANUAL,
-    )
-    async def handle(msg: Any) -> None:
-        plan = applier.plan(0, [(msg["message_ids"][0], msg["data"])])
-        await redis.execute_command(*plan.commands[0])  # type: ignore[no-untyped-call]
-
+    plain_subscriber(broker, redis, applier, streams.lifecycle)
     await broker.start()
     # Redis 7.0 creates a consumer only when a blocking read is served: register it, so the
     # bench can see this service is up (as it does for memworker's, which read pending first).

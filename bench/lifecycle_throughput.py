@@ -15,9 +15,8 @@ import uuid
 from typing import Any
 
 import orjson
-from faststream.message import StreamMessage
-from faststream.middlewares import AckPolicy
-from faststream.redis import RedisBroker, StreamSub
+from baselines import plain_subscriber
+from faststream.redis import RedisBroker
 from redis.asyncio import Redis
 
 from worker.applier import CommandApplier
@@ -84,22 +83,7 @@ async def per_message(redis: Redis, settings: Settings, total: int) -> float:
     applier = CommandApplier(redis, settings)
     await applier.ensure_scripts()
 
-    async def keep_raw(message: Any, original: Any) -> StreamMessage[Any]:
-        return StreamMessage(raw_message=message, body=b"")
-
-    async def raw(message: StreamMessage[Any], original: Any) -> Any:
-        return message.raw_message
-
-    @broker.subscriber(
-        stream=StreamSub(streams.lifecycle, group=LIFECYCLE_GROUP, consumer="plain", last_id=">"),
-        parser=keep_raw,
-        decoder=raw,
-        ack_policy=AckPolicy.MANUAL,
-    )
-    async def handle(msg: Any) -> None:
-        plan = applier.plan(0, [(msg["message_ids"][0], msg["data"])])
-        # One awaited EVALSHA per message through redis-py's client: the plain way.
-        await redis.execute_command(*plan.commands[0])  # type: ignore[no-untyped-call]
+    plain_subscriber(broker, redis, applier, streams.lifecycle)
 
     started = time.perf_counter()
     await broker.start()

@@ -52,6 +52,17 @@ IN_FLIGHT = 2
 _CONNECTION_ERRORS = (RedisConnectionError, RedisTimeoutError, OSError)
 
 
+async def keep_raw_message(message: Any, original: Any) -> StreamMessage[Any]:
+    """FastStream parser that skips body decoding: junk must reach our intake, not crash a
+    parser. The batch's entry ids and fields stay in ``raw_message``."""
+    return StreamMessage(raw_message=message, body=b"")
+
+
+async def raw_entries(message: StreamMessage[Any], original: Any) -> Any:
+    """FastStream decoder handing the handler the raw batch (``message_ids``, ``data``)."""
+    return message.raw_message
+
+
 def default_consumer_name() -> str:
     """Unique per process: host, pid and a random suffix (a reused pid must not collide)."""
     return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
@@ -150,20 +161,13 @@ class LifecycleWorker:
             last_id=">",
         )
 
-        async def keep_raw(message: Any, original: Any) -> StreamMessage[Any]:
-            # Skip FastStream's body decoding: junk must reach our intake, not crash a parser.
-            return StreamMessage(raw_message=message, body=b"")
-
-        async def raw_entries(message: StreamMessage[Any], original: Any) -> Any:
-            return message.raw_message
-
         async def handle(raw: Any) -> None:
             entries = list(zip(raw["message_ids"], raw["data"], strict=True))
             await self.dispatch(shard, entries)
 
         broker.subscriber(
             stream=stream,
-            parser=keep_raw,
+            parser=keep_raw_message,
             decoder=raw_entries,
             ack_policy=AckPolicy.MANUAL,
         )(handle)
