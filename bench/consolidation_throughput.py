@@ -1,27 +1,54 @@
-"""Consolidation throughput: the batched Consolidator next to a naive per-row-commit loop.
+"""Consolidation throughput: the batched Consolidator next to a naive per-row-commit loop, and
+where its CPU goes.
 
     python bench/consolidation_throughput.py --redis-url redis://127.0.0.1:6379/0 \\
         --database-url postgresql://postgres@127.0.0.1:5432/postgres --episodes 20000
 
-Each run uses a fresh database (created and dropped) and its own stream prefix. Every result is
-an ``agent.terminated`` with ``consolidate: true`` and a realistic snapshot (20 variables, 30
-scratchpad steps, a task state, checkpoints), so every entry becomes an episode row and a
-lifecycle event row.
+Every result is an ``agent.terminated`` with ``consolidate: true`` and a realistic snapshot
+(20 variables, 30 scratchpad steps, a task state, checkpoints), so every entry becomes an
+episode row and a lifecycle event row. Each run drains a prefilled results stream into a fresh
+database (created, migrated, dropped) under its own stream prefix.
+
+Rounds alternate two schemas, so both see the same machine:
+
+- **product**: the migrated schema, as `memworker migrate` makes it.
+- **floor**: the same with the full-text search vector and the two secondary indexes dropped.
+  Not a configuration anyone should run: it shows what the rest of the work costs, i.e. how
+  fast consolidation could be if search were free.
+
+Besides episodes/s, each run records the CPU time spent per episode by this process (the
+consolidator: reading, parsing, summarising, encoding), by every Postgres process on this
+machine (backends, WAL writer, checkpointer; only when the database is local) and by Redis
+(``INFO cpu``). With C cores, no implementation of the same work can exceed
+C × 1,000,000 / (total µs per episode) episodes/s: the "ceiling" column.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
+import statistics
 import time
 import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
+import psutil
+from harness import (
+    DEFAULT_DATABASE_URL,
+    DEFAULT_REDIS_URL,
+    cancel_on_sigterm,
+    cleanup,
+    fresh_database,
+    markdown_table,
+)
 from redis.asyncio import Redis
 from sqlalchemy import make_url, text
 from sqlalchemy.dialects.postgresql import insert
-from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from worker.connections import redis_client
 from worker.consolidator import (
@@ -33,11 +60,17 @@ from worker.consolidator import (
     event_row,
     parse_result,
 )
-from worker.db.engine import asyncpg_url, create_database_engine
+from worker.db.engine import create_database_engine
 from worker.db.models import Episode, LifecycleEvent
 from worker.keys import CONSOLIDATION_GROUP, StreamKeys
-from worker.migrate import migrate
 from worker.settings import Settings
+
+FLOOR_SCHEMA = (
+    "ALTER TABLE episodes DROP COLUMN search_vector",  # and its GIN index
+    "DROP INDEX ix_episodes_project_id_occurred_at",
+    "DROP INDEX ix_lifecycle_events_project_id_session_id_occurred_at",
+)
+LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1", None, ""}
 
 
 def terminated_result(i: int) -> dict[str, Any]:
@@ -117,68 +150,179 @@ async def naive(settings: Settings, redis: Redis, engine: AsyncEngine, stream: s
         done += 1
 
 
+def postgres_cpu_seconds() -> float:
+    """CPU time of every process named ``postgres*`` on this machine, so far."""
+    total = 0.0
+    for proc in psutil.process_iter(["name"]):
+        name = proc.info["name"] or ""
+        if name.startswith("postgres"):
+            try:
+                times = proc.cpu_times()
+            except psutil.Error:  # gone meanwhile: a backend that ended
+                continue
+            total += times.user + times.system
+    return total
+
+
+async def redis_cpu_seconds(redis: Redis) -> float:
+    info = await redis.info("cpu")
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+
+@dataclass
+class Run:
+    label: str
+    episodes: int
+    seconds: float
+    python_s: float
+    postgres_s: float | None
+    redis_s: float
+
+    @property
+    def rate(self) -> float:
+        return self.episodes / self.seconds
+
+
+async def measured(
+    label: str, redis: Redis, local_postgres: bool, drain: Callable[[], Awaitable[int]]
+) -> Run:
+    """Run ``drain`` and what it cost each process (see the module docstring)."""
+    redis_before = await redis_cpu_seconds(redis)
+    postgres_before = postgres_cpu_seconds() if local_postgres else 0.0
+    python_before = time.process_time()
+    started = time.perf_counter()
+    episodes = await drain()
+    seconds = time.perf_counter() - started
+    python_s = time.process_time() - python_before
+    postgres_s = postgres_cpu_seconds() - postgres_before if local_postgres else None
+    redis_s = await redis_cpu_seconds(redis) - redis_before
+    return Run(label, episodes, seconds, python_s, postgres_s, redis_s)
+
+
+async def one_run(
+    args: argparse.Namespace, redis: Redis, local_postgres: bool, *, floor: bool, naive_loop: bool
+) -> Run:
+    async with fresh_database(args.database_url) as url:
+        prefix = "bench" + uuid.uuid4().hex[:8]
+        settings = Settings(
+            redis_url=args.redis_url,
+            database_url=url,
+            stream_prefix=prefix,
+            consolidation_batch_size=args.batch_size,
+        )
+        engine = create_database_engine(url)
+        try:
+            if floor:
+                async with engine.begin() as conn:
+                    for statement in FLOOR_SCHEMA:
+                        await conn.execute(text(statement))
+            stream = StreamKeys(prefix, 0).results
+            count = args.naive_episodes if naive_loop else args.episodes
+            await prefill(redis, stream, count)
+            if naive_loop:
+                label = "naive: one COMMIT + XACK per entry"
+                run = await measured(
+                    label, redis, local_postgres, lambda: naive(settings, redis, engine, stream)
+                )
+            else:
+                label = (
+                    "floor: no search vector, no secondary indexes"
+                    if floor
+                    else f"Consolidator (batch {args.batch_size})"
+                )
+                consolidator = Consolidator(settings, redis, engine)
+                run = await measured(label, redis, local_postgres, consolidator.run_once)
+            async with engine.connect() as conn:
+                stored = (await conn.execute(text("SELECT count(*) FROM episodes"))).scalar_one()
+            assert stored == count == run.episodes, (stored, count, run.episodes)
+            return run
+        finally:
+            await engine.dispose()
+            await cleanup(redis, prefix)
+
+
+def summary_row(runs: list[Run], cores: int) -> list[object]:
+    """Median rate (min–max over rounds) and median CPU per episode of one implementation."""
+    rates = [r.rate for r in runs]
+
+    def median_micros(pick: Callable[[Run], float | None]) -> float | None:
+        per_episode: list[float] = []
+        for run in runs:
+            seconds = pick(run)
+            if seconds is None:
+                return None
+            per_episode.append(seconds / run.episodes * 1e6)
+        return statistics.median(per_episode)
+
+    python = median_micros(lambda r: r.python_s)
+    postgres = median_micros(lambda r: r.postgres_s)
+    redis = median_micros(lambda r: r.redis_s)
+    total = (
+        None if python is None or postgres is None or redis is None else python + postgres + redis
+    )
+    spread = f"{min(rates):,.0f}–{max(rates):,.0f}" if len(runs) > 1 else "–"
+    return [
+        runs[0].label,
+        f"{runs[0].episodes:,}",
+        len(runs),
+        f"**{statistics.median(rates):,.0f}**",
+        spread,
+        "n/a" if python is None else f"{python:,.0f}",
+        "n/a" if postgres is None else f"{postgres:,.0f}",
+        "n/a" if redis is None else f"{redis:,.0f}",
+        "n/a" if total is None else f"{total:,.0f}",
+        "n/a" if not total else f"{cores * 1e6 / total:,.0f}",
+    ]
+
+
 async def main() -> None:
+    cancel_on_sigterm()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
-    parser.add_argument("--database-url", default="postgresql://postgres@127.0.0.1:5432/postgres")
+    parser.add_argument("--redis-url", default=DEFAULT_REDIS_URL)
+    parser.add_argument("--database-url", default=DEFAULT_DATABASE_URL)
     parser.add_argument("--episodes", type=int, default=20_000)
-    parser.add_argument("--naive-episodes", type=int, default=2_000)
+    parser.add_argument("--naive-episodes", type=int, default=1_000)
     parser.add_argument("--batch-size", type=int, default=500)
+    parser.add_argument("--rounds", type=int, default=3, help="runs of each schema, alternating")
     args = parser.parse_args()
 
-    admin_url = asyncpg_url(args.database_url)
-    name = "memworker_bench_" + uuid.uuid4().hex[:8]
-    admin = create_async_engine(admin_url, isolation_level="AUTOCOMMIT")
-    async with admin.connect() as conn:
-        await conn.execute(text(f'CREATE DATABASE "{name}"'))
-    url = make_url(admin_url).set(database=name).render_as_string(hide_password=False)
-    prefix = "bench" + uuid.uuid4().hex[:8]
-    settings = Settings(
-        redis_url=args.redis_url,
-        database_url=url,
-        stream_prefix=prefix,
-        consolidation_batch_size=args.batch_size,
-    )
+    cores = os.cpu_count() or 1
+    local_postgres = make_url(args.database_url).host in LOCAL_HOSTS
     redis = redis_client(args.redis_url)  # as the consolidator gets it in production
-    engine = create_database_engine(url)
     try:
-        await migrate(url)
-        rows: list[tuple[str, int, float]] = []
-
-        stream = StreamKeys(prefix, 0).results
-        await prefill(redis, stream, args.episodes)
-        started = time.perf_counter()
-        finished = await Consolidator(settings, redis, engine).run_once()
-        rows.append(
-            (f"Consolidator (batch {args.batch_size})", finished, time.perf_counter() - started)
-        )
-
-        naive_stream = f"{prefix}:naive"
-        await prefill(redis, naive_stream, args.naive_episodes, first=args.episodes)
-        started = time.perf_counter()
-        finished = await naive(settings, redis, engine, naive_stream)
-        rows.append(("naive: one COMMIT + XACK per entry", finished, time.perf_counter() - started))
-
-        async with engine.connect() as conn:
-            stored = (await conn.execute(text("SELECT count(*) FROM episodes"))).scalar_one()
-        assert stored == args.episodes + args.naive_episodes, stored
-
-        rates = [n / s for _label, n, s in rows]
-        print(f"\n{args.episodes:,} + {args.naive_episodes:,} terminated results with snapshots\n")
-        print("| implementation | episodes | seconds | episodes/s |")
-        print("|---|---:|---:|---:|")
-        for (label, n, seconds), rate in zip(rows, rates, strict=True):
-            print(f"| {label} | {n:,} | {seconds:.2f} | {rate:,.0f} |")
-        print(f"\nbatched / naive: **{rates[0] / rates[1]:.1f}×**")
+        product: list[Run] = []
+        floor: list[Run] = []
+        for _ in range(args.rounds):
+            product.append(
+                await one_run(args, redis, local_postgres, floor=False, naive_loop=False)
+            )
+            floor.append(await one_run(args, redis, local_postgres, floor=True, naive_loop=False))
+        slow = await one_run(args, redis, local_postgres, floor=False, naive_loop=True)
     finally:
-        await engine.dispose()
-        keys = [k async for k in redis.scan_iter(match=f"{prefix}:*")]
-        if keys:
-            await redis.delete(*keys)
         await redis.aclose()
-        async with admin.connect() as conn:
-            await conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        await admin.dispose()
+
+    print(
+        f"{args.episodes:,} terminated results with snapshots per run ({args.naive_episodes:,}"
+        f" for the naive loop); {args.rounds} rounds alternating the product and floor schemas;"
+        f" {cores} CPUs. Episodes/s is the median over rounds (min–max beside it); CPU is"
+        " µs per episode, median over rounds; ceiling = CPUs × 10⁶ ÷ total CPU µs.\n"
+    )
+    header = [
+        "implementation",
+        "episodes",
+        "runs",
+        "episodes/s",
+        "range",
+        "consolidator CPU",
+        "Postgres CPU",
+        "Redis CPU",
+        "total CPU",
+        "ceiling/s",
+    ]
+    rows = [summary_row(product, cores), summary_row(floor, cores), summary_row([slow], cores)]
+    print(markdown_table(header, rows, "lrrrrrrrrr"))
+    batched = statistics.median(r.rate for r in product)
+    print(f"\nbatched / naive: **{batched / slow.rate:.1f}×**")
 
 
 if __name__ == "__main__":

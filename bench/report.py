@@ -84,9 +84,9 @@ BENCHES = [
     Bench(
         "consolidation_throughput.py",
         "Consolidation throughput",
-        "Episodes/s from a prefilled results stream into Postgres.",
+        "Episodes/s from a prefilled results stream into Postgres, and the CPU each episode costs.",
         database=True,
-        quick=["--episodes", "2000", "--naive-episodes", "300"],
+        quick=["--episodes", "2000", "--naive-episodes", "300", "--rounds", "1"],
     ),
     Bench(
         "working_memory.py",
