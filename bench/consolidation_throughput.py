@@ -33,7 +33,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 import psutil
@@ -199,9 +199,15 @@ async def measured(
     return Run(label, episodes, seconds, python_s, postgres_s, redis_s)
 
 
-async def one_run(
-    args: argparse.Namespace, redis: Redis, local_postgres: bool, *, floor: bool, naive_loop: bool
-) -> Run:
+Kind = Literal["product", "floor", "naive"]
+LABELS: dict[Kind, str] = {
+    "product": "Consolidator (batch {batch})",
+    "floor": "floor: no search vector, no secondary indexes",
+    "naive": "naive: one COMMIT + XACK per entry",
+}
+
+
+async def one_run(args: argparse.Namespace, redis: Redis, local_postgres: bool, kind: Kind) -> Run:
     async with fresh_database(args.database_url) as url:
         prefix = "bench" + uuid.uuid4().hex[:8]
         settings = Settings(
@@ -212,26 +218,20 @@ async def one_run(
         )
         engine = create_database_engine(url)
         try:
-            if floor:
+            if kind == "floor":
                 async with engine.begin() as conn:
                     for statement in FLOOR_SCHEMA:
                         await conn.execute(text(statement))
             stream = StreamKeys(prefix, 0).results
-            count = args.naive_episodes if naive_loop else args.episodes
+            count = args.naive_episodes if kind == "naive" else args.episodes
             await prefill(redis, stream, count)
-            if naive_loop:
-                label = "naive: one COMMIT + XACK per entry"
-                run = await measured(
-                    label, redis, local_postgres, lambda: naive(settings, redis, engine, stream)
-                )
-            else:
-                label = (
-                    "floor: no search vector, no secondary indexes"
-                    if floor
-                    else f"Consolidator (batch {args.batch_size})"
-                )
-                consolidator = Consolidator(settings, redis, engine)
-                run = await measured(label, redis, local_postgres, consolidator.run_once)
+            drain: Callable[[], Awaitable[int]] = (
+                (lambda: naive(settings, redis, engine, stream))
+                if kind == "naive"
+                else Consolidator(settings, redis, engine).run_once
+            )
+            label = LABELS[kind].format(batch=args.batch_size)
+            run = await measured(label, redis, local_postgres, drain)
             async with engine.connect() as conn:
                 stored = (await conn.execute(text("SELECT count(*) FROM episodes"))).scalar_one()
             assert stored == count == run.episodes, (stored, count, run.episodes)
@@ -260,18 +260,16 @@ def summary_row(runs: list[Run], cores: int) -> list[object]:
     total = (
         None if python is None or postgres is None or redis is None else python + postgres + redis
     )
+    ceiling = cores * 1e6 / total if total else None
     spread = f"{min(rates):,.0f}–{max(rates):,.0f}" if len(runs) > 1 else "–"
+    figures = [python, postgres, redis, total, ceiling]
     return [
         runs[0].label,
         f"{runs[0].episodes:,}",
         len(runs),
         f"**{statistics.median(rates):,.0f}**",
         spread,
-        "n/a" if python is None else f"{python:,.0f}",
-        "n/a" if postgres is None else f"{postgres:,.0f}",
-        "n/a" if redis is None else f"{redis:,.0f}",
-        "n/a" if total is None else f"{total:,.0f}",
-        "n/a" if not total else f"{cores * 1e6 / total:,.0f}",
+        *("n/a" if value is None else f"{value:,.0f}" for value in figures),
     ]
 
 
@@ -293,11 +291,9 @@ async def main() -> None:
         product: list[Run] = []
         floor: list[Run] = []
         for _ in range(args.rounds):
-            product.append(
-                await one_run(args, redis, local_postgres, floor=False, naive_loop=False)
-            )
-            floor.append(await one_run(args, redis, local_postgres, floor=True, naive_loop=False))
-        slow = await one_run(args, redis, local_postgres, floor=False, naive_loop=True)
+            product.append(await one_run(args, redis, local_postgres, "product"))
+            floor.append(await one_run(args, redis, local_postgres, "floor"))
+        slow = await one_run(args, redis, local_postgres, "naive")
     finally:
         await redis.aclose()
 
