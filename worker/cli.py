@@ -382,23 +382,61 @@ def inspect(
 
 @app.command()
 def stats(
-    as_json: Annotated[bool, typer.Option("--json", help="JSON instead of a table.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="JSON instead of tables.")] = False,
+    dead_after: Annotated[
+        float,
+        typer.Option(
+            min=1, help="Seconds idle after which a consumer without pending entries is dead."
+        ),
+    ] = 300.0,
+    prune_dead_consumers: Annotated[
+        bool,
+        typer.Option(
+            "--prune-dead-consumers",
+            help="Delete the dead consumers (never one that owns pending entries).",
+        ),
+    ] = False,
+    rate_seconds: Annotated[
+        float,
+        typer.Option(
+            min=0,
+            help="Seconds between the two readings of the lifecycle streams' entries-added "
+            "that give the command rate (0: the average over what the streams retain).",
+        ),
+    ] = 2.0,
 ) -> None:
-    """Per stream and group: length, lag, pending, oldest pending age, consumers."""
+    """Streams and groups (length, lag, pending, consumers, dead consumers) and Redis capacity:
+    memory, bytes per session, per dedupe record and per stream entry, and time until full."""
     settings = settings_from_env()
 
-    async def go(redis: Redis) -> list[Any]:
+    async def go(redis: Redis) -> tuple[list[Any], Any, list[tuple[str, str, str]]]:
+        from worker.capacity import measure_capacity
+        from worker.inspection import prune_dead_consumers as prune
         from worker.inspection import stream_stats
 
-        return await stream_stats(redis, settings)
+        pruned = await prune(redis, settings, dead_after) if prune_dead_consumers else []
+        rows = await stream_stats(redis, settings, dead_after)
+        return rows, await measure_capacity(redis, settings, rate_seconds=rate_seconds), pruned
 
-    rows = run_async(with_redis(settings, go))
+    rows, capacity, pruned = run_async(with_redis(settings, go))
     if as_json:
-        print(json.dumps([r.as_dict() for r in rows], indent=2))
+        print(
+            json.dumps(
+                {
+                    "streams": [r.as_dict() for r in rows],
+                    "capacity": capacity.as_dict(),
+                    "pruned_consumers": [
+                        {"stream": s, "group": g, "consumer": c} for s, g, c in pruned
+                    ],
+                },
+                indent=2,
+            )
+        )
         return
     table = Table("stream", "length", "group", "lag", "pending", "oldest pending", "consumers")
     for r in rows:
         age = "" if r.oldest_pending_age_s is None else f"{r.oldest_pending_age_s:.1f}s"
+        gone = len(r.dead_consumers) + len(r.stalled_consumers)
         table.add_row(
             r.stream,
             str(r.length),
@@ -406,9 +444,24 @@ def stats(
             "" if r.lag is None else str(r.lag),
             str(r.pending),
             age,
-            str(r.consumers),
+            f"{r.consumers} ({gone} dead)" if gone else str(r.consumers),
         )
     out.print(table)
+    for r in rows:
+        for name in r.dead_consumers:
+            out.print(f"dead consumer {name} of {r.stream} {r.group}: no pending entries")
+        for name in r.stalled_consumers:
+            out.print(
+                f"dead consumer {name} of {r.stream} {r.group}: owns pending entries "
+                "(reclaimed by a live consumer, then prunable)"
+            )
+    for stream, group, consumer in pruned:
+        out.print(f"pruned consumer {consumer} of {stream} {group}")
+    if any(r.dead_consumers for r in rows) and not prune_dead_consumers:
+        out.print("remove dead consumers with: memworker stats --prune-dead-consumers")
+    from worker.capacity import render_capacity
+
+    out.print(render_capacity(capacity, settings), highlight=False)
 
 
 @app.command()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import orjson
@@ -23,6 +23,12 @@ class GroupStats:
     pending: int
     oldest_pending_age_s: float | None
     consumers: int
+    dead_consumers: list[str] = field(default_factory=list)
+    """Idle at least the dead-after time and owning no pending entry: a process that is gone
+    (consumer names are unique per process, so each restart leaves one); safe to delete."""
+    stalled_consumers: list[str] = field(default_factory=list)
+    """Idle as long but owning pending entries: gone too, but its entries are reclaimed by
+    another consumer first (never deleted with them)."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -33,8 +39,16 @@ def _id_ms(entry_id: bytes | str) -> int:
     return int(text.split("-", 1)[0])
 
 
-async def stream_stats(redis: Redis, settings: Settings) -> list[GroupStats]:
-    """Length, lag, pending, oldest pending age and consumers of every stream and group."""
+DEAD_AFTER_SECONDS = 300.0
+"""A consumer idle this long is gone: a live one reads at least every few seconds (its
+blocking read lasts at most a second), and pending entries are reclaimed after 30–60 s."""
+
+
+async def stream_stats(
+    redis: Redis, settings: Settings, dead_after_s: float = DEAD_AFTER_SECONDS
+) -> list[GroupStats]:
+    """Length, lag, pending, oldest pending age and consumers (and which of them are dead)
+    of every stream and group."""
     names: list[str] = []
     for shard in range(settings.shards):
         streams = StreamKeys(settings.stream_prefix, shard)
@@ -62,6 +76,7 @@ async def stream_stats(redis: Redis, settings: Settings) -> list[GroupStats]:
                 if summary["min"]:
                     oldest = max(0.0, (now_ms - _id_ms(summary["min"])) / 1000)
             lag = group.get("lag")
+            dead, stalled = await idle_consumers(redis, name, group_name, dead_after_s)
             rows.append(
                 GroupStats(
                     name,
@@ -71,9 +86,46 @@ async def stream_stats(redis: Redis, settings: Settings) -> list[GroupStats]:
                     pending,
                     oldest,
                     int(group["consumers"]),
+                    dead,
+                    stalled,
                 )
             )
     return rows
+
+
+async def idle_consumers(
+    redis: Redis, stream: str, group: str, dead_after_s: float
+) -> tuple[list[str], list[str]]:
+    """Consumers idle at least ``dead_after_s``: (without pending entries, with some)."""
+    dead: list[str] = []
+    stalled: list[str] = []
+    for consumer in await redis.xinfo_consumers(stream, group):
+        name = consumer["name"]
+        name = name.decode() if isinstance(name, bytes) else str(name)
+        if int(consumer["idle"]) >= dead_after_s * 1000:
+            (stalled if int(consumer["pending"]) else dead).append(name)
+    return dead, stalled
+
+
+async def prune_dead_consumers(
+    redis: Redis, settings: Settings, dead_after_s: float = DEAD_AFTER_SECONDS
+) -> list[tuple[str, str, str]]:
+    """Delete every dead consumer (see ``GroupStats.dead_consumers``); each is checked again
+    and deleted in one script, so a consumer that came back or owns entries is kept.
+    Returns the ``(stream, group, consumer)`` deleted."""
+    from worker.scripts import script
+
+    delete = script("delete_idle_consumer.lua")
+    deleted: list[tuple[str, str, str]] = []
+    for row in await stream_stats(redis, settings, dead_after_s):
+        for consumer in row.dead_consumers:
+            assert row.group is not None
+            done = await delete(
+                redis, [row.stream], [row.group, consumer, int(dead_after_s * 1000)]
+            )
+            if done:
+                deleted.append((row.stream, row.group, consumer))
+    return deleted
 
 
 async def inspect_session(

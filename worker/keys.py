@@ -166,3 +166,43 @@ _GLOB_SPECIAL = re.compile(r"([*?\[\]\\])")
 def escape_glob(text: str) -> str:
     """Escape Redis glob metacharacters so ``text`` matches only itself."""
     return _GLOB_SPECIAL.sub(r"\\\1", text)
+
+
+# -- key kinds (what `memworker stats` samples to measure bytes per session and per record) ------
+# One place that knows how to tell a sampled key name's kind: change it with the layout.
+
+SESSION_KIND = "session"
+DEDUPE_KIND = "dedupe"
+FINISHED_STATE = "terminated"
+"""The ``meta`` state of a finished session (its tombstone)."""
+
+
+STATE_FIELD = "state"
+"""The field of a session's ``meta`` hash that holds its state."""
+
+
+class KeyKinds:
+    """Classifies key names of one prefix: a session's ``meta`` key (one per session) or a
+    dedupe record; every other key (a session's other keys, seq counters, streams, other
+    applications' keys) is counted but not sampled."""
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+        p = re.escape(prefix)
+        self._pattern = re.compile(
+            rf"^{p}:\{{(?P<shard>\d+)\}}:(?:s:(?P<project>[^/]+)/(?P<session>.+):meta"
+            rf"|evt:[^/]+/.+)$"
+        )
+
+    def kind_of(self, key: str) -> str | None:
+        match = self._pattern.match(key)
+        if match is None:
+            return None
+        return SESSION_KIND if match["session"] is not None else DEDUPE_KIND
+
+    def session_of(self, key: str) -> SessionKeys | None:
+        """The session whose ``meta`` key ``key`` is (None for any other key)."""
+        match = self._pattern.match(key)
+        if match is None or match["session"] is None:
+            return None
+        return SessionKeys(self.prefix, int(match["shard"]), match["project"], match["session"])

@@ -29,6 +29,7 @@ from redis.exceptions import RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from worker.applier import CommandApplier, Outcome, Plan
+from worker.capacity import CapacityGauges
 from worker.connections import client_for
 from worker.keys import CONSOLIDATION_GROUP, LIFECYCLE_GROUP, StreamKeys
 from worker.logs import get_logger
@@ -136,6 +137,7 @@ class LifecycleWorker:
         self.redis = client_for(settings, health_check_interval=10)
         self.applier = CommandApplier(self.redis, settings)
         self.retry = RetryBook()
+        self.capacity = CapacityGauges(settings)
         self.ready = False
         self._stopping = asyncio.Event()
         self._inflight = 0
@@ -523,6 +525,7 @@ class LifecycleWorker:
                 lag = group.get("lag")
                 STREAM_LAG.labels(stream, name).set(float(lag) if lag is not None else 0.0)
                 STREAM_PENDING.labels(stream, name).set(float(group["pending"]))
+        await self.capacity.refresh_gauges(self.redis)
 
     async def trim_once(self) -> int:
         """Trim lifecycle and results streams below what every group has acknowledged."""

@@ -87,3 +87,31 @@ async def serve_http(
             writer.close()
 
     return await asyncio.start_server(handle, host, port)
+
+
+# Capacity (worker/capacity.py), refreshed with the lag gauges by sampling, never per command.
+REDIS_USED_MEMORY = Gauge("memworker_redis_used_memory_bytes", "Redis used_memory (INFO memory).")
+REDIS_MAX_MEMORY = Gauge(
+    "memworker_redis_max_memory_bytes", "Redis maxmemory (INFO memory); 0 when none is set."
+)
+BYTES_PER_LIVE_SESSION = Gauge(
+    "memworker_redis_bytes_per_live_session",
+    "Mean MEMORY USAGE of a live session's keys (a sample of sessions).",
+)
+BYTES_PER_FINISHED_SESSION = Gauge(
+    "memworker_redis_bytes_per_finished_session",
+    "Mean MEMORY USAGE of what a terminated session leaves (its tombstone; a sample).",
+)
+BYTES_PER_DEDUPE_RECORD = Gauge(
+    "memworker_redis_bytes_per_dedupe_record", "Mean MEMORY USAGE of a dedupe record (a sample)."
+)
+BYTES_PER_STREAM_ENTRY = Gauge(
+    "memworker_redis_bytes_per_stream_entry",
+    "MEMORY USAGE of a stream divided by its length.",
+    ["stream"],
+)
+SECONDS_UNTIL_FULL = Gauge(
+    "memworker_redis_seconds_until_full",
+    "Seconds until used_memory reaches maxmemory at the current command rate; +Inf when it "
+    "levels off below it, no commands arrive or no maxmemory is set.",
+)

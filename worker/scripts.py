@@ -19,7 +19,7 @@ from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import NoScriptError
 
 _PRELUDE = "_session.lua"
-STANDALONE = frozenset({"dead_letter.lua", "publish_command.lua"})
+STANDALONE = frozenset({"dead_letter.lua", "publish_command.lua", "delete_idle_consumer.lua"})
 
 
 def _read(name: str) -> str:

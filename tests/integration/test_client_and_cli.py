@@ -162,7 +162,7 @@ async def test_cli_inspect_stats_and_dlq_show_what_is_stored(
     assert view.returncode == 0, view.stderr
     assert json.loads(view.stdout)["variables"] == {"k": [1, 2]}
     stats = await asyncio.to_thread(memworker, settings, "stats", "--json")
-    rows = {(r["stream"], r["group"]): r for r in json.loads(stats.stdout)}
+    rows = {(r["stream"], r["group"]): r for r in json.loads(stats.stdout)["streams"]}
     lifecycle = rows[(StreamKeys(settings.stream_prefix, 0).lifecycle, "lifecycle")]
     assert lifecycle["length"] == 2 and lifecycle["pending"] == 0 and lifecycle["lag"] == 0
     listed = await asyncio.to_thread(memworker, settings, "dlq", "list", "--json")

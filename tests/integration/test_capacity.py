@@ -1,0 +1,213 @@
+"""Capacity in `memworker stats` and in the gauges, and dead consumers, against real Redis."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import math
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client import REGISTRY
+from redis.asyncio import Redis
+
+from tests.helpers import running_worker
+from tests.integration.test_client_and_cli import memworker
+from tests.redis_process import RedisProcess
+from worker.capacity import CapacityGauges, measure_capacity
+from worker.client import LifecycleClient
+from worker.keys import CONSOLIDATION_GROUP, StreamKeys
+from worker.settings import Settings
+
+
+async def finish_sessions(redis: Redis, settings: Settings, live: int, finished: int) -> None:
+    client = LifecycleClient(redis, settings)
+    for i in range(live + finished):
+        await client.wait(
+            await client.spawn("p", f"s{i}", "a", {"goal": "x" * 40, "n": i}), timeout=10
+        )
+    for i in range(finished):
+        await client.wait(await client.terminate("p", f"s{i}", "a"), timeout=10)
+
+
+async def test_stats_measures_bytes_per_live_and_finished_session_and_per_entry(
+    redis: Redis, settings: Settings
+) -> None:
+    async with running_worker(settings):
+        await finish_sessions(redis, settings, live=3, finished=4)
+    done = await asyncio.to_thread(memworker, settings, "stats", "--json", "--rate-seconds", "0")
+    assert done.returncode == 0, done.stderr
+    capacity = json.loads(done.stdout)["capacity"]
+    assert capacity["used_memory"] > 0
+    # The shared server has no maxmemory (and must never get one from a test).
+    assert capacity["maxmemory"] == 0 and capacity["verdict"].startswith("no maxmemory")
+    # Other tests share the server: every estimate counts at least this test's keys.
+    assert capacity["live_sessions"] >= 3 and capacity["finished_sessions"] >= 4
+    assert capacity["dedupe_records"] >= 11
+    live, finished = capacity["bytes_per_live_session"], capacity["bytes_per_finished_session"]
+    assert live > finished > 0, "a live session holds more than its tombstone"
+    assert capacity["bytes_per_dedupe_record"] > 0
+    assert capacity["bytes_per_lifecycle_entry"] > 0 and capacity["bytes_per_result_entry"] > 0
+    assert capacity["commands_per_second_per_gb"] > 0
+
+    table = await asyncio.to_thread(memworker, settings, "stats", "--rate-seconds", "0")
+    assert table.returncode == 0, table.stderr
+    assert "Redis memory:" in table.stdout and "per finished session" in table.stdout
+    assert "no maxmemory" in table.stdout
+
+
+async def test_a_session_measured_alone_matches_memory_usage_of_its_keys(
+    redis: Redis, settings: Settings
+) -> None:
+    async with running_worker(settings):
+        await finish_sessions(redis, settings, live=1, finished=1)
+    capacity = await measure_capacity(redis, settings, rate_seconds=0, max_keys=10**9)
+    assert capacity.scan_complete
+    tombstone = 0
+    async for key in redis.scan_iter(match=f"{settings.stream_prefix}:{{*}}:s:p/s0:*"):
+        tombstone += int(await redis.memory_usage(key) or 0)
+    # Other tests' tombstones may be sampled too, but they have this layout and similar sizes.
+    assert capacity.bytes_per_finished_session is not None
+    assert capacity.bytes_per_finished_session == pytest.approx(tombstone, rel=0.5)
+
+
+@pytest.fixture
+def capped_redis(tmp_path: Path) -> Iterator[RedisProcess]:
+    server = RedisProcess(tmp_path, persistent=False)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@contextlib.asynccontextmanager
+async def publishing(redis: Redis, settings: Settings) -> AsyncIterator[None]:
+    """Spawn sessions without pause for the duration of the block."""
+    client = LifecycleClient(redis, settings)
+
+    async def spawn_forever() -> None:
+        i = 0
+        while True:
+            await client.spawn("p", f"load{i}", "a", {"k": "v" * 200})
+            i += 1
+            await asyncio.sleep(0.002)
+
+    task = asyncio.create_task(spawn_forever())
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def test_stats_says_when_a_capped_redis_fills_at_the_current_rate(
+    capped_redis: RedisProcess, prefix: str
+) -> None:
+    settings = Settings(redis_url=capped_redis.url, stream_prefix=prefix)
+    redis = Redis.from_url(capped_redis.url)
+    try:
+        async with running_worker(settings), publishing(redis, settings):
+            await asyncio.sleep(1)
+            used = int((await redis.info("memory"))["used_memory"])
+            # 8 MB of room: a day of retention at this rate holds far more.
+            await redis.config_set("maxmemory", str(used + 8_000_000))
+            done = await asyncio.to_thread(
+                memworker, settings, "stats", "--json", "--rate-seconds", "1"
+            )
+        assert done.returncode == 0, done.stderr
+        capacity = json.loads(done.stdout)["capacity"]
+        assert capacity["maxmemory"] == used + 8_000_000
+        assert capacity["commands_per_second"] > 0
+        assert capacity["verdict"].startswith("full in")
+        assert 0 < capacity["seconds_until_full"] < 86_400
+        assert capacity["steady_state_used_memory"] > capacity["maxmemory"]
+
+        # With nothing arriving, it is not filling.
+        done = await asyncio.to_thread(
+            memworker, settings, "stats", "--json", "--rate-seconds", "1"
+        )
+        capacity = json.loads(done.stdout)["capacity"]
+        assert capacity["commands_per_second"] == 0
+        assert capacity["seconds_until_full"] is None
+        assert capacity["verdict"].startswith("not filling")
+    finally:
+        await redis.aclose()
+
+
+def gauge(name: str, **labels: str) -> float | None:
+    return REGISTRY.get_sample_value(name, labels)
+
+
+async def test_the_lag_probe_refreshes_the_capacity_gauges(
+    redis: Redis, settings: Settings
+) -> None:
+    async with running_worker(settings):
+        await finish_sessions(redis, settings, live=2, finished=2)
+    gauges = CapacityGauges(settings)
+    for _ in range(3):  # the rate needs two readings
+        await gauges.refresh_gauges(redis)
+    assert (gauge("memworker_redis_used_memory_bytes") or 0) > 0
+    assert gauge("memworker_redis_max_memory_bytes") == 0
+    assert (gauge("memworker_redis_bytes_per_finished_session") or 0) > 0
+    assert (gauge("memworker_redis_bytes_per_live_session") or 0) > 0
+    results = StreamKeys(settings.stream_prefix, 0).results
+    assert (gauge("memworker_redis_bytes_per_stream_entry", stream=results) or 0) > 0
+    until_full = gauge("memworker_redis_seconds_until_full")
+    assert until_full is not None and math.isinf(until_full)  # no maxmemory here
+
+
+async def consumers_of(redis: Redis, stream: str, group: str) -> dict[str, Any]:
+    return {c["name"].decode(): c for c in await redis.xinfo_consumers(stream, group)}
+
+
+async def test_stats_marks_dead_consumers_and_prunes_only_those_without_pending_entries(
+    redis: Redis, settings: Settings
+) -> None:
+    results = StreamKeys(settings.stream_prefix, 0).results
+    await redis.xadd(results, {"data": b"{}"})
+    await redis.xgroup_create(results, CONSOLIDATION_GROUP, id="0", mkstream=True)
+    # A consumer that read an entry and died holding it; one that died with nothing pending.
+    await redis.xreadgroup(CONSOLIDATION_GROUP, "gone-holding", {results: ">"}, count=1)
+    await redis.xgroup_createconsumer(results, CONSOLIDATION_GROUP, "gone-empty")
+    await asyncio.sleep(1.2)
+    await redis.xgroup_createconsumer(results, CONSOLIDATION_GROUP, "alive")
+
+    shown = await asyncio.to_thread(
+        memworker, settings, "stats", "--json", "--dead-after", "1", "--rate-seconds", "0"
+    )
+    assert shown.returncode == 0, shown.stderr
+    row = next(
+        r
+        for r in json.loads(shown.stdout)["streams"]
+        if r["stream"] == results and r["group"] == CONSOLIDATION_GROUP
+    )
+    assert row["consumers"] == 3
+    assert row["dead_consumers"] == ["gone-empty"]
+    assert row["stalled_consumers"] == ["gone-holding"]
+    table = await asyncio.to_thread(
+        memworker, settings, "stats", "--dead-after", "1", "--rate-seconds", "0"
+    )
+    assert "3 (2 dead)" in table.stdout
+    assert "memworker stats --prune-dead-consumers" in table.stdout
+
+    pruned = await asyncio.to_thread(
+        memworker,
+        settings,
+        "stats",
+        "--prune-dead-consumers",
+        "--dead-after",
+        "1",
+        "--rate-seconds",
+        "0",
+    )
+    assert pruned.returncode == 0, pruned.stderr
+    assert "pruned consumer gone-empty" in pruned.stdout
+    left = await consumers_of(redis, results, CONSOLIDATION_GROUP)
+    assert set(left) == {"gone-holding", "alive"}
+    # The entry the dead consumer held is still pending, to be reclaimed: nothing was lost.
+    assert (await redis.xpending(results, CONSOLIDATION_GROUP))["pending"] == 1

@@ -1,0 +1,576 @@
+"""Capacity: what memworker holds in Redis, measured from the server, and how long until full.
+
+Everything here is sampled, never a full scan, so it is cheap enough for the lag probe:
+
+- **Memory**: ``INFO memory`` (``used_memory``, ``maxmemory``, ``maxmemory_policy``).
+- **Bytes per session and per dedupe record**: ``SCAN`` pages (no ``MATCH``, so the pages are
+  a uniform sample of the keyspace: Redis walks its hash table, which is ordered by hash, not
+  by name). Each key is classified by ``worker.keys.KeyKinds``; for up to a budget of them,
+  ``MEMORY USAGE`` of the session's keys (a session's ``meta`` key names all its keys) or of
+  the dedupe record. Counts are estimated as ``DBSIZE × share of the scanned keys``, exact once
+  a whole SCAN cycle has been seen.
+- **Bytes per stream entry**: ``MEMORY USAGE`` of each stream ÷ its length.
+- **Rate**: commands per second from the lifecycle streams' ``entries-added`` (``XINFO
+  STREAM``), read twice some seconds apart (the CLI) or at each probe (the metrics); with no
+  second reading, the average over what the stream retains (its length ÷ the time between its
+  first and last entry).
+
+What one command leaves, and for how long (the capacity-planning formula of the README):
+one lifecycle entry and one results entry (held ``retention_seconds``), one dedupe record
+(``dedupe_ttl_seconds``) and its share of a finished session's tombstone (its bytes ÷ commands
+per session, held ``tombstone_ttl_seconds``). At ``r`` commands/s the windows hold
+``r × Σ bytes × seconds``; Redis levels off at ``used − (what the windows hold now) + that``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from redis.asyncio import Redis
+from redis.exceptions import ResponseError
+
+from worker.keys import (
+    DEDUPE_KIND,
+    FINISHED_STATE,
+    SESSION_KIND,
+    STATE_FIELD,
+    KeyKinds,
+    StreamKeys,
+    episodes_stream,
+)
+from worker.logs import get_logger
+from worker.settings import Settings
+
+log = get_logger("worker.capacity")
+
+GB = 1_000_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class StreamUsage:
+    stream: str
+    length: int
+    bytes: int
+    entries_added: int
+    first_ms: int | None
+    last_ms: int | None
+
+    @property
+    def bytes_per_entry(self) -> float | None:
+        return self.bytes / self.length if self.length else None
+
+
+@dataclass(slots=True)
+class KindSample:
+    """Keys of one kind seen by the sampler: how many were seen, and bytes of those measured."""
+
+    seen: int = 0
+    measured: int = 0
+    bytes: int = 0
+
+    @property
+    def bytes_each(self) -> float | None:
+        return self.bytes / self.measured if self.measured else None
+
+
+@dataclass(slots=True)
+class KeySample:
+    """What SCAN pages showed: keys seen in total and per kind (live, finished, dedupe)."""
+
+    scanned: int = 0
+    complete: bool = False
+    kinds: dict[str, KindSample] = field(
+        default_factory=lambda: {k: KindSample() for k in ("live", "finished", DEDUPE_KIND)}
+    )
+
+    def estimate(self, kind: str, dbsize: int) -> float:
+        """How many keys of ``kind`` Redis holds: exact after a whole SCAN cycle."""
+        seen = self.kinds[kind].seen
+        if self.complete or not self.scanned:
+            return float(seen)
+        return dbsize * seen / self.scanned
+
+
+async def sample_keys(
+    redis: Redis,
+    settings: Settings,
+    *,
+    cursor: int = 0,
+    max_keys: int = 2_000,
+    max_measured: int = 50,
+    sample: KeySample | None = None,
+) -> tuple[KeySample, int]:
+    """SCAN from ``cursor`` until ``max_keys`` keys were seen or the cycle ends; measure up to
+    ``max_measured`` sessions and dedupe records of them. Returns the sample and the cursor
+    to continue from (0: the cycle is complete)."""
+    kinds = KeyKinds(settings.stream_prefix)
+    sample = sample or KeySample()
+    seen_here = 0
+    while True:
+        cursor, names = await redis.scan(cursor=cursor, count=min(1_000, max_keys))
+        sample.scanned += len(names)
+        seen_here += len(names)
+        sessions, dedupes = [], []
+        for raw in names:
+            name = raw.decode() if isinstance(raw, bytes) else raw
+            kind = kinds.kind_of(name)
+            if kind == SESSION_KIND:
+                sessions.append(name)
+            elif kind == DEDUPE_KIND:
+                dedupes.append(name)
+        await _measure_sessions(redis, kinds, sessions, sample, max_measured)
+        sample.kinds[DEDUPE_KIND].seen += len(dedupes)
+        room = max(0, max_measured - sample.kinds[DEDUPE_KIND].measured)
+        if dedupes[:room]:
+            pipe = redis.pipeline(transaction=False)
+            for name in dedupes[:room]:
+                pipe.memory_usage(name)
+            for used in await pipe.execute():
+                if used is not None:
+                    sample.kinds[DEDUPE_KIND].measured += 1
+                    sample.kinds[DEDUPE_KIND].bytes += int(used)
+        if cursor == 0:
+            sample.complete = True
+            return sample, 0
+        if seen_here >= max_keys:
+            return sample, int(cursor)
+
+
+async def _measure_sessions(
+    redis: Redis, kinds: KeyKinds, metas: list[str], sample: KeySample, max_measured: int
+) -> None:
+    """Count sessions by state; measure (MEMORY USAGE of every key) up to the budget."""
+    if not metas:
+        return
+    pipe = redis.pipeline(transaction=False)
+    for name in metas:
+        pipe.hget(name, STATE_FIELD)
+    states = await pipe.execute()
+    to_measure: list[tuple[str, list[str]]] = []
+    for name, state in zip(metas, states, strict=True):
+        if state is None:
+            continue  # expired between SCAN and HGET
+        kind = "finished" if state.decode() == FINISHED_STATE else "live"
+        sample.kinds[kind].seen += 1
+        session = kinds.session_of(name)
+        if (
+            session is not None
+            and sample.kinds[kind].measured + sum(1 for k, _ in to_measure if k == kind)
+            < max_measured
+        ):
+            to_measure.append((kind, session.all()))
+    if not to_measure:
+        return
+    pipe = redis.pipeline(transaction=False)
+    for _kind, keys in to_measure:
+        for key in keys:
+            pipe.memory_usage(key)
+    used = iter(await pipe.execute())
+    for kind, keys in to_measure:
+        total = sum(int(u) for u in (next(used) for _ in keys) if u is not None)
+        sample.kinds[kind].measured += 1
+        sample.kinds[kind].bytes += total
+
+
+def lifecycle_streams(settings: Settings) -> list[str]:
+    return [StreamKeys(settings.stream_prefix, s).lifecycle for s in range(settings.shards)]
+
+
+def memworker_streams(settings: Settings) -> list[str]:
+    names: list[str] = []
+    for shard in range(settings.shards):
+        keys = StreamKeys(settings.stream_prefix, shard)
+        names += [keys.lifecycle, keys.results, keys.dlq]
+    names.append(episodes_stream(settings.stream_prefix))
+    return names
+
+
+async def stream_usage(redis: Redis, streams: Iterable[str]) -> list[StreamUsage]:
+    """Length, bytes (MEMORY USAGE), entries ever added and first/last entry time of each."""
+    names = list(streams)
+    pipe = redis.pipeline(transaction=False)
+    for name in names:
+        pipe.xinfo_stream(name)
+        pipe.memory_usage(name)
+    replies = await pipe.execute(raise_on_error=False)
+    usage = []
+    for i, name in enumerate(names):
+        info, used = replies[2 * i], replies[2 * i + 1]
+        if isinstance(info, Exception) or not isinstance(info, dict):
+            usage.append(StreamUsage(name, 0, 0, 0, None, None))
+            continue
+        first, last = info.get("first-entry"), info.get("last-entry")
+        added = info.get("entries-added")
+        usage.append(
+            StreamUsage(
+                name,
+                int(info["length"]),
+                0 if isinstance(used, Exception) or used is None else int(used),
+                int(added if added is not None else info["length"]),
+                _entry_ms(first[0]) if first else None,
+                _entry_ms(last[0]) if last else None,
+            )
+        )
+    return usage
+
+
+def _entry_ms(entry_id: bytes | str) -> int:
+    text = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+    return int(text.split("-", 1)[0])
+
+
+async def redis_memory(redis: Redis) -> tuple[int, int, str]:
+    """``used_memory``, ``maxmemory`` (0: none) and the eviction policy, from ``INFO memory``."""
+    info: Any = await redis.info("memory")
+    return (
+        int(info.get("used_memory", 0)),
+        int(info.get("maxmemory", 0)),
+        str(info.get("maxmemory_policy", "")),
+    )
+
+
+class RateMeter:
+    """Commands per second from successive readings of the lifecycle streams' entries-added,
+    over the last ``window_s`` seconds of readings."""
+
+    def __init__(self, window_s: float = 60.0) -> None:
+        self.window_s = window_s
+        self._readings: list[tuple[float, int]] = []
+
+    def add(self, entries_added: int, at: float | None = None) -> None:
+        now = time.monotonic() if at is None else at
+        self._readings.append((now, entries_added))
+        while len(self._readings) > 2 and now - self._readings[1][0] >= self.window_s:
+            self._readings.pop(0)
+
+    def rate(self) -> float | None:
+        if len(self._readings) < 2:
+            return None
+        (t0, n0), (t1, n1) = self._readings[0], self._readings[-1]
+        if t1 <= t0:
+            return None
+        return max(0, n1 - n0) / (t1 - t0)
+
+
+def retained_rate(lifecycle: Iterable[StreamUsage]) -> float | None:
+    """Commands per second averaged over what the lifecycle streams still hold."""
+    entries, spans = 0, 0.0
+    for s in lifecycle:
+        if s.length > 1 and s.first_ms is not None and s.last_ms is not None:
+            entries += s.length - 1
+            spans = max(spans, (s.last_ms - s.first_ms) / 1000)
+    if not entries or spans <= 0:
+        return None
+    return entries / spans
+
+
+@dataclass(frozen=True, slots=True)
+class Capacity:
+    """The capacity report of ``memworker stats`` and of the capacity gauges."""
+
+    used_memory: int
+    maxmemory: int
+    maxmemory_policy: str
+    keys: int
+    keys_scanned: int
+    scan_complete: bool
+    live_sessions: float
+    finished_sessions: float
+    dedupe_records: float
+    bytes_per_live_session: float | None
+    bytes_per_finished_session: float | None
+    bytes_per_dedupe_record: float | None
+    bytes_per_lifecycle_entry: float | None
+    bytes_per_result_entry: float | None
+    commands_per_second: float | None
+    rate_source: str
+    bytes_per_command: float | None
+    byte_seconds_per_command: float | None
+    window_bytes_now: float
+    steady_state_used_memory: float | None
+    seconds_until_full: float | None
+    verdict: str
+    streams: list[StreamUsage]
+
+    @property
+    def commands_per_second_per_gb(self) -> float | None:
+        """Sustained commands/s one GB holds at these sizes and windows."""
+        if not self.byte_seconds_per_command:
+            return None
+        return GB / self.byte_seconds_per_command
+
+    def as_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["streams"] = [
+            {**asdict(s), "bytes_per_entry": s.bytes_per_entry} for s in self.streams
+        ]
+        data["commands_per_second_per_gb"] = self.commands_per_second_per_gb
+        if data["seconds_until_full"] is not None and math.isinf(data["seconds_until_full"]):
+            data["seconds_until_full"] = None
+        return data
+
+
+def _per_entry(streams: list[StreamUsage]) -> float | None:
+    length = sum(s.length for s in streams)
+    return sum(s.bytes for s in streams) / length if length else None
+
+
+def assess(
+    settings: Settings,
+    memory: tuple[int, int, str],
+    dbsize: int,
+    sample: KeySample,
+    streams: list[StreamUsage],
+    rate: float | None,
+    rate_source: str,
+) -> Capacity:
+    """Put the measurements together: bytes per thing, per command, and time until full."""
+    used, maxmemory, policy = memory
+    lifecycle_names = set(lifecycle_streams(settings))
+    result_names = {StreamKeys(settings.stream_prefix, s).results for s in range(settings.shards)}
+    lifecycle = [s for s in streams if s.stream in lifecycle_names]
+    results = [s for s in streams if s.stream in result_names]
+    live = sample.estimate("live", dbsize)
+    finished = sample.estimate("finished", dbsize)
+    dedupes = sample.estimate(DEDUPE_KIND, dbsize)
+    per_dedupe = sample.kinds[DEDUPE_KIND].bytes_each
+    per_finished = sample.kinds["finished"].bytes_each
+    per_live = sample.kinds["live"].bytes_each
+    per_lifecycle, per_result = _per_entry(lifecycle), _per_entry(results)
+    commands_per_session = dedupes / (live + finished) if live + finished else None
+
+    # What one command leaves, and for how long.
+    parts: list[tuple[float, float]] = [
+        (per_lifecycle or 0.0, settings.retention_seconds),
+        (per_result or 0.0, settings.retention_seconds),
+        (per_dedupe or 0.0, settings.dedupe_ttl_seconds),
+    ]
+    if per_finished and commands_per_session:
+        parts.append((per_finished / commands_per_session, settings.tombstone_ttl_seconds))
+    per_command = sum(b for b, _ in parts) or None
+    byte_seconds = sum(b * s for b, s in parts) or None
+    window_now = (
+        sum(s.bytes for s in lifecycle + results)
+        + dedupes * (per_dedupe or 0.0)
+        + finished * (per_finished or 0.0)
+    )
+    steady: float | None = None
+    if rate is not None and byte_seconds is not None:
+        steady = max(0.0, used - window_now) + rate * byte_seconds
+    seconds: float | None
+    if maxmemory <= 0:
+        seconds, verdict = None, "no maxmemory set: Redis grows until the machine runs out"
+    elif rate is None:
+        seconds, verdict = None, "rate unknown (no commands seen yet)"
+    elif rate <= 0 or per_command is None:
+        seconds, verdict = math.inf, "not filling (no commands arriving)"
+    elif steady is not None and steady < maxmemory:
+        seconds = math.inf
+        verdict = (
+            f"not filling: at this rate Redis levels off at {_mb(steady)} "
+            f"({100 * steady / maxmemory:.0f} % of maxmemory)"
+        )
+    else:
+        seconds = max(0.0, (maxmemory - used) / (rate * per_command))
+        verdict = f"full in {_duration(seconds)} at this rate"
+    return Capacity(
+        used_memory=used,
+        maxmemory=maxmemory,
+        maxmemory_policy=policy,
+        keys=dbsize,
+        keys_scanned=sample.scanned,
+        scan_complete=sample.complete,
+        live_sessions=live,
+        finished_sessions=finished,
+        dedupe_records=dedupes,
+        bytes_per_live_session=per_live,
+        bytes_per_finished_session=per_finished,
+        bytes_per_dedupe_record=per_dedupe,
+        bytes_per_lifecycle_entry=per_lifecycle,
+        bytes_per_result_entry=per_result,
+        commands_per_second=rate,
+        rate_source=rate_source,
+        bytes_per_command=per_command,
+        byte_seconds_per_command=byte_seconds,
+        window_bytes_now=window_now,
+        steady_state_used_memory=steady,
+        seconds_until_full=seconds,
+        verdict=verdict,
+        streams=streams,
+    )
+
+
+async def lifecycle_entries_added(redis: Redis, settings: Settings) -> int:
+    """Commands ever added to the lifecycle streams (the rate meter's counter)."""
+    usage = await stream_usage(redis, lifecycle_streams(settings))
+    return sum(s.entries_added for s in usage)
+
+
+async def measure_capacity(
+    redis: Redis,
+    settings: Settings,
+    *,
+    rate_seconds: float = 2.0,
+    max_keys: int = 2_000,
+    max_measured: int = 50,
+) -> Capacity:
+    """One capacity report (``memworker stats``). The rate is measured over ``rate_seconds``
+    (two readings of entries-added); with 0, averaged over what the streams retain."""
+    meter = RateMeter()
+    if rate_seconds > 0:
+        meter.add(await lifecycle_entries_added(redis, settings))
+        started = time.monotonic()
+    sample, _cursor = await sample_keys(
+        redis, settings, max_keys=max_keys, max_measured=max_measured
+    )
+    dbsize = int(await redis.dbsize())
+    memory = await redis_memory(redis)
+    if rate_seconds > 0:
+        await asyncio.sleep(max(0.0, rate_seconds - (time.monotonic() - started)))
+    streams = await stream_usage(redis, memworker_streams(settings))
+    lifecycle = [s for s in streams if s.stream in set(lifecycle_streams(settings))]
+    if rate_seconds > 0:
+        meter.add(sum(s.entries_added for s in lifecycle))
+        rate, source = meter.rate(), f"entries-added over {rate_seconds:g} s"
+    else:
+        rate, source = retained_rate(lifecycle), "average over the retained lifecycle entries"
+    return assess(settings, memory, dbsize, sample, streams, rate, source)
+
+
+def _mb(value: float) -> str:
+    return f"{value / 1_000_000:,.1f} MB"
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7_200:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 172_800:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86_400:.1f} days"
+
+
+class CapacityProbe:
+    """The capacity gauges, refreshed by the lag probe at a bounded cost per refresh: one SCAN
+    page of ``keys_per_refresh`` keys (continuing the previous page's cursor), ``MEMORY
+    USAGE`` of at most ``measured_per_refresh`` sessions (7 keys each) and dedupe records,
+    ``XINFO STREAM`` + ``MEMORY USAGE`` per stream, ``INFO memory`` and ``DBSIZE``. Key
+    counts come from the last complete SCAN cycle once there is one."""
+
+    def __init__(
+        self, settings: Settings, keys_per_refresh: int = 200, measured_per_refresh: int = 10
+    ) -> None:
+        self.settings = settings
+        self.keys_per_refresh = keys_per_refresh
+        self.measured_per_refresh = measured_per_refresh
+        self.meter = RateMeter()
+        self._cursor = 0
+        self._sample = KeySample()
+        self._complete: KeySample | None = None
+        self.last: Capacity | None = None
+
+    async def refresh(self, redis: Any) -> Capacity:
+        measured = sum(k.measured for k in self._sample.kinds.values())
+        self._sample, self._cursor = await sample_keys(
+            redis,
+            self.settings,
+            cursor=self._cursor,
+            max_keys=self.keys_per_refresh,
+            max_measured=min(measured + self.measured_per_refresh, 500),
+            sample=self._sample,
+        )
+        if self._cursor == 0:  # a whole cycle seen: its counts are exact; start another
+            self._complete, self._sample = self._sample, KeySample()
+        sample = self._complete or self._sample
+        streams = await stream_usage(redis, memworker_streams(self.settings))
+        lifecycle = set(lifecycle_streams(self.settings))
+        self.meter.add(sum(s.entries_added for s in streams if s.stream in lifecycle))
+        capacity = assess(
+            self.settings,
+            await redis_memory(redis),
+            int(await redis.dbsize()),
+            sample,
+            streams,
+            self.meter.rate(),
+            f"entries-added over the last {self.meter.window_s:g} s of probes",
+        )
+        self.last = capacity
+        return capacity
+
+
+class CapacityGauges:
+    """Sets the capacity gauges of ``worker.metrics`` from a ``CapacityProbe``. A server that
+    refuses a sampling command (an ACL without ``INFO``/``SCAN``/``MEMORY``) or a Redis
+    Cluster (keys spread over nodes) turns them off with one log line; lag gauges go on."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.probe = CapacityProbe(settings)
+        self.enabled = not settings.redis_cluster
+
+    async def refresh_gauges(self, redis: Any) -> None:
+        if not self.enabled:
+            return
+        try:
+            capacity = await self.probe.refresh(redis)
+        except ResponseError as exc:
+            self.enabled = False
+            log.warning("capacity_gauges_off", error=str(exc))
+            return
+        publish_gauges(capacity)
+
+
+def publish_gauges(capacity: Capacity) -> None:
+    from worker import metrics
+
+    metrics.REDIS_USED_MEMORY.set(capacity.used_memory)
+    metrics.REDIS_MAX_MEMORY.set(capacity.maxmemory)
+    for gauge, value in (
+        (metrics.BYTES_PER_LIVE_SESSION, capacity.bytes_per_live_session),
+        (metrics.BYTES_PER_FINISHED_SESSION, capacity.bytes_per_finished_session),
+        (metrics.BYTES_PER_DEDUPE_RECORD, capacity.bytes_per_dedupe_record),
+    ):
+        if value is not None:
+            gauge.set(value)
+    for stream in capacity.streams:
+        if stream.bytes_per_entry is not None:
+            metrics.BYTES_PER_STREAM_ENTRY.labels(stream.stream).set(stream.bytes_per_entry)
+    seconds = capacity.seconds_until_full
+    metrics.SECONDS_UNTIL_FULL.set(math.inf if seconds is None else seconds)
+
+
+def _bytes(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.0f} B"
+
+
+def render_capacity(c: Capacity, settings: Settings) -> str:
+    """The capacity part of ``memworker stats``, as lines a person reads."""
+    share = f" ({100 * c.used_memory / c.maxmemory:.1f} %)" if c.maxmemory else ""
+    limit = _mb(c.maxmemory) if c.maxmemory else "no maxmemory"
+    sampled = "every key" if c.scan_complete else f"a sample of {c.keys_scanned:,} keys"
+    rate = "-" if c.commands_per_second is None else f"{c.commands_per_second:,.1f}"
+    per_gb = c.commands_per_second_per_gb
+    lines = [
+        f"Redis memory: {_mb(c.used_memory)} used of {limit}{share}, "
+        f"policy {c.maxmemory_policy or '-'}",
+        f"keys: {c.keys:,} (measured from {sampled}); estimated live sessions "
+        f"{c.live_sessions:,.0f}, finished sessions {c.finished_sessions:,.0f}, "
+        f"dedupe records {c.dedupe_records:,.0f}",
+        f"bytes per live session {_bytes(c.bytes_per_live_session)}, per finished session "
+        f"{_bytes(c.bytes_per_finished_session)}, per dedupe record "
+        f"{_bytes(c.bytes_per_dedupe_record)}, per lifecycle entry "
+        f"{_bytes(c.bytes_per_lifecycle_entry)}, per results entry "
+        f"{_bytes(c.bytes_per_result_entry)}",
+        f"one command leaves {_bytes(c.bytes_per_command)} (entries held "
+        f"{settings.retention_seconds:g} s, dedupe record {settings.dedupe_ttl_seconds} s, "
+        f"tombstone share {settings.tombstone_ttl_seconds} s): 1 GB sustains "
+        + ("-" if per_gb is None else f"{per_gb:,.1f}")
+        + " commands/s",
+        f"rate: {rate} commands/s ({c.rate_source}); {c.verdict}",
+    ]
+    return "\n".join(lines)
