@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Awaitable, Callable, Coroutine
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any, NoReturn, TypeVar
 
@@ -472,23 +473,99 @@ def replay(
     shard: Annotated[int | None, typer.Option(help="One shard (default: every shard).")] = None,
     start: Annotated[str, typer.Option("--from", help="First entry id (inclusive).")] = "-",
     end: Annotated[str, typer.Option("--to", help="Last entry id (inclusive).")] = "+",
+    since: Annotated[
+        str | None,
+        typer.Option(help="results: from this time (RFC 3339, or ago: 90m, 36h, 7d)."),
+    ] = None,
+    until: Annotated[
+        str | None, typer.Option(help="results: up to this time (RFC 3339, or ago).")
+    ] = None,
+    project: Annotated[
+        str | None, typer.Option("--project", "-p", help="results: one project only.")
+    ] = None,
+    source: Annotated[
+        str,
+        typer.Option(
+            help="results: read from the stream, or from Postgres (lifecycle_events: every "
+            "result, also those older than the stream's retention; a time range)."
+        ),
+    ] = "stream",
+    publish_to: Annotated[
+        str | None,
+        typer.Option(
+            help="results: also publish each replayed result (field data) on this stream, "
+            "for subscribers that missed them; every run publishes again (same event_ids)."
+        ),
+    ] = None,
 ) -> None:
-    """Re-apply a stream range. Effects are idempotent: replaying twice changes nothing."""
+    """Re-apply a range. Effects are idempotent: replaying twice changes nothing.
+
+    results: stores what Postgres lacks, announces episodes never announced, and with
+    --publish-to republishes the results.
+    """
     if what not in ("lifecycle", "results"):
         raise typer.BadParameter("must be lifecycle or results", param_hint="WHAT")
+    if source not in ("stream", "postgres"):
+        raise typer.BadParameter("must be stream or postgres", param_hint="--source")
     settings = settings_from_env()
     shards = [shard] if shard is not None else list(range(settings.shards))
     if any(s < 0 or s >= settings.shards for s in shards):
         raise typer.BadParameter(f"must be 0..{settings.shards - 1}", param_hint="--shard")
+    from worker.results_replay import ResultRange, parse_instant
+
+    if what == "lifecycle" and (since or until or project or publish_to or source != "stream"):
+        raise typer.BadParameter(
+            "--since, --until, --project, --source and --publish-to are for results",
+            param_hint="WHAT",
+        )
+    if source == "postgres" and (start != "-" or end != "+"):
+        raise typer.BadParameter(
+            "Postgres keeps no stream ids: name the range with --since/--until",
+            param_hint="--from/--to",
+        )
+    bounds: dict[str, Any] = {}
+    for name, value in (("since", since), ("until", until)):
+        if value is not None:
+            try:
+                bounds[name] = parse_instant(value)
+            except ValueError as exc:
+                raise typer.BadParameter(str(exc), param_hint=f"--{name}") from exc
+    if project is not None:
+        try:
+            validate_id(project, "project_id")
+        except InvalidIdError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--project") from exc
+    if publish_to is not None and publish_to in {
+        getattr(StreamKeys(settings.stream_prefix, s), kind)
+        for s in range(settings.shards)
+        for kind in ("lifecycle", "dlq")
+    }:
+        raise typer.BadParameter(
+            "results may not be published on a lifecycle or DLQ stream", param_hint="--publish-to"
+        )
+    selected = ResultRange(start, end, project=project, **bounds)
 
     async def go(redis: Redis) -> dict[str, int]:
         from worker.replay import count_range
 
         total = 0
-        for s in shards:
-            total += await count_range(
-                redis, getattr(StreamKeys(settings.stream_prefix, s), what), start, end
-            )
+        if source == "postgres":
+            from worker.db.engine import create_database_engine
+            from worker.results_replay import count_archived
+
+            engine = create_database_engine(settings.database_url)
+            try:
+                total = await count_archived(engine, selected)
+            finally:
+                await engine.dispose()
+        else:
+            low, high = selected.stream_bounds() if what == "results" else (start, end)
+            for s in shards:
+                total += await count_range(
+                    redis, getattr(StreamKeys(settings.stream_prefix, s), what), low, high
+                )
+            if what == "results":
+                await _warn_if_older_than_the_stream(redis, settings, shards, selected)
         summary: dict[str, int] = {}
         with Progress(
             TextColumn("replaying {task.description}"),
@@ -502,21 +579,60 @@ def replay(
             def advance(n: int) -> None:
                 progress.advance(task, n)
 
+            if source == "postgres":
+                from worker.results_replay import replay_results_from_postgres
+
+                counts = await replay_results_from_postgres(
+                    redis, settings, shards, selected, publish_to, advance
+                )
+                for k, v in counts.items():
+                    summary[k] = summary.get(k, 0) + v
+                return summary
             for s in shards:
                 if what == "lifecycle":
                     from worker.replay import replay_lifecycle
 
                     counts = await replay_lifecycle(redis, settings, s, start, end, advance)
                 else:
-                    from worker.consolidator import replay_results
+                    from worker.results_replay import replay_results_from_stream
 
-                    counts = await replay_results(redis, settings, s, start, end, advance)
+                    counts = await replay_results_from_stream(
+                        redis, settings, s, selected, publish_to, advance
+                    )
                 for k, v in counts.items():
                     summary[k] = summary.get(k, 0) + v
         return summary
 
     summary = run_async(with_redis(settings, go))
     out.print(" ".join(f"{k}={v}" for k, v in sorted(summary.items())) or "nothing to replay")
+
+
+async def _warn_if_older_than_the_stream(
+    redis: Redis, settings: Settings, shards: list[int], selected: Any
+) -> None:
+    """Say so when the range starts before what the stream still holds (trimmed by
+    retention): those results are in Postgres."""
+    from worker.capacity import stream_usage
+    from worker.results_replay import starts_before
+
+    low, _high = selected.stream_bounds()
+    names = [StreamKeys(settings.stream_prefix, s).results for s in shards]
+    for usage in await stream_usage(redis, names):
+        if usage.entries_added <= usage.length:
+            continue  # nothing was ever trimmed
+        if usage.first_ms is None:
+            held = "holds no results any more"
+        elif starts_before(low, usage.first_ms):
+            oldest = datetime.fromtimestamp(usage.first_ms / 1000, UTC)
+            held = f"holds results from {oldest.isoformat(timespec='seconds')} on"
+        else:
+            continue
+        err.print(
+            f"note: {usage.stream} {held} (MEMWORKER_RETENTION_SECONDS="
+            f"{settings.retention_seconds:g}); older ones are in Postgres: "
+            "replay them with --source postgres --since/--until",
+            highlight=False,
+        )
 
 
 @app.command()

@@ -1011,26 +1011,11 @@ async def replay_results(
     """Re-store a range of ``P:results:{shard}`` into Postgres; counts of what changed.
 
     ``results`` entries were read; ``new_episodes`` episodes did not exist before (or were
-    never announced); ``skipped`` entries were not results.
+    never announced); ``skipped`` entries were not results. (``worker.results_replay`` has
+    the rest: time ranges, one project, Postgres as the source, republishing.)
     """
-    from worker.replay import read_range
+    from worker.results_replay import ResultRange, replay_results_from_stream
 
-    consolidator = Consolidator(
-        settings, redis, create_database_engine(settings.database_url), consumer="replay"
+    return await replay_results_from_stream(
+        redis, settings, shard, ResultRange(start, end), progress=progress
     )
-    stream = StreamKeys(settings.stream_prefix, shard).results
-    counts: Counter[str] = Counter()
-    try:
-        async for rows in read_range(redis, stream, start, end, settings.consolidation_batch_size):
-            entries = [
-                StreamEntry(stream, _text(i), {_text(k): v for k, v in f.items()}) for i, f in rows
-            ]
-            outcome = await consolidator.replay(entries)
-            counts["results"] += outcome.stored
-            counts["new_episodes"] += outcome.episodes_announced
-            counts["skipped"] += outcome.dead_lettered
-            if progress:
-                progress(len(rows))
-    finally:
-        await consolidator.engine.dispose()
-    return counts
