@@ -37,6 +37,7 @@ from redis.exceptions import ResponseError
 from worker.keys import (
     DEDUPE_KIND,
     FINISHED_STATE,
+    SEQ_KIND,
     SESSION_KIND,
     STATE_FIELD,
     KeyKinds,
@@ -49,6 +50,8 @@ from worker.settings import Settings
 log = get_logger("worker.capacity")
 
 GB = 1_000_000_000
+MAX_MEASURED = 500
+"""Keys of one kind measured (MEMORY USAGE) in one sample at most."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +88,9 @@ class KeySample:
     scanned: int = 0
     complete: bool = False
     kinds: dict[str, KindSample] = field(
-        default_factory=lambda: {k: KindSample() for k in ("live", "finished", DEDUPE_KIND)}
+        default_factory=lambda: {
+            k: KindSample() for k in ("live", "finished", DEDUPE_KIND, SEQ_KIND)
+        }
     )
 
     def estimate(self, kind: str, dbsize: int) -> float:
@@ -106,34 +111,32 @@ async def sample_keys(
     sample: KeySample | None = None,
 ) -> tuple[KeySample, int]:
     """SCAN from ``cursor`` until ``max_keys`` keys were seen or the cycle ends; measure up to
-    ``max_measured`` sessions and dedupe records of them. Returns the sample and the cursor
-    to continue from (0: the cycle is complete)."""
+    ``max_measured`` more keys of each kind (sessions: all their keys), at most
+    ``MAX_MEASURED`` per kind in a sample. Returns the sample and the cursor to continue from
+    (0: the cycle is complete)."""
     kinds = KeyKinds(settings.stream_prefix)
     sample = sample or KeySample()
+    limits = {
+        kind: min(MAX_MEASURED, found.measured + max_measured)
+        for kind, found in sample.kinds.items()
+    }
     seen_here = 0
     while True:
         cursor, names = await redis.scan(cursor=cursor, count=min(1_000, max_keys))
         sample.scanned += len(names)
         seen_here += len(names)
-        sessions, dedupes = [], []
+        sessions: list[str] = []
+        records: dict[str, list[str]] = {DEDUPE_KIND: [], SEQ_KIND: []}
         for raw in names:
             name = raw.decode() if isinstance(raw, bytes) else raw
             kind = kinds.kind_of(name)
             if kind == SESSION_KIND:
                 sessions.append(name)
-            elif kind == DEDUPE_KIND:
-                dedupes.append(name)
-        await _measure_sessions(redis, kinds, sessions, sample, max_measured)
-        sample.kinds[DEDUPE_KIND].seen += len(dedupes)
-        room = max(0, max_measured - sample.kinds[DEDUPE_KIND].measured)
-        if dedupes[:room]:
-            pipe = redis.pipeline(transaction=False)
-            for name in dedupes[:room]:
-                pipe.memory_usage(name)
-            for used in await pipe.execute():
-                if used is not None:
-                    sample.kinds[DEDUPE_KIND].measured += 1
-                    sample.kinds[DEDUPE_KIND].bytes += int(used)
+            elif kind is not None:
+                records[kind].append(name)
+        await _measure_sessions(redis, kinds, sessions, sample, limits)
+        for kind, found in records.items():
+            await _measure_records(redis, found, sample.kinds[kind], limits[kind])
         if cursor == 0:
             sample.complete = True
             return sample, 0
@@ -141,8 +144,23 @@ async def sample_keys(
             return sample, int(cursor)
 
 
+async def _measure_records(redis: Redis, names: list[str], kind: KindSample, limit: int) -> None:
+    """Count one-key records (dedupe, seq); MEMORY USAGE until ``limit`` are measured."""
+    kind.seen += len(names)
+    room = max(0, limit - kind.measured)
+    if not names[:room]:
+        return
+    pipe = redis.pipeline(transaction=False)
+    for name in names[:room]:
+        pipe.memory_usage(name)
+    for used in await pipe.execute():
+        if used is not None:
+            kind.measured += 1
+            kind.bytes += int(used)
+
+
 async def _measure_sessions(
-    redis: Redis, kinds: KeyKinds, metas: list[str], sample: KeySample, max_measured: int
+    redis: Redis, kinds: KeyKinds, metas: list[str], sample: KeySample, limits: dict[str, int]
 ) -> None:
     """Count sessions by state; measure (MEMORY USAGE of every key) up to the budget."""
     if not metas:
@@ -152,17 +170,15 @@ async def _measure_sessions(
         pipe.hget(name, STATE_FIELD)
     states = await pipe.execute()
     to_measure: list[tuple[str, list[str]]] = []
+    planned = {kind: sample.kinds[kind].measured for kind in ("live", "finished")}
     for name, state in zip(metas, states, strict=True):
         if state is None:
             continue  # expired between SCAN and HGET
         kind = "finished" if state.decode() == FINISHED_STATE else "live"
         sample.kinds[kind].seen += 1
         session = kinds.session_of(name)
-        if (
-            session is not None
-            and sample.kinds[kind].measured + sum(1 for k, _ in to_measure if k == kind)
-            < max_measured
-        ):
+        if session is not None and planned[kind] < limits[kind]:
+            planned[kind] += 1
             to_measure.append((kind, session.all()))
     if not to_measure:
         return
@@ -284,6 +300,12 @@ class Capacity:
     dedupe_records: float
     bytes_per_live_session: float | None
     bytes_per_finished_session: float | None
+    """Its tombstone, the dedupe records of its commands and its seq counter (when its
+    commands were published with ``LifecycleClient``), while they are kept."""
+    bytes_per_tombstone: float | None
+    """What is left of the session's own keys after terminate."""
+    commands_per_session: float | None
+    """Dedupe records ÷ sessions: one record per command."""
     bytes_per_dedupe_record: float | None
     bytes_per_lifecycle_entry: float | None
     bytes_per_result_entry: float | None
@@ -339,7 +361,11 @@ def assess(
     finished = sample.estimate("finished", dbsize)
     dedupes = sample.estimate(DEDUPE_KIND, dbsize)
     per_dedupe = sample.kinds[DEDUPE_KIND].bytes_each
-    per_finished = sample.kinds["finished"].bytes_each
+    per_seq = sample.kinds[SEQ_KIND].bytes_each or 0.0
+    seq_share = sample.estimate(SEQ_KIND, dbsize) / (live + finished) if live + finished else 0.0
+    seq_share = min(1.0, seq_share)  # a session has at most one counter (publishers' choice)
+    seq_ttl = settings.session_ttl_seconds + settings.tombstone_ttl_seconds
+    per_tombstone = sample.kinds["finished"].bytes_each
     per_live = sample.kinds["live"].bytes_each
     per_lifecycle, per_result = _per_entry(lifecycle), _per_entry(results)
     commands_per_session = dedupes / (live + finished) if live + finished else None
@@ -350,15 +376,20 @@ def assess(
         (per_result or 0.0, settings.retention_seconds),
         (per_dedupe or 0.0, settings.dedupe_ttl_seconds),
     ]
-    if per_finished and commands_per_session:
-        parts.append((per_finished / commands_per_session, settings.tombstone_ttl_seconds))
+    if per_tombstone and commands_per_session:
+        parts.append((per_tombstone / commands_per_session, settings.tombstone_ttl_seconds))
+        parts.append((per_seq * seq_share / commands_per_session, seq_ttl))
     per_command = sum(b for b, _ in parts) or None
     byte_seconds = sum(b * s for b, s in parts) or None
     window_now = (
         sum(s.bytes for s in lifecycle + results)
         + dedupes * (per_dedupe or 0.0)
-        + finished * (per_finished or 0.0)
+        + finished * (per_tombstone or 0.0)
     )
+    window_now += sample.estimate(SEQ_KIND, dbsize) * per_seq
+    per_finished = per_tombstone
+    if per_tombstone is not None and per_dedupe is not None and commands_per_session:
+        per_finished = per_tombstone + commands_per_session * per_dedupe + seq_share * per_seq
     steady: float | None = None
     if rate is not None and byte_seconds is not None:
         steady = max(0.0, used - window_now) + rate * byte_seconds
@@ -390,6 +421,8 @@ def assess(
         dedupe_records=dedupes,
         bytes_per_live_session=per_live,
         bytes_per_finished_session=per_finished,
+        bytes_per_tombstone=per_tombstone,
+        commands_per_session=commands_per_session,
         bytes_per_dedupe_record=per_dedupe,
         bytes_per_lifecycle_entry=per_lifecycle,
         bytes_per_result_entry=per_result,
@@ -464,7 +497,7 @@ class CapacityProbe:
     counts come from the last complete SCAN cycle once there is one."""
 
     def __init__(
-        self, settings: Settings, keys_per_refresh: int = 200, measured_per_refresh: int = 10
+        self, settings: Settings, keys_per_refresh: int = 200, measured_per_refresh: int = 5
     ) -> None:
         self.settings = settings
         self.keys_per_refresh = keys_per_refresh
@@ -476,13 +509,12 @@ class CapacityProbe:
         self.last: Capacity | None = None
 
     async def refresh(self, redis: Any) -> Capacity:
-        measured = sum(k.measured for k in self._sample.kinds.values())
         self._sample, self._cursor = await sample_keys(
             redis,
             self.settings,
             cursor=self._cursor,
             max_keys=self.keys_per_refresh,
-            max_measured=min(measured + self.measured_per_refresh, 500),
+            max_measured=self.measured_per_refresh,
             sample=self._sample,
         )
         if self._cursor == 0:  # a whole cycle seen: its counts are exact; start another
@@ -562,7 +594,8 @@ def render_capacity(c: Capacity, settings: Settings) -> str:
         f"{c.live_sessions:,.0f}, finished sessions {c.finished_sessions:,.0f}, "
         f"dedupe records {c.dedupe_records:,.0f}",
         f"bytes per live session {_bytes(c.bytes_per_live_session)}, per finished session "
-        f"{_bytes(c.bytes_per_finished_session)}, per dedupe record "
+        f"{_bytes(c.bytes_per_finished_session)} (tombstone {_bytes(c.bytes_per_tombstone)} "
+        f"+ {c.commands_per_session or 0:.1f} dedupe records + seq counter), per dedupe record "
         f"{_bytes(c.bytes_per_dedupe_record)}, per lifecycle entry "
         f"{_bytes(c.bytes_per_lifecycle_entry)}, per results entry "
         f"{_bytes(c.bytes_per_result_entry)}",

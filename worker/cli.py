@@ -405,6 +405,12 @@ def stats(
             "that give the command rate (0: the average over what the streams retain).",
         ),
     ] = 2.0,
+    sample_keys: Annotated[
+        int,
+        typer.Option(
+            min=1, help="Keys SCAN visits to measure sessions and dedupe records (a sample)."
+        ),
+    ] = 2_000,
 ) -> None:
     """Streams and groups (length, lag, pending, consumers, dead consumers) and Redis capacity:
     memory, bytes per session, per dedupe record and per stream entry, and time until full."""
@@ -417,7 +423,10 @@ def stats(
 
         pruned = await prune(redis, settings, dead_after) if prune_dead_consumers else []
         rows = await stream_stats(redis, settings, dead_after)
-        return rows, await measure_capacity(redis, settings, rate_seconds=rate_seconds), pruned
+        capacity = await measure_capacity(
+            redis, settings, rate_seconds=rate_seconds, max_keys=sample_keys
+        )
+        return rows, capacity, pruned
 
     rows, capacity, pruned = run_async(with_redis(settings, go))
     if as_json:

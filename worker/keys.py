@@ -173,6 +173,7 @@ def escape_glob(text: str) -> str:
 
 SESSION_KIND = "session"
 DEDUPE_KIND = "dedupe"
+SEQ_KIND = "seq"
 FINISHED_STATE = "terminated"
 """The ``meta`` state of a finished session (its tombstone)."""
 
@@ -182,23 +183,25 @@ STATE_FIELD = "state"
 
 
 class KeyKinds:
-    """Classifies key names of one prefix: a session's ``meta`` key (one per session) or a
-    dedupe record; every other key (a session's other keys, seq counters, streams, other
-    applications' keys) is counted but not sampled."""
+    """Classifies key names of one prefix: a session's ``meta`` key (one per session), a
+    dedupe record or a ``LifecycleClient`` seq counter (one per session); every other key (a
+    session's other keys, streams, other applications' keys) is counted but not sampled."""
 
     def __init__(self, prefix: str) -> None:
         self.prefix = prefix
         p = re.escape(prefix)
         self._pattern = re.compile(
             rf"^{p}:\{{(?P<shard>\d+)\}}:(?:s:(?P<project>[^/]+)/(?P<session>.+):meta"
-            rf"|evt:[^/]+/.+)$"
+            rf"|(?P<kind>evt|seq):[^/]+/.+)$"
         )
 
     def kind_of(self, key: str) -> str | None:
         match = self._pattern.match(key)
         if match is None:
             return None
-        return SESSION_KIND if match["session"] is not None else DEDUPE_KIND
+        if match["session"] is not None:
+            return SESSION_KIND
+        return DEDUPE_KIND if match["kind"] == "evt" else SEQ_KIND
 
     def session_of(self, key: str) -> SessionKeys | None:
         """The session whose ``meta`` key ``key`` is (None for any other key)."""

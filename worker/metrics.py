@@ -96,11 +96,12 @@ REDIS_MAX_MEMORY = Gauge(
 )
 BYTES_PER_LIVE_SESSION = Gauge(
     "memworker_redis_bytes_per_live_session",
-    "Mean MEMORY USAGE of a live session's keys (a sample of sessions).",
+    "Mean MEMORY USAGE of a live session's keys, without its dedupe records (a sample).",
 )
 BYTES_PER_FINISHED_SESSION = Gauge(
     "memworker_redis_bytes_per_finished_session",
-    "Mean MEMORY USAGE of what a terminated session leaves (its tombstone; a sample).",
+    "Mean MEMORY USAGE of what a terminated session leaves: its tombstone and the dedupe "
+    "records of its commands (a sample).",
 )
 BYTES_PER_DEDUPE_RECORD = Gauge(
     "memworker_redis_bytes_per_dedupe_record", "Mean MEMORY USAGE of a dedupe record (a sample)."

@@ -17,7 +17,7 @@ from redis.asyncio import Redis
 from tests.helpers import running_worker
 from tests.integration.test_client_and_cli import memworker
 from tests.redis_process import RedisProcess
-from worker.capacity import CapacityGauges, measure_capacity
+from worker.capacity import measure_capacity
 from worker.client import LifecycleClient
 from worker.keys import CONSOLIDATION_GROUP, StreamKeys
 from worker.settings import Settings
@@ -47,8 +47,10 @@ async def test_stats_measures_bytes_per_live_and_finished_session_and_per_entry(
     # Other tests share the server: every estimate counts at least this test's keys.
     assert capacity["live_sessions"] >= 3 and capacity["finished_sessions"] >= 4
     assert capacity["dedupe_records"] >= 11
-    live, finished = capacity["bytes_per_live_session"], capacity["bytes_per_finished_session"]
-    assert live > finished > 0, "a live session holds more than its tombstone"
+    live, tombstone = capacity["bytes_per_live_session"], capacity["bytes_per_tombstone"]
+    assert live > tombstone > 0, "a live session holds more than its tombstone"
+    # A finished session leaves its tombstone and a dedupe record per command (2 or 1 here).
+    assert capacity["bytes_per_finished_session"] > tombstone + capacity["bytes_per_dedupe_record"]
     assert capacity["bytes_per_dedupe_record"] > 0
     assert capacity["bytes_per_lifecycle_entry"] > 0 and capacity["bytes_per_result_entry"] > 0
     assert capacity["commands_per_second_per_gb"] > 0
@@ -70,8 +72,8 @@ async def test_a_session_measured_alone_matches_memory_usage_of_its_keys(
     async for key in redis.scan_iter(match=f"{settings.stream_prefix}:{{*}}:s:p/s0:*"):
         tombstone += int(await redis.memory_usage(key) or 0)
     # Other tests' tombstones may be sampled too, but they have this layout and similar sizes.
-    assert capacity.bytes_per_finished_session is not None
-    assert capacity.bytes_per_finished_session == pytest.approx(tombstone, rel=0.5)
+    assert capacity.bytes_per_tombstone is not None
+    assert capacity.bytes_per_tombstone == pytest.approx(tombstone, rel=0.5)
 
 
 @pytest.fixture
@@ -146,11 +148,10 @@ def gauge(name: str, **labels: str) -> float | None:
 async def test_the_lag_probe_refreshes_the_capacity_gauges(
     redis: Redis, settings: Settings
 ) -> None:
-    async with running_worker(settings):
+    async with running_worker(settings) as worker:
         await finish_sessions(redis, settings, live=2, finished=2)
-    gauges = CapacityGauges(settings)
-    for _ in range(3):  # the rate needs two readings
-        await gauges.refresh_gauges(redis)
+        for _ in range(3):  # the rate needs two readings
+            await worker.probe_lag()
     assert (gauge("memworker_redis_used_memory_bytes") or 0) > 0
     assert gauge("memworker_redis_max_memory_bytes") == 0
     assert (gauge("memworker_redis_bytes_per_finished_session") or 0) > 0
@@ -174,11 +175,32 @@ async def test_stats_marks_dead_consumers_and_prunes_only_those_without_pending_
     # A consumer that read an entry and died holding it; one that died with nothing pending.
     await redis.xreadgroup(CONSOLIDATION_GROUP, "gone-holding", {results: ">"}, count=1)
     await redis.xgroup_createconsumer(results, CONSOLIDATION_GROUP, "gone-empty")
-    await asyncio.sleep(1.2)
-    await redis.xgroup_createconsumer(results, CONSOLIDATION_GROUP, "alive")
+    await asyncio.sleep(2.2)
+    async with reading(redis, results, "alive"):
+        await show_prune_and_check(redis, settings, results)
 
+
+@contextlib.asynccontextmanager
+async def reading(redis: Redis, stream: str, consumer: str) -> AsyncIterator[None]:
+    """A live consumer: it reads (and finds nothing new) every 100 ms during the block."""
+
+    async def read_forever() -> None:
+        while True:
+            await redis.xreadgroup(CONSOLIDATION_GROUP, consumer, {stream: ">"}, block=100)
+
+    task = asyncio.create_task(read_forever())
+    await asyncio.sleep(0.2)
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def show_prune_and_check(redis: Redis, settings: Settings, results: str) -> None:
     shown = await asyncio.to_thread(
-        memworker, settings, "stats", "--json", "--dead-after", "1", "--rate-seconds", "0"
+        memworker, settings, "stats", "--json", "--dead-after", "2", "--rate-seconds", "0"
     )
     assert shown.returncode == 0, shown.stderr
     row = next(
@@ -190,7 +212,7 @@ async def test_stats_marks_dead_consumers_and_prunes_only_those_without_pending_
     assert row["dead_consumers"] == ["gone-empty"]
     assert row["stalled_consumers"] == ["gone-holding"]
     table = await asyncio.to_thread(
-        memworker, settings, "stats", "--dead-after", "1", "--rate-seconds", "0"
+        memworker, settings, "stats", "--dead-after", "2", "--rate-seconds", "0"
     )
     assert "3 (2 dead)" in table.stdout
     assert "memworker stats --prune-dead-consumers" in table.stdout
@@ -201,7 +223,7 @@ async def test_stats_marks_dead_consumers_and_prunes_only_those_without_pending_
         "stats",
         "--prune-dead-consumers",
         "--dead-after",
-        "1",
+        "2",
         "--rate-seconds",
         "0",
     )
