@@ -35,8 +35,8 @@ def defined_series() -> dict[str, set[str]]:
     series: dict[str, set[str]] = {}
     for value in vars(metrics).values():
         if isinstance(value, MetricWrapperBase):
-            name, kind = value._name, value._type  # type: ignore[attr-defined]
-            labels = set(value._labelnames) | TARGET_LABELS  # type: ignore[attr-defined]
+            name, kind = value._name, str(value._type)
+            labels = set(value._labelnames) | TARGET_LABELS
             if kind == "histogram":
                 labels.add("le")
             for suffix in SUFFIXES[kind]:

@@ -20,8 +20,9 @@ from redis.exceptions import AuthenticationError, NoPermissionError
 
 from tests.deploy.acl_redis import AclRedis
 from tests.helpers import running_worker, wait_until
+from worker.capacity import measure_capacity
 from worker.client import LifecycleClient
-from worker.inspection import stream_stats
+from worker.inspection import prune_dead_consumers, stream_stats
 from worker.keys import (
     CONSOLIDATION_GROUP,
     LIFECYCLE_GROUP,
@@ -143,9 +144,14 @@ async def test_commands_published_as_the_publisher_are_applied_by_the_worker_as_
 
             await wait_until(dead_lettered, timeout=20)
 
-            # The background loops (reclaim, retention) run as the same user.
+            # The background loops (reclaim, retention, lag and capacity probe) run as the
+            # same user.
             assert await worker.reclaim_once(shard) >= 0
             assert await worker.trim_once() >= 0
+            await worker.probe_lag()
+            assert worker.capacity.enabled, "the capacity sampling was refused"
+            measured = worker.capacity.probe.last
+            assert measured is not None and measured.used_memory > 0
     finally:
         await publisher.close()
     await assert_no_denials(admin)
@@ -309,6 +315,15 @@ async def test_the_operator_inspects_streams_but_cannot_flush_or_change_users(
     operator = clients["operator"]
     rows = await stream_stats(operator, settings_for(acl_server, "operator"))
     assert any(r.stream == streams.lifecycle and r.length == 1 for r in rows)
+    # memworker stats: capacity sampling and pruning dead consumers.
+    capacity = await measure_capacity(
+        operator, settings_for(acl_server, "operator"), rate_seconds=0
+    )
+    assert capacity.used_memory > 0 and capacity.bytes_per_lifecycle_entry
+    await admin.xgroup_createconsumer(streams.lifecycle, LIFECYCLE_GROUP, "gone")
+    await asyncio.sleep(1.1)
+    pruned = await prune_dead_consumers(operator, settings_for(acl_server, "operator"), 1)
+    assert pruned == [(streams.lifecycle, LIFECYCLE_GROUP, "gone")]
     assert await operator.xrange(streams.lifecycle)
     await refused(operator.flushall())
     await refused(operator.flushdb())

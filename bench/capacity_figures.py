@@ -1,0 +1,101 @@
+"""Capacity figures at the current settings, as `memworker stats` measures them.
+
+    .venv/bin/python bench/capacity_figures.py [--redis-url URL] [--finished 1000] [--live 200]
+
+A lifecycle worker (in this process) applies, for ``--finished`` sessions, spawn (4 small
+variables), pause, resume and terminate (with a lesson), and spawn only for ``--live`` more,
+all published with ``LifecycleClient`` (so each session has a seq counter). Then ``memworker
+stats --json --rate-seconds 0`` reads every key of the run (``--sample-keys`` above the key
+count: exact counts, every session measured) and the figures of its capacity section are
+printed. The key prefix is 6 characters, as long as the default ``agents``, so key names (and
+bytes) are those of a default deployment; every key of the run is deleted afterwards.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import uuid
+
+from harness import DEFAULT_REDIS_URL, cleanup
+from redis.asyncio import Redis
+
+from worker.client import LifecycleClient
+from worker.lifecycle import LifecycleWorker
+from worker.logs import configure_logging
+from worker.settings import Settings
+
+FIGURES = (
+    "bytes_per_live_session",
+    "bytes_per_tombstone",
+    "commands_per_session",
+    "bytes_per_dedupe_record",
+    "bytes_per_finished_session",
+    "bytes_per_lifecycle_entry",
+    "bytes_per_result_entry",
+    "bytes_per_command",
+    "byte_seconds_per_command",
+    "commands_per_second_per_gb",
+)
+
+
+async def workload(settings: Settings, finished: int, live: int) -> None:
+    redis = Redis.from_url(settings.redis_url)
+    worker = LifecycleWorker(settings)
+    stop = asyncio.Event()
+    running = asyncio.create_task(worker.run(stop))
+    try:
+        client = LifecycleClient(redis, settings)
+        state = {"goal": "summarise the docs", "step": 1, "notes": "short", "done": False}
+        last = ""
+        for n in range(finished + live):
+            last = await client.spawn("demo", f"s{n}", "agent-1", state)
+            if n < finished:
+                await client.pause("demo", f"s{n}", "agent-1")
+                await client.resume("demo", f"s{n}", "agent-1")
+                last = await client.terminate(
+                    "demo", f"s{n}", "agent-1", lessons_learned=["it works"]
+                )
+        await client.wait(last, timeout=120)
+    finally:
+        stop.set()
+        await running
+        await redis.aclose()
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--redis-url", default=DEFAULT_REDIS_URL)
+    parser.add_argument("--finished", type=int, default=1000)
+    parser.add_argument("--live", type=int, default=200)
+    args = parser.parse_args()
+    configure_logging("WARNING")
+    prefix = "c" + uuid.uuid4().hex[:5]  # as long as "agents"
+    settings = Settings(redis_url=args.redis_url, stream_prefix=prefix)
+    try:
+        await workload(settings, args.finished, args.live)
+        env = {**os.environ, "REDIS_URL": args.redis_url, "MEMWORKER_STREAM_PREFIX": prefix}
+        command = [sys.executable, "-m", "worker.cli", "stats", "--json", "--rate-seconds", "0"]
+        stats = subprocess.run(
+            [*command, "--sample-keys", "100000000"],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        capacity = json.loads(stats.stdout)["capacity"]
+        for name in FIGURES:
+            value = capacity[name]
+            print(f"{name:28s} {value:,.1f}" if value is not None else f"{name:28s} -")
+    finally:
+        redis = Redis.from_url(args.redis_url)
+        await cleanup(redis, prefix)
+        await redis.aclose()
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
