@@ -18,6 +18,10 @@ code. Steps 1 and 2 are idempotent: replaying twice changes nothing. Step 3 is a
 each run publishes again, with the same deterministic result ``event_id`` s, which is how a
 subscriber drops what it has already seen (it must do so for any redelivery).
 
+Postgres holds what the consolidator has stored: a result it has not reached yet is only in
+the stream. A session id used again after its tombstone expired has one episode (the first),
+so a second ``agent.terminated`` of it comes back from Postgres without its snapshot.
+
 A range in Postgres is a time range over the result's ``occurred_at`` (the stream ids are not
 kept there); in the stream it is an id range, and a time range is turned into ids (an id's
 first part is the millisecond the entry was added). Postgres is read in one pass, ordered by
@@ -39,7 +43,7 @@ from redis.asyncio import Redis
 from sqlalchemy import Select, and_, func, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from worker.consolidator import Consolidator, StreamEntry
+from worker.consolidator import Consolidator, StreamEntry, UnusableEntryError, decode_entry
 from worker.db.engine import create_database_engine
 from worker.db.models import Episode, LifecycleEvent
 from worker.keys import StreamKeys, shard_of
@@ -142,12 +146,21 @@ class ResultReplayer:
         self.counts["new_episodes"] += outcome.episodes_announced
         self.counts["skipped"] += outcome.dead_lettered
         if self.publish_to is not None:
+            results = [e for e in entries if _is_result(e)]
             pipe = self.redis.pipeline(transaction=False)
-            for entry in entries:
+            for entry in results:
                 fields = {k: v for k, v in entry.fields.items() if k in ("data", "traceparent")}
                 pipe.xadd(self.publish_to, fields)  # type: ignore[arg-type]
             await pipe.execute()
-            self.counts["published"] += len(entries)
+            self.counts["published"] += len(results)
+
+
+def _is_result(entry: StreamEntry) -> bool:
+    """An entry worth republishing: a JSON object in ``data`` (junk is skipped, as stored)."""
+    try:
+        return "event_id" in decode_entry(entry.fields)
+    except UnusableEntryError:
+        return False
 
 
 async def replay_results_from_stream(

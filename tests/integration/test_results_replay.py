@@ -209,3 +209,20 @@ def test_results_may_not_be_republished_onto_the_command_stream(settings: Settin
     done = memworker(settings, "replay", "results", "--publish-to", lifecycle)
     assert done.returncode == 2
     assert "may not be published on a lifecycle or DLQ stream" in words(done.stderr)
+
+
+async def test_junk_in_the_results_stream_is_skipped_and_not_republished(
+    redis: Redis, live: Settings
+) -> None:
+    async with running_worker(live):
+        await run_sessions(redis, live, "pa", 1)
+    await redis.xadd(StreamKeys(live.stream_prefix, 0).results, {"data": b"not json"})
+    target = f"{live.stream_prefix}:x"
+    done = await replay(live, "--publish-to", target)
+    assert done == {"new_episodes": 1, "published": 4, "results": 4, "skipped": 1}
+    assert [r["type"] for r in await published(redis, target)] == [
+        "agent.spawned",
+        "agent.paused",
+        "agent.resumed",
+        "agent.terminated",
+    ]
