@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from redis.asyncio import Redis
-from redis.exceptions import ResponseError
+from redis.exceptions import NoPermissionError, ResponseError
 
 from worker.keys import (
     DEDUPE_KIND,
@@ -551,10 +551,19 @@ class CapacityGauges:
         try:
             capacity = await self.probe.refresh(redis)
         except ResponseError as exc:
-            self.enabled = False
-            log.warning("capacity_gauges_off", error=str(exc))
+            if is_refused(exc):
+                self.enabled = False
+                log.warning("capacity_gauges_off", error=str(exc))
+            else:  # a passing condition of the server: try again at the next probe
+                log.warning("capacity_probe_failed", error=str(exc))
             return
         publish_gauges(capacity)
+
+
+def is_refused(exc: ResponseError) -> bool:
+    """The server will never answer these sampling commands (ACL, or not implemented)."""
+    text = str(exc).lower()
+    return isinstance(exc, NoPermissionError) or "unknown command" in text or "noperm" in text
 
 
 def publish_gauges(capacity: Capacity) -> None:

@@ -233,3 +233,25 @@ async def show_prune_and_check(redis: Redis, settings: Settings, results: str) -
     assert set(left) == {"gone-holding", "alive"}
     # The entry the dead consumer held is still pending, to be reclaimed: nothing was lost.
     assert (await redis.xpending(results, CONSOLIDATION_GROUP))["pending"] == 1
+
+
+async def test_a_server_that_refuses_sampling_turns_the_capacity_gauges_off_not_the_probe(
+    capped_redis: RedisProcess, prefix: str
+) -> None:
+    admin = Redis.from_url(capped_redis.url)
+    await admin.acl_setuser(
+        "no-memory", enabled=True, nopass=True, keys=["*"], commands=["+@all", "-memory"]
+    )
+    settings = Settings(
+        redis_url=capped_redis.url.replace("redis://", "redis://no-memory:x@"), stream_prefix=prefix
+    )
+    try:
+        async with running_worker(settings) as worker:
+            await LifecycleClient(admin, settings).spawn("p", "s1", "a")
+            await worker.probe_lag()  # lag gauges refreshed, no exception
+            assert not worker.capacity.enabled
+            await worker.probe_lag()
+            lifecycle = StreamKeys(prefix, 0).lifecycle
+            assert gauge("memworker_stream_lag", stream=lifecycle, group="lifecycle") is not None
+    finally:
+        await admin.aclose()
