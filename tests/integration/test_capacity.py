@@ -255,3 +255,21 @@ async def test_a_server_that_refuses_sampling_turns_the_capacity_gauges_off_not_
             assert gauge("memworker_stream_lag", stream=lifecycle, group="lifecycle") is not None
     finally:
         await admin.aclose()
+
+
+async def test_a_worker_of_a_previous_run_shows_as_dead_and_is_pruned(
+    redis: Redis, settings: Settings
+) -> None:
+    async with running_worker(settings, consumer="previous-run"):
+        await finish_sessions(redis, settings, live=1, finished=0)
+    await asyncio.sleep(1.1)
+    lifecycle = StreamKeys(settings.stream_prefix, 0).lifecycle
+    args = ("stats", "--json", "--dead-after", "1", "--rate-seconds", "0")
+    shown = json.loads((await asyncio.to_thread(memworker, settings, *args)).stdout)
+    row = next(r for r in shown["streams"] if r["stream"] == lifecycle)
+    assert row["dead_consumers"] == ["previous-run"]
+    pruned = await asyncio.to_thread(memworker, settings, *args, "--prune-dead-consumers")
+    assert json.loads(pruned.stdout)["pruned_consumers"] == [
+        {"stream": lifecycle, "group": "lifecycle", "consumer": "previous-run"}
+    ]
+    assert await redis.xinfo_consumers(lifecycle, "lifecycle") == []
