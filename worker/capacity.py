@@ -409,6 +409,11 @@ def assess(
     else:
         seconds = max(0.0, (maxmemory - used) / (rate * per_command))
         verdict = f"full in {_duration(seconds)} at this rate"
+    if maxmemory > 0 and policy != "noeviction":
+        verdict += (
+            f"; maxmemory-policy {policy} evicts memworker's keys (sessions, dedupe records, "
+            "tombstones) instead of refusing writes: set noeviction"
+        )
     return Capacity(
         used_memory=used,
         maxmemory=maxmemory,

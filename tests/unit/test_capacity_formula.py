@@ -94,3 +94,10 @@ def test_the_rate_is_entries_added_over_the_readings_of_the_last_window() -> Non
     for t in range(20, 200, 10):
         meter.add(1_500 + 10 * t, at=float(t))
     assert meter.rate() == pytest.approx(10)  # the early, faster part has aged out
+
+
+def test_an_evicting_policy_is_called_out() -> None:
+    sample, streams = measured()
+    c = assess(SETTINGS, (10 * MB, 100 * MB, "allkeys-lru"), 1_000, sample, streams, 1.0, "t")
+    assert "maxmemory-policy allkeys-lru evicts memworker's keys" in c.verdict
+    assert "set noeviction" in c.verdict
