@@ -7,8 +7,12 @@ variables), pause, resume and terminate (with a lesson), and spawn only for ``--
 all published with ``LifecycleClient`` (so each session has a seq counter). Then ``memworker
 stats --json --rate-seconds 0`` reads every key of the run (``--sample-keys`` above the key
 count: exact counts, every session measured) and the figures of its capacity section are
-printed. The key prefix is 6 characters, as long as the default ``agents``, so key names (and
-bytes) are those of a default deployment; every key of the run is deleted afterwards.
+printed. Then the cost of the capacity gauges: ``--refreshes`` refreshes of the lag probe's
+``CapacityProbe`` over the same keys, with the Redis CPU of each sampling command from ``INFO
+commandstats`` (other clients of the server count too: use a quiet one) and this process's
+CPU time, per refresh. The key prefix is 6 characters, as long as the default ``agents``, so
+key names (and bytes) are those of a default deployment; every key of the run is deleted
+afterwards.
 """
 
 from __future__ import annotations
@@ -19,11 +23,13 @@ import json
 import os
 import subprocess
 import sys
+import time
 import uuid
 
 from harness import DEFAULT_REDIS_URL, cleanup
 from redis.asyncio import Redis
 
+from worker.capacity import CapacityProbe
 from worker.client import LifecycleClient
 from worker.lifecycle import LifecycleWorker
 from worker.logs import configure_logging
@@ -67,11 +73,47 @@ async def workload(settings: Settings, finished: int, live: int) -> None:
         await redis.aclose()
 
 
+SAMPLING_COMMANDS = ("scan", "memory|usage", "hget", "xinfo|stream", "info", "dbsize")
+
+
+async def command_stats(redis: Redis) -> dict[str, tuple[int, int]]:
+    info = await redis.info("commandstats")
+    return {
+        c: (
+            info.get(f"cmdstat_{c}", {}).get("calls", 0),
+            info.get(f"cmdstat_{c}", {}).get("usec", 0),
+        )
+        for c in SAMPLING_COMMANDS
+    }
+
+
+async def probe_cost(settings: Settings, refreshes: int) -> None:
+    """Redis and Python CPU per refresh of the capacity gauges."""
+    redis = Redis.from_url(settings.redis_url)
+    probe = CapacityProbe(settings)
+    try:
+        before, cpu = await command_stats(redis), time.process_time()
+        for _ in range(refreshes):
+            await probe.refresh(redis)
+        python_ms = (time.process_time() - cpu) / refreshes * 1000
+        after = await command_stats(redis)
+    finally:
+        await redis.aclose()
+    total = 0.0
+    for name in SAMPLING_COMMANDS:
+        calls = (after[name][0] - before[name][0]) / refreshes
+        usec = (after[name][1] - before[name][1]) / refreshes
+        total += usec
+        print(f"probe {name:22s} {calls:6.1f} calls {usec:7.1f} us per refresh")
+    print(f"probe Redis CPU {total:.0f} us, Python CPU {python_ms:.2f} ms per refresh")
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--redis-url", default=DEFAULT_REDIS_URL)
     parser.add_argument("--finished", type=int, default=1000)
     parser.add_argument("--live", type=int, default=200)
+    parser.add_argument("--refreshes", type=int, default=200)
     args = parser.parse_args()
     configure_logging("WARNING")
     prefix = "c" + uuid.uuid4().hex[:5]  # as long as "agents"
@@ -91,6 +133,7 @@ async def main() -> None:
         for name in FIGURES:
             value = capacity[name]
             print(f"{name:28s} {value:,.1f}" if value is not None else f"{name:28s} -")
+        await probe_cost(settings, args.refreshes)
     finally:
         redis = Redis.from_url(args.redis_url)
         await cleanup(redis, prefix)
