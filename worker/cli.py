@@ -423,6 +423,8 @@ def stats(
 
         pruned = await prune(redis, settings, dead_after) if prune_dead_consumers else []
         rows = await stream_stats(redis, settings, dead_after)
+        if settings.redis_cluster:  # keys spread over the nodes: no one SCAN sees them
+            return rows, None, pruned
         capacity = await measure_capacity(
             redis, settings, rate_seconds=rate_seconds, max_keys=sample_keys
         )
@@ -434,7 +436,7 @@ def stats(
             json.dumps(
                 {
                     "streams": [r.as_dict() for r in rows],
-                    "capacity": capacity.as_dict(),
+                    "capacity": None if capacity is None else capacity.as_dict(),
                     "pruned_consumers": [
                         {"stream": s, "group": g, "consumer": c} for s, g, c in pruned
                     ],
@@ -469,6 +471,9 @@ def stats(
         out.print(f"pruned consumer {consumer} of {stream} {group}")
     if any(r.dead_consumers for r in rows) and not prune_dead_consumers:
         out.print("remove dead consumers with: memworker stats --prune-dead-consumers")
+    if capacity is None:
+        out.print("capacity: not measured on a Redis Cluster (keys are spread over the nodes)")
+        return
     from worker.capacity import render_capacity
 
     out.print(render_capacity(capacity, settings), highlight=False)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import subprocess
+import sys
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -10,7 +13,7 @@ from typing import Any
 import orjson
 import pytest
 
-from tests.helpers import running_worker, wait_until
+from tests.helpers import running_worker, wait_until, worker_env
 from tests.redis_cluster import redis_cluster
 from worker.client import LifecycleClient
 from worker.connections import client_for, shard_urls
@@ -134,3 +137,32 @@ async def test_the_consolidator_stores_episodes_from_every_shard_of_a_cluster(
         await engine.dispose()
     assert count == 20
     await redis.aclose()
+
+
+async def test_stats_on_a_cluster_lists_every_shard_and_says_capacity_is_not_measured(
+    cluster_settings: Settings,
+) -> None:
+    def memworker(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "worker.cli", *args],
+            env=worker_env(cluster_settings, MEMWORKER_REDIS_CLUSTER="true"),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+
+    async with running_worker(cluster_settings):
+        client = LifecycleClient(settings=cluster_settings)
+        try:
+            await client.wait(await client.spawn("p", "s1", "a"), timeout=10)
+        finally:
+            await client.close()
+    done = await asyncio.to_thread(memworker, "stats", "--rate-seconds", "0")
+    assert done.returncode == 0, done.stderr
+    assert "capacity: not measured on a Redis Cluster" in done.stdout
+    shown = await asyncio.to_thread(memworker, "stats", "--json")
+    data = orjson.loads(shown.stdout)
+    assert data["capacity"] is None
+    lifecycle = {StreamKeys(cluster_settings.stream_prefix, i).lifecycle for i in range(4)}
+    assert lifecycle <= {row["stream"] for row in data["streams"]}
