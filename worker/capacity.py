@@ -25,12 +25,14 @@ per session, held ``tombstone_ttl_seconds``). At ``r`` commands/s the windows ho
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import orjson
 from redis.asyncio import Redis
 from redis.exceptions import NoPermissionError, ResponseError
 
@@ -350,8 +352,13 @@ def assess(
     streams: list[StreamUsage],
     rate: float | None,
     rate_source: str,
+    recent_commands_per_session: float | None = None,
 ) -> Capacity:
-    """Put the measurements together: bytes per thing, per command, and time until full."""
+    """Put the measurements together: bytes per thing, per command, and time until full.
+
+    Commands per session are dedupe records ÷ sessions (one record per command, over the
+    dedupe window); without dedupe records to count, ``recent_commands_per_session`` (commands
+    ÷ spawns among the newest lifecycle entries, see ``recent_commands_per_session``)."""
     used, maxmemory, policy = memory
     lifecycle_names = set(lifecycle_streams(settings))
     result_names = {StreamKeys(settings.stream_prefix, s).results for s in range(settings.shards)}
@@ -368,7 +375,8 @@ def assess(
     per_tombstone = sample.kinds["finished"].bytes_each
     per_live = sample.kinds["live"].bytes_each
     per_lifecycle, per_result = _per_entry(lifecycle), _per_entry(results)
-    commands_per_session = dedupes / (live + finished) if live + finished else None
+    commands_per_session = dedupes / (live + finished) if live + finished and dedupes else None
+    commands_per_session = commands_per_session or recent_commands_per_session
 
     # What one command leaves, and for how long.
     parts: list[tuple[float, float]] = [
@@ -443,6 +451,23 @@ def assess(
     )
 
 
+async def recent_commands_per_session(
+    redis: Redis, settings: Settings, count: int = 500
+) -> float | None:
+    """Commands ÷ spawns among the newest ``count`` lifecycle entries (None: no spawn among
+    them): what one session costs in commands, whatever the key layout."""
+    commands = spawns = 0
+    per_stream = max(1, count // settings.shards)
+    for stream in lifecycle_streams(settings):
+        rows: Any = await redis.xrevrange(stream, count=per_stream)
+        for _id, fields in rows:
+            commands += 1
+            with contextlib.suppress(orjson.JSONDecodeError, AttributeError, TypeError):
+                if orjson.loads(fields.get(b"data", b"{}")).get("type") == "spawn":
+                    spawns += 1
+    return commands / spawns if spawns else None
+
+
 async def lifecycle_entries_added(redis: Redis, settings: Settings) -> int:
     """Commands ever added to the lifecycle streams (the rate meter's counter)."""
     usage = await stream_usage(redis, lifecycle_streams(settings))
@@ -477,7 +502,10 @@ async def measure_capacity(
         rate, source = meter.rate(), f"entries-added over {rate_seconds:g} s"
     else:
         rate, source = retained_rate(lifecycle), "average over the retained lifecycle entries"
-    return assess(settings, memory, dbsize, sample, streams, rate, source)
+    recent = None
+    if not sample.kinds[DEDUPE_KIND].seen:
+        recent = await recent_commands_per_session(redis, settings)
+    return assess(settings, memory, dbsize, sample, streams, rate, source, recent)
 
 
 def _mb(value: float) -> str:
@@ -511,6 +539,8 @@ class CapacityProbe:
         self._cursor = 0
         self._sample = KeySample()
         self._complete: KeySample | None = None
+        self._recent: float | None = None
+        self._recent_stale = True
         self.last: Capacity | None = None
 
     async def refresh(self, redis: Any) -> Capacity:
@@ -524,7 +554,11 @@ class CapacityProbe:
         )
         if self._cursor == 0:  # a whole cycle seen: its counts are exact; start another
             self._complete, self._sample = self._sample, KeySample()
+            self._recent_stale = True
         sample = self._complete or self._sample
+        if self._recent_stale and not sample.kinds[DEDUPE_KIND].seen:  # once a cycle
+            self._recent = await recent_commands_per_session(redis, self.settings)
+            self._recent_stale = False
         streams = await stream_usage(redis, memworker_streams(self.settings))
         lifecycle = set(lifecycle_streams(self.settings))
         self.meter.add(sum(s.entries_added for s in streams if s.stream in lifecycle))
@@ -536,6 +570,7 @@ class CapacityProbe:
             streams,
             self.meter.rate(),
             f"entries-added over the last {self.meter.window_s:g} s of probes",
+            self._recent,
         )
         self.last = capacity
         return capacity

@@ -38,15 +38,17 @@ async def test_stats_measures_bytes_per_live_and_finished_session_and_per_entry(
 ) -> None:
     async with running_worker(settings):
         await finish_sessions(redis, settings, live=3, finished=4)
-    done = await asyncio.to_thread(memworker, settings, "stats", "--json", "--rate-seconds", "0")
+    # Every key read (a sample of the whole keyspace would estimate the counts).
+    every = ("--rate-seconds", "0", "--sample-keys", "1000000000")
+    done = await asyncio.to_thread(memworker, settings, "stats", "--json", *every)
     assert done.returncode == 0, done.stderr
     capacity = json.loads(done.stdout)["capacity"]
     assert capacity["used_memory"] > 0
     # The shared server has no maxmemory (and must never get one from a test).
     assert capacity["maxmemory"] == 0 and capacity["verdict"].startswith("no maxmemory")
-    # Other tests share the server: every estimate counts at least this test's keys.
-    assert capacity["live_sessions"] >= 3 and capacity["finished_sessions"] >= 4
-    assert capacity["dedupe_records"] >= 11
+    # Only this test's prefix is counted, whatever else the server holds.
+    assert capacity["live_sessions"] == 3 and capacity["finished_sessions"] == 4
+    assert capacity["dedupe_records"] == 11
     live, tombstone = capacity["bytes_per_live_session"], capacity["bytes_per_tombstone"]
     assert live > tombstone > 0, "a live session holds more than its tombstone"
     # A finished session leaves its tombstone and a dedupe record per command (2 or 1 here).
@@ -55,7 +57,7 @@ async def test_stats_measures_bytes_per_live_and_finished_session_and_per_entry(
     assert capacity["bytes_per_lifecycle_entry"] > 0 and capacity["bytes_per_result_entry"] > 0
     assert capacity["commands_per_second_per_gb"] > 0
 
-    table = await asyncio.to_thread(memworker, settings, "stats", "--rate-seconds", "0")
+    table = await asyncio.to_thread(memworker, settings, "stats", *every)
     assert table.returncode == 0, table.stderr
     assert "Redis memory:" in table.stdout and "per finished session" in table.stdout
     assert "no maxmemory" in table.stdout
@@ -71,9 +73,8 @@ async def test_a_session_measured_alone_matches_memory_usage_of_its_keys(
     tombstone = 0
     async for key in redis.scan_iter(match=f"{settings.stream_prefix}:{{*}}:s:p/s0:*"):
         tombstone += int(await redis.memory_usage(key) or 0)
-    # Other tests' tombstones may be sampled too, but they have this layout and similar sizes.
     assert capacity.bytes_per_tombstone is not None
-    assert capacity.bytes_per_tombstone == pytest.approx(tombstone, rel=0.5)
+    assert capacity.bytes_per_tombstone == tombstone
 
 
 @pytest.fixture
@@ -146,16 +147,29 @@ def gauge(name: str, **labels: str) -> float | None:
 
 
 async def test_the_lag_probe_refreshes_the_capacity_gauges(
-    redis: Redis, settings: Settings
+    capped_redis: RedisProcess, prefix: str
 ) -> None:
-    async with running_worker(settings) as worker:
-        await finish_sessions(redis, settings, live=2, finished=2)
-        for _ in range(3):  # the rate needs two readings
-            await worker.probe_lag()
-    assert (gauge("memworker_redis_used_memory_bytes") or 0) > 0
+    # A server of its own: every key is this test's, so a probe's SCAN page sees them.
+    settings = Settings(redis_url=capped_redis.url, stream_prefix=prefix)
+    redis = Redis.from_url(capped_redis.url)
+    try:
+        async with running_worker(settings) as worker:
+            await finish_sessions(redis, settings, live=2, finished=2)
+            for _ in range(3):  # the rate needs two readings
+                await worker.probe_lag()
+        measured = worker.capacity.probe.last  # the last refresh, the worker stopped
+    finally:
+        await redis.aclose()
+    assert measured is not None
+    assert gauge("memworker_redis_used_memory_bytes") == measured.used_memory > 0
     assert gauge("memworker_redis_max_memory_bytes") == 0
-    assert (gauge("memworker_redis_bytes_per_finished_session") or 0) > 0
-    assert (gauge("memworker_redis_bytes_per_live_session") or 0) > 0
+    assert measured.bytes_per_finished_session and measured.bytes_per_live_session
+    assert gauge("memworker_redis_bytes_per_finished_session") == pytest.approx(
+        measured.bytes_per_finished_session
+    )
+    assert gauge("memworker_redis_bytes_per_live_session") == pytest.approx(
+        measured.bytes_per_live_session
+    )
     results = StreamKeys(settings.stream_prefix, 0).results
     assert (gauge("memworker_redis_bytes_per_stream_entry", stream=results) or 0) > 0
     until_full = gauge("memworker_redis_seconds_until_full")
@@ -273,3 +287,17 @@ async def test_a_worker_of_a_previous_run_shows_as_dead_and_is_pruned(
         {"stream": lifecycle, "group": "lifecycle", "consumer": "previous-run"}
     ]
     assert await redis.xinfo_consumers(lifecycle, "lifecycle") == []
+
+
+async def test_with_no_dedupe_records_to_count_commands_per_session_come_from_the_stream(
+    redis: Redis, settings: Settings
+) -> None:
+    async with running_worker(settings):
+        await finish_sessions(redis, settings, live=1, finished=2)  # 3 spawns, 2 terminates
+    with_records = await measure_capacity(redis, settings, rate_seconds=0, max_keys=10**9)
+    async for key in redis.scan_iter(match=f"{settings.stream_prefix}:{{*}}:evt:*"):
+        await redis.delete(key)  # as a layout without one key per dedupe record would be
+    capacity = await measure_capacity(redis, settings, rate_seconds=0, max_keys=10**9)
+    assert capacity.dedupe_records == 0
+    assert capacity.commands_per_session == pytest.approx(5 / 3)
+    assert with_records.commands_per_session == pytest.approx(5 / 3)  # from the records

@@ -101,3 +101,14 @@ def test_an_evicting_policy_is_called_out() -> None:
     c = assess(SETTINGS, (10 * MB, 100 * MB, "allkeys-lru"), 1_000, sample, streams, 1.0, "t")
     assert "maxmemory-policy allkeys-lru evicts memworker's keys" in c.verdict
     assert "set noeviction" in c.verdict
+
+
+def test_without_dedupe_records_to_count_commands_per_session_come_from_the_stream() -> None:
+    """A layout that keeps no dedupe record per key still gets the tombstone's share."""
+    sample, streams = measured()
+    sample.kinds[DEDUPE_KIND] = type(sample.kinds[DEDUPE_KIND])()
+    c = assess(SETTINGS, (10 * MB, 0, ""), 1_000, sample, streams, 1.0, "t", 4.0)
+    assert c.commands_per_session == 4
+    assert c.byte_seconds_per_command == pytest.approx(
+        (200 + 500) * 3600 + 300 / 4 * 1200 + 80 / 4 * (100 + 1200)
+    )
