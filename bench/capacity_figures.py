@@ -10,7 +10,14 @@ count: exact counts, every session measured) and the figures of its capacity sec
 printed. Then the cost of the capacity gauges: ``--refreshes`` refreshes of the lag probe's
 ``CapacityProbe`` over the same keys, with the Redis CPU of each sampling command from ``INFO
 commandstats`` (other clients of the server count too: use a quiet one) and this process's
-CPU time, per refresh. The key prefix is 6 characters, as long as the default ``agents``, so
+CPU time, per refresh.
+
+With ``--fill-mb N``, the prediction is checked against the event: on a private server (as
+``bench/memory_footprint.py`` starts one), a worker applies spawns and terminates offered at
+``--rate`` commands/s; after 5 s ``maxmemory`` is set to ``used_memory`` + N MB (noeviction),
+``memworker stats``'s estimate of the time until full is read (``measure_capacity``, rate
+over 2 s), and the publisher goes on until Redis refuses a command (OOM): predicted and actual
+seconds are printed. The key prefix is 6 characters, as long as the default ``agents``, so
 key names (and bytes) are those of a default deployment; every key of the run is deleted
 afterwards.
 """
@@ -19,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import subprocess
@@ -27,9 +35,10 @@ import time
 import uuid
 
 from harness import DEFAULT_REDIS_URL, cleanup
+from memory_footprint import private_server, server_binary
 from redis.asyncio import Redis
 
-from worker.capacity import CapacityProbe
+from worker.capacity import CapacityProbe, measure_capacity
 from worker.client import LifecycleClient
 from worker.lifecycle import LifecycleWorker
 from worker.logs import configure_logging
@@ -108,14 +117,64 @@ async def probe_cost(settings: Settings, refreshes: int) -> None:
     print(f"probe Redis CPU {total:.0f} us, Python CPU {python_ms:.2f} ms per refresh")
 
 
+async def fill_until_full(rate: float, fill_mb: float) -> None:
+    """Predicted vs actual seconds until a capped Redis refuses commands (see module doc)."""
+    async with private_server(server_binary(None)) as url:
+        settings = Settings(redis_url=url)
+        redis = Redis.from_url(url)
+        worker = LifecycleWorker(settings)
+        stop = asyncio.Event()
+        running = asyncio.create_task(worker.run(stop))
+        client = LifecycleClient(redis, settings)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        predicted: float | None = None
+        capped_at = 0.0
+        n = 0
+        try:
+            while True:
+                session = f"s{n // 2}"
+                try:
+                    if n % 2 == 0:
+                        await client.spawn("demo", session, "agent-1", {"goal": "x" * 40})
+                    else:
+                        await client.terminate("demo", session, "agent-1")
+                except Exception as exc:  # Redis refuses: an OOM error, however the client words it
+                    if not any(w in str(exc) for w in ("OOM", "maxmemory", "full")):
+                        raise
+                    break
+                n += 1
+                await asyncio.sleep(max(0.0, started + n / rate - loop.time()))
+                if not capped_at and loop.time() - started >= 5:
+                    used = int((await redis.info("memory"))["used_memory"])
+                    await redis.config_set("maxmemory", str(used + int(fill_mb * 1e6)))
+                    capped_at = loop.time()
+                    measuring = asyncio.create_task(measure_capacity(redis, settings))
+                if capped_at and predicted is None and measuring.done():
+                    predicted = measuring.result().seconds_until_full
+            actual = loop.time() - capped_at
+        finally:
+            stop.set()
+            with contextlib.suppress(Exception):
+                await running
+            await redis.aclose()
+    print(f"fill {fill_mb:g} MB at {rate:g} commands/s offered: predicted full in")
+    print(f"  {predicted or float('nan'):.1f} s, refused after {actual:.1f} s ({n:,} commands)")
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--redis-url", default=DEFAULT_REDIS_URL)
     parser.add_argument("--finished", type=int, default=1000)
     parser.add_argument("--live", type=int, default=200)
     parser.add_argument("--refreshes", type=int, default=200)
+    parser.add_argument("--fill-mb", type=float, default=0.0)
+    parser.add_argument("--rate", type=float, default=500.0)
     args = parser.parse_args()
     configure_logging("WARNING")
+    if args.fill_mb:
+        await fill_until_full(args.rate, args.fill_mb)
+        return
     prefix = "c" + uuid.uuid4().hex[:5]  # as long as "agents"
     settings = Settings(redis_url=args.redis_url, stream_prefix=prefix)
     try:
