@@ -525,7 +525,14 @@ def replay(
     shards = [shard] if shard is not None else list(range(settings.shards))
     if any(s < 0 or s >= settings.shards for s in shards):
         raise typer.BadParameter(f"must be 0..{settings.shards - 1}", param_hint="--shard")
-    from worker.results_replay import ResultRange, parse_instant
+    from worker.results_replay import STREAM_ID, ResultRange, parse_instant
+
+    for hint, entry_id, edge in (("--from", start, "-"), ("--to", end, "+")):
+        if entry_id != edge and not STREAM_ID.match(entry_id):
+            raise typer.BadParameter(
+                f"{entry_id!r} is not a stream id (MILLISECONDS-SEQUENCE, e.g. 1700000000000-0)",
+                param_hint=hint,
+            )
 
     if what == "lifecycle" and (since or until or project or publish_to or source != "stream"):
         raise typer.BadParameter(

@@ -100,6 +100,10 @@ class ResultRange:
         return start, end
 
 
+STREAM_ID = re.compile(r"^\d+(-\d+)?$")
+"""A stream id a range may start or end at (besides ``-`` and ``+``)."""
+
+
 def _id_key(entry_id: str) -> tuple[int, int]:
     ms, _, seq = entry_id.partition("-")
     return int(ms), int(seq or 0)
@@ -119,10 +123,10 @@ def _earlier(a: str, b: str) -> str:
 
 def _project_of(fields: dict[str, Any]) -> str | None:
     try:
-        data = orjson.loads(fields.get("data") or b"{}")
-    except orjson.JSONDecodeError:
+        project = decode_entry(fields).get("project_id")
+    except UnusableEntryError:
         return None
-    return data.get("project_id") if isinstance(data, dict) else None
+    return project if isinstance(project, str) else None
 
 
 class ResultReplayer:

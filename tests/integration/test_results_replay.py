@@ -194,6 +194,7 @@ def words(stderr: str) -> str:
         (["--since", "yesterday"], "RFC 3339"),
         (["--source", "archive"], "stream or postgres"),
         (["--project", "a b"], "project_id"),
+        (["--from", "yesterday"], "is not a stream id"),
     ],
 )
 def test_a_bad_replay_range_is_a_usage_error_naming_what_to_do(
