@@ -43,15 +43,17 @@ from redis.asyncio import Redis
 from sqlalchemy import Select, and_, func, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from worker.consolidator import Consolidator, StreamEntry, UnusableEntryError, decode_entry
+from worker.consolidator import Consolidator, UnusableEntryError, decode_entry
 from worker.db.engine import create_database_engine
 from worker.db.models import Episode, LifecycleEvent
+from worker.group_consumer import StreamEntry
 from worker.keys import StreamKeys, shard_of
 from worker.settings import Settings
 
 Progress = Callable[[int], None]
 ARCHIVED_ENTRY_ID = "0-0"
-"""The stream id given to a result read from Postgres (it has none any more): XACK ignores it."""
+"""The stream id given to a result read from Postgres (it has none any more); a replay
+acknowledges nothing."""
 
 _RELATIVE = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86_400}
@@ -146,7 +148,7 @@ class ResultReplayer:
         if not entries:
             return
         outcome = await self.consolidator.replay(entries)
-        self.counts["results"] += outcome.stored
+        self.counts["results"] += len(outcome.done)
         self.counts["new_episodes"] += outcome.episodes_announced
         self.counts["skipped"] += outcome.dead_lettered
         if self.publish_to is not None:
