@@ -3,23 +3,24 @@
     .venv/bin/python bench/capacity_figures.py [--redis-url URL] [--finished 1000] [--live 200]
 
 A lifecycle worker (in this process) applies, for ``--finished`` sessions, spawn (4 small
-variables), pause, resume and terminate (with a lesson), and spawn only for ``--live`` more,
-all published with ``LifecycleClient`` (so each session has a seq counter). Then ``memworker
-stats --json --rate-seconds 0`` reads every key of the run (``--sample-keys`` above the key
-count: exact counts, every session measured) and the figures of its capacity section are
-printed. Then the cost of the capacity gauges: ``--refreshes`` refreshes of the lag probe's
+variables), pause, resume and terminate (with a lesson), and spawn only for ``--live`` more, all
+published with ``LifecycleClient`` (so each session has a seq counter). Then ``memworker stats
+--json --rate-seconds 0`` reads every key of the run (``--sample-keys`` above the key count:
+exact counts; up to 50 sessions of each kind measured) and the figures of its capacity section
+are printed. Then the cost of the capacity gauges: ``--refreshes`` refreshes of the lag probe's
 ``CapacityProbe`` over the same keys, with the Redis CPU of each sampling command from ``INFO
-commandstats`` (other clients of the server count too: use a quiet one) and this process's
-CPU time, per refresh.
+commandstats`` (other clients of the server count too: use a quiet one) and this process's CPU
+time, per refresh.
 
-With ``--fill-mb N``, the prediction is checked against the event: on a private server (as
-``bench/memory_footprint.py`` starts one), a worker applies spawns and terminates offered at
-``--rate`` commands/s; after 5 s ``maxmemory`` is set to ``used_memory`` + N MB (noeviction),
-``memworker stats``'s estimate of the time until full is read (``measure_capacity``, rate
-over 2 s), and the publisher goes on until Redis refuses a command (OOM): predicted and actual
-seconds are printed. The key prefix is 6 characters, as long as the default ``agents``, so
-key names (and bytes) are those of a default deployment; every key of the run is deleted
-afterwards.
+With ``--fill-mb N`` (20 by default, 0: skipped), the prediction is checked against the
+event: on a private server (as ``bench/memory_footprint.py`` starts one), a worker applies
+spawns and terminates offered at ``--rate`` commands/s; after 5 s ``maxmemory`` is set to
+``used_memory`` + N MB (noeviction), ``memworker stats``'s estimate of the time until full is
+read (``measure_capacity``, rate over 2 s), and the publisher goes on until Redis refuses a
+command (OOM): predicted and actual seconds are printed.
+
+The key prefix is 6 characters, as long as the default ``agents``, so key names (and bytes)
+are those of a default deployment; every key of the run is deleted afterwards.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ import sys
 import time
 import uuid
 
-from harness import DEFAULT_REDIS_URL, cleanup
+from harness import DEFAULT_REDIS_URL, cleanup, invocation, markdown_table
 from memory_footprint import private_server, server_binary
 from redis.asyncio import Redis
 
@@ -108,13 +109,17 @@ async def probe_cost(settings: Settings, refreshes: int) -> None:
         after = await command_stats(redis)
     finally:
         await redis.aclose()
+    rows: list[list[object]] = []
     total = 0.0
     for name in SAMPLING_COMMANDS:
         calls = (after[name][0] - before[name][0]) / refreshes
         usec = (after[name][1] - before[name][1]) / refreshes
         total += usec
-        print(f"probe {name:22s} {calls:6.1f} calls {usec:7.1f} us per refresh")
-    print(f"probe Redis CPU {total:.0f} us, Python CPU {python_ms:.2f} ms per refresh")
+        rows.append([f"`{name.upper().replace('|', ' ')}`", f"{calls:.1f}", f"{usec:.1f}"])
+    rows.append(["all", "", f"{total:.0f}"])
+    print(f"\nCost of one refresh of the capacity gauges ({refreshes} refreshes):\n")
+    print(markdown_table(["command", "calls", "Redis µs"], rows, "lrr"))
+    print(f"\nPython CPU per refresh: {python_ms:.2f} ms.")
 
 
 async def fill_until_full(rate: float, fill_mb: float) -> None:
@@ -158,8 +163,12 @@ async def fill_until_full(rate: float, fill_mb: float) -> None:
             with contextlib.suppress(Exception):
                 await running
             await redis.aclose()
-    print(f"fill {fill_mb:g} MB at {rate:g} commands/s offered: predicted full in")
-    print(f"  {predicted or float('nan'):.1f} s, refused after {actual:.1f} s ({n:,} commands)")
+    print(
+        f"\nTime until full, predicted and actual: a private Redis capped at used memory + "
+        f"{fill_mb:g} MB, spawns and terminates offered at {rate:g}/s: `memworker stats` "
+        f"predicted full in {predicted or float('nan'):.1f} s; Redis refused the first command "
+        f"after {actual:.1f} s ({n:,} commands)."
+    )
 
 
 async def main() -> None:
@@ -168,13 +177,11 @@ async def main() -> None:
     parser.add_argument("--finished", type=int, default=1000)
     parser.add_argument("--live", type=int, default=200)
     parser.add_argument("--refreshes", type=int, default=200)
-    parser.add_argument("--fill-mb", type=float, default=0.0)
-    parser.add_argument("--rate", type=float, default=500.0)
+    parser.add_argument("--fill-mb", type=float, default=20.0, help="0: no fill check")
+    parser.add_argument("--rate", type=float, default=1000.0)
     args = parser.parse_args()
     configure_logging("WARNING")
-    if args.fill_mb:
-        await fill_until_full(args.rate, args.fill_mb)
-        return
+    print(f"command: `{invocation()}`\n")
     prefix = "c" + uuid.uuid4().hex[:5]  # as long as "agents"
     settings = Settings(redis_url=args.redis_url, stream_prefix=prefix)
     try:
@@ -189,14 +196,24 @@ async def main() -> None:
             check=True,
         )
         capacity = json.loads(stats.stdout)["capacity"]
-        for name in FIGURES:
-            value = capacity[name]
-            print(f"{name:28s} {value:,.1f}" if value is not None else f"{name:28s} -")
+        print(
+            f"{args.finished:,} sessions spawned (4 small variables), paused, resumed and "
+            f"terminated, {args.live:,} more spawned; `memworker stats` at the defaults "
+            f"(retention {settings.retention_seconds:g} s, dedupe records "
+            f"{settings.dedupe_ttl_seconds} s, tombstones {settings.tombstone_ttl_seconds} s):\n"
+        )
+        rows = [
+            [f"`{name}`", "-" if capacity[name] is None else f"{capacity[name]:,.1f}"]
+            for name in FIGURES
+        ]
+        print(markdown_table(["figure", "value"], rows, "lr"))
         await probe_cost(settings, args.refreshes)
     finally:
         redis = Redis.from_url(args.redis_url)
         await cleanup(redis, prefix)
         await redis.aclose()
+    if args.fill_mb:
+        await fill_until_full(args.rate, args.fill_mb)
 
 
 if __name__ == "__main__":

@@ -106,6 +106,12 @@ BENCHES = [
         "A private Redis for the bytes; `VmRSS` of the worker draining a backlog.",
         quick=["--sessions", "300", "--rss-sessions", "1000"],
     ),
+    Bench(
+        "capacity_figures.py",
+        "Capacity: bytes per session, per record and per entry; what one GB sustains",
+        "`memworker stats` on a known workload, the capacity gauges' cost, time until full.",
+        quick=["--finished", "200", "--live", "50", "--refreshes", "50", "--fill-mb", "5"],
+    ),
 ]
 
 
