@@ -358,7 +358,7 @@ def assess(
 
     Commands per session are dedupe records ÷ sessions (one record per command, over the
     dedupe window); without dedupe records to count, ``recent_commands_per_session`` (commands
-    ÷ spawns among the newest lifecycle entries, see ``recent_commands_per_session``)."""
+    ÷ spawns among lifecycle entries sampled over the streams, see that function)."""
     used, maxmemory, policy = memory
     lifecycle_names = set(lifecycle_streams(settings))
     result_names = {StreamKeys(settings.stream_prefix, s).results for s in range(settings.shards)}
@@ -396,8 +396,10 @@ def assess(
     )
     window_now += sample.estimate(SEQ_KIND, dbsize) * per_seq
     per_finished = per_tombstone
-    if per_tombstone is not None and per_dedupe is not None and commands_per_session:
-        per_finished = per_tombstone + commands_per_session * per_dedupe + seq_share * per_seq
+    if per_tombstone is not None:
+        per_finished = per_tombstone + seq_share * per_seq
+        if per_dedupe is not None and commands_per_session:
+            per_finished += commands_per_session * per_dedupe
     steady: float | None = None
     if rate is not None and byte_seconds is not None:
         steady = max(0.0, used - window_now) + rate * byte_seconds
@@ -452,20 +454,31 @@ def assess(
 
 
 async def recent_commands_per_session(
-    redis: Redis, settings: Settings, count: int = 500
+    redis: Redis, settings: Settings, windows: int = 10, per_window: int = 50
 ) -> float | None:
-    """Commands ÷ spawns among the newest ``count`` lifecycle entries (None: no spawn among
-    them): what one session costs in commands, whatever the key layout."""
-    commands = spawns = 0
-    per_stream = max(1, count // settings.shards)
+    """Commands ÷ spawns among lifecycle entries read in ``windows`` runs of ``per_window``
+    spread evenly over what each stream retains (None: no spawn among them): what one session
+    costs in commands, whatever the key layout."""
+    entries: dict[tuple[str, bytes], bool] = {}
     for stream in lifecycle_streams(settings):
-        rows: Any = await redis.xrevrange(stream, count=per_stream)
-        for _id, fields in rows:
-            commands += 1
-            with contextlib.suppress(orjson.JSONDecodeError, AttributeError, TypeError):
-                if orjson.loads(fields.get(b"data", b"{}")).get("type") == "spawn":
-                    spawns += 1
-    return commands / spawns if spawns else None
+        first: Any = await redis.xrange(stream, count=1)
+        last: Any = await redis.xrevrange(stream, count=1)
+        if not first or not last:
+            continue
+        low, high = _entry_ms(first[0][0]), _entry_ms(last[0][0])
+        step = (high - low) / windows
+        for w in range(windows):
+            rows: Any = await redis.xrange(stream, min=f"{int(low + w * step)}-0", count=per_window)
+            for entry_id, fields in rows:
+                entries[(stream, entry_id)] = _is_spawn(fields)
+    spawns = sum(entries.values())
+    return len(entries) / spawns if spawns else None
+
+
+def _is_spawn(fields: dict[bytes, bytes]) -> bool:
+    with contextlib.suppress(orjson.JSONDecodeError, AttributeError, TypeError):
+        return bool(orjson.loads(fields.get(b"data", b"{}")).get("type") == "spawn")
+    return False
 
 
 async def lifecycle_entries_added(redis: Redis, settings: Settings) -> int:
