@@ -20,7 +20,7 @@ from redis.exceptions import AuthenticationError, NoPermissionError
 
 from tests.deploy.acl_redis import AclRedis
 from tests.helpers import running_worker, wait_until
-from worker.capacity import measure_capacity
+from worker.capacity import measure_capacity, recent_commands_per_session
 from worker.client import LifecycleClient
 from worker.inspection import prune_dead_consumers, stream_stats
 from worker.keys import (
@@ -152,6 +152,8 @@ async def test_commands_published_as_the_publisher_are_applied_by_the_worker_as_
             assert worker.capacity.enabled, "the capacity sampling was refused"
             measured = worker.capacity.probe.last
             assert measured is not None and measured.used_memory > 0
+            # Commands per session from the stream (what a layout without dedupe keys uses).
+            assert await recent_commands_per_session(worker.redis, worker_settings) == 14 / 3
     finally:
         await publisher.close()
     await assert_no_denials(admin)
