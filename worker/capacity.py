@@ -34,6 +34,7 @@ from typing import Any
 
 import orjson
 from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import NoPermissionError, ResponseError
 
 from worker.keys import (
@@ -454,7 +455,7 @@ def assess(
 
 
 async def recent_commands_per_session(
-    redis: Redis, settings: Settings, windows: int = 10, per_window: int = 50
+    redis: Redis | RedisCluster, settings: Settings, windows: int = 10, per_window: int = 50
 ) -> float | None:
     """Commands ÷ spawns among lifecycle entries read in ``windows`` runs of ``per_window``
     spread evenly over what each stream retains (None: no spawn among them): what one session
