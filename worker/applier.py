@@ -29,6 +29,7 @@ from worker.connections import AnyRedis, shard_urls
 from worker.dlq import dead_letter
 from worker.intake import Accepted, Refused, Unusable, fits_in_result, parse_entry
 from worker.keys import LIFECYCLE_GROUP, SessionKeys, StreamKeys, is_valid_id, shard_of
+from worker.redis_conditions import is_server_condition
 from worker.script_channel import ScriptChannel
 from worker.scripts import script
 from worker.settings import Settings
@@ -64,12 +65,6 @@ def default_checkpoint_id(project_id: str, event_id: str) -> str:
 
 def utc_now_iso() -> str:
     return datetime.now(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
-
-
-TOPOLOGY_ERRORS = ("READONLY", "MOVED", "ASK", "CLUSTERDOWN", "TRYAGAIN", "MASTERDOWN", "LOADING")
-"""Replies meaning "not here, not now" (a failover, a resharding, a replica still loading):
-the command did nothing; it is held and retried against the server that now holds its shard,
-without counting as a failed delivery."""
 
 
 @dataclass(slots=True)
@@ -306,7 +301,10 @@ class CommandApplier:
     @staticmethod
     def _outcome(planned: Outcome, reply: Any) -> Outcome:
         if isinstance(reply, ResponseError | Exception):
-            moved = str(reply).startswith(TOPOLOGY_ERRORS)
+            # A server-wide condition (worker.redis_conditions: full, busy, loading, a failover,
+            # a resharding) says nothing about the entry: it did nothing, and is held and
+            # retried without counting as a failed delivery.
+            moved = is_server_condition(reply)
             return Outcome(
                 planned.entry_id,
                 "unreachable" if moved else "error",

@@ -28,6 +28,7 @@ from rich.table import Table
 from worker.connections import client_for
 from worker.keys import InvalidIdError, StreamKeys, episodes_stream, shard_of, validate_id
 from worker.logs import configure_logging
+from worker.redis_conditions import RedisConditionError
 from worker.settings import Settings
 
 T = TypeVar("T")
@@ -597,7 +598,7 @@ def main() -> None:
     """
     try:
         app()
-    except CliError as exc:
+    except (CliError, RedisConditionError) as exc:
         print(f"memworker: error: {exc}", file=sys.stderr)
         sys.exit(1)
     except (RedisError, OSError) as exc:

@@ -50,6 +50,12 @@ STREAM_LAG = Gauge(
 STREAM_PENDING = Gauge(
     "memworker_stream_pending", "Entries delivered but not acknowledged.", ["stream", "group"]
 )
+REDIS_CONDITIONS = Counter(
+    "memworker_redis_conditions_total",
+    "Server-wide Redis conditions met (full, busy, loading, readonly, unreachable, ...): the "
+    "entries were held and retried, never counted as failed deliveries.",
+    ["kind"],
+)
 READY = Gauge("memworker_ready", "1 when the worker can reach its servers and is consuming.")
 
 
