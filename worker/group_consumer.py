@@ -296,9 +296,7 @@ class GroupConsumer(Generic[B]):
         delay = self._backoff(self._outages)
         if isinstance(exc, self.handler.storage_errors):
             self._storage_checked_at = None
-            self.log.warning(
-                "storage unavailable, retrying", error=str(exc.__cause__ or exc), delay_s=delay
-            )
+            self.log.warning("storage unavailable, retrying", error=str(exc), delay_s=delay)
         elif (condition := server_condition(exc)) is not None:
             REDIS_CONDITIONS.labels(condition.kind).inc()
             self.log.warning(
