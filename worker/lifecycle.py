@@ -130,6 +130,7 @@ class LifecycleWorker:
         self._topology_stale = False
         self._condition: ServerCondition | None = None
         self._condition_streak = 0
+        self._condition_logged: dict[str, float] = {}
         self.brokers: dict[str, RedisBroker] = {}
 
     def streams(self, shard: int) -> StreamKeys:
@@ -365,7 +366,9 @@ class LifecycleWorker:
             self.retry.hold(
                 shard, outcome.entry_id, fields[outcome.entry_id], delay, waiting=False, error=False
             )
-        if self._condition is None or self._condition.kind != condition.kind:
+        now = time.monotonic()
+        if now - self._condition_logged.get(condition.kind, -60.0) >= 10.0:  # once per 10 s
+            self._condition_logged[condition.kind] = now
             log.warning(
                 "redis_condition",
                 condition=condition.kind,
@@ -377,7 +380,7 @@ class LifecycleWorker:
 
     def _condition_cleared(self) -> None:
         if self._condition is not None:
-            log.info("redis_condition_cleared", condition=self._condition.kind)
+            log.debug("redis_condition_cleared", condition=self._condition.kind)
             self._condition = None
             now = time.monotonic()
             for held in self.retry.held.values():

@@ -17,10 +17,12 @@ import pytest
 from redis.asyncio import Redis
 from sqlalchemy import func, select
 
+from tests.faults.full_redis import run_full_redis
 from tests.faults.support import (
     assert_exactly_once,
     audit,
     ensure_groups,
+    figures,
     pending,
     publish_many,
     session_command,
@@ -321,3 +323,23 @@ async def test_working_memory_on_a_full_redis_raises_one_error_naming_the_condit
     await uncap(client)
     await memory.set("goal", "x")
     assert await memory.get("goal") == "x"
+
+
+async def test_an_offered_load_above_what_fits_is_refused_clearly_and_nothing_accepted_is_lost(
+    own_redis: RedisProcess, client: Redis, prefix: str, database_url: str
+) -> None:
+    async with migrated_engine(database_url):
+        pass
+    used = int((await client.info("memory"))["used_memory"])
+    report = await run_full_redis(
+        own_redis.url, database_url, prefix, maxmemory=used + 4 * 2**20, sessions=1_000
+    )
+    figures("full_redis", **report.summary())
+
+    assert report.refused["full"] > 0, "the offered load was meant not to fit"
+    assert report.refusal.startswith("Redis is full: used_memory ")
+    assert "reached maxmemory" in report.refusal
+    assert not report.worker_exited and not report.consolidator_exited
+    assert len(report.accepted) == 2_000
+    assert report.missing == [] and report.duplicated == 0  # every accepted command, once
+    assert report.dead_letters == 0
