@@ -40,8 +40,13 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
+    # Click's plain help: flags show as flags (rich help labels each one `<bool>`), and a
+    # usage error is a short "Error: …" line rather than a box.
+    rich_markup_mode=None,
 )
-dlq_app = typer.Typer(help="Inspect, redrive and purge dead letters.", no_args_is_help=True)
+dlq_app = typer.Typer(
+    help="Inspect, redrive and purge dead letters.", no_args_is_help=True, rich_markup_mode=None
+)
 app.add_typer(dlq_app, name="dlq")
 
 # Off a terminal (pipes, CI logs) rich would wrap tables at 80 columns: give them room.

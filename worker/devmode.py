@@ -82,7 +82,10 @@ def write_private(path: Path, text: str) -> None:
 
 
 def _port_free(port: int) -> bool:
+    """Whether a server could listen on ``port`` (as servers do, with SO_REUSEADDR: the last
+    run's connections in TIME_WAIT do not make it taken)."""
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))
         except OSError:
