@@ -1,4 +1,4 @@
-"""The ``memworker`` command line (CONTRACT.md "Command line").
+"""The ``memworker`` command line (README.md "Command line").
 
 Exit status: 0 on success, 2 on a usage error, 1 on failure, with one clear line on stderr.
 """
@@ -608,6 +608,88 @@ def dlq_purge(
         )
 
     out.print(f"purged: {run_async(with_redis(settings, go))}")
+
+
+# -- episodes (long-term memory in Postgres) -------------------------------------------------
+
+episodes_app = typer.Typer(
+    help="Read the episodes the consolidator stored in Postgres.",
+    no_args_is_help=True,
+    rich_markup_mode=None,
+)
+app.add_typer(episodes_app, name="episodes")
+
+
+async def _with_episode_store(settings: Settings, use: Callable[[Any], Awaitable[T]]) -> T:
+    from worker.db.engine import create_database_engine
+    from worker.episodes import EpisodeStore
+
+    engine = create_database_engine(settings.database_url, pool=False)
+    try:
+        return await use(EpisodeStore(engine))
+    finally:
+        await engine.dispose()
+
+
+@episodes_app.command("list")
+def episodes_list(
+    project: Annotated[str, typer.Option("--project", "-p")],
+    session: Annotated[str | None, typer.Option("--session", "-s")] = None,
+    limit: Annotated[int, typer.Option(min=1, help="At most this many, newest first.")] = 20,
+    as_json: Annotated[bool, typer.Option("--json", help="JSON instead of a table.")] = False,
+) -> None:
+    """A project's episodes, newest first (one per finished session)."""
+    check_ids(project_id=project, **({"session_id": session} if session else {}))
+    settings = settings_from_env()
+
+    async def go(store: Any) -> list[Any]:
+        return list(await store.list_episodes(project, session_id=session, limit=limit))
+
+    rows = run_async(_with_episode_store(settings, go))
+    if as_json:
+        print(json.dumps([r.to_dict() for r in rows], indent=2))
+        return
+    table = Table("episode id", "session", "outcome", "finished", "task")
+    for r in rows:
+        table.add_row(
+            str(r.id),
+            r.session_id,
+            r.outcome,
+            r.occurred_at.isoformat(timespec="seconds"),
+            (r.task_description or "")[:60],
+        )
+    out.print(table)
+
+
+@episodes_app.command("show")
+def episodes_show(
+    project: Annotated[str, typer.Option("--project", "-p")],
+    session: Annotated[
+        str | None, typer.Option("--session", "-s", help="The session's episode.")
+    ] = None,
+    episode_id: Annotated[
+        str | None, typer.Argument(help="An episode id (from `episodes list`).")
+    ] = None,
+) -> None:
+    """One episode in full (JSON): lessons, context summary, snapshot of working memory."""
+    if (session is None) == (episode_id is None):
+        raise typer.BadParameter("give an EPISODE_ID or --session, not both")
+    check_ids(project_id=project, **({"session_id": session} if session else {}))
+    settings = settings_from_env()
+
+    async def go(store: Any) -> Any:
+        if episode_id is not None:
+            return await store.get_episode(project, episode_id)
+        found = await store.list_episodes(project, session_id=session, limit=1)
+        return found[0] if found else None
+
+    episode = run_async(_with_episode_store(settings, go))
+    if episode is None:
+        which = f"session {project}/{session}" if session else f"id {episode_id} in {project}"
+        fail(
+            f"no episode for {which} (not terminated yet, consolidate: false, or not consolidated)"
+        )
+    print(json.dumps(episode.to_dict(), indent=2))
 
 
 @app.command()
