@@ -55,14 +55,16 @@ def password_postgres() -> Iterator[str]:
     try:
         import asyncio
 
-        import asyncpg
+        from sqlalchemy import text
+        from sqlalchemy.ext.asyncio import create_async_engine
 
         async def set_password() -> None:
-            conn = await asyncpg.connect(
-                make_url(url).set(drivername="postgresql").render_as_string(False)
-            )
-            await conn.execute("ALTER ROLE postgres PASSWORD 'right'")
-            await conn.close()
+            engine = create_async_engine(url)
+            try:
+                async with engine.begin() as conn:
+                    await conn.execute(text("ALTER ROLE postgres PASSWORD 'right'"))
+            finally:
+                await engine.dispose()
 
         asyncio.run(set_password())
         (server.pgdata / "pg_hba.conf").write_text("local all all scram-sha-256\n")

@@ -8,6 +8,7 @@ import re
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -81,7 +82,7 @@ async def test_the_contracts_raw_redis_cli_example_is_applied_by_a_running_worke
         results = StreamKeys(settings.stream_prefix, 0).results
 
         async def answered() -> bool:
-            entries = await redis.xrange(results)
+            entries: Any = await redis.xrange(results)
             found = [orjson.loads(f[b"data"]) for _, f in entries]
             mine = [r for r in found if r["causation_id"] == "raw-cli-1"]
             assert len(mine) <= 1
