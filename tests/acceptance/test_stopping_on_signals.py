@@ -128,7 +128,7 @@ STARTED = {
     "run": "lifecycle_worker_started",
     "run --workers 2": "lifecycle_worker_started",
     "dev": "memworker dev is running.",
-    "consolidate": "consolidator starting",
+    "consolidate": "consumer group starting",
 }
 REDIS_UNAVAILABLE = {
     "run": "redis_unavailable",
@@ -187,5 +187,5 @@ async def test_a_consolidator_waiting_for_an_unreachable_postgres_stops_on_sigte
         redis_url=redis_url,
         db_url=f"postgresql://postgres@127.0.0.1:{free_port()}/postgres",
     )
-    proc.wait_for("postgres unavailable, retrying")
+    proc.wait_for("storage unavailable, retrying")
     assert proc.stop_with(signal.SIGTERM) == 0, "".join(proc.lines[-20:])
