@@ -3,6 +3,7 @@ its banner's commands runnable as printed."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -158,3 +159,32 @@ def test_publish_wait_exits_3_on_a_rejection_and_still_prints_the_result(
         ["bash", "-c", f"{run} publish --help"], capture_output=True, text=True, check=False
     ).stdout
     assert "exit status 3 if the command was rejected" in " ".join(help_text.split())
+
+
+def test_episodes_show_prints_a_finished_sessions_episode_or_says_why_there_is_none(
+    dev: Dev, tmp_path: Path
+) -> None:
+    dev().wait_for("memworker dev is running.")
+    env_file = tmp_path / "data" / "dev.env"
+    run = f"source {shlex.quote(str(env_file))} && {shlex.quote(sys.executable)} -m worker.cli"
+
+    def cli(args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["bash", "-c", f"{run} {args}"], capture_output=True, text=True, timeout=120
+        )
+
+    assert cli('publish spawn -p demo -s ep1 --state \'{"goal": "g"}\' --wait').returncode == 0
+    ended = cli("publish terminate -p demo -s ep1 --set lessons_learned='[\"kept\"]' --wait")
+    assert ended.returncode == 0, ended.stderr
+    assert cli("tail episodes --from-start --count 1").returncode == 0
+    shown = cli("episodes show -p demo -s ep1")
+    assert shown.returncode == 0, shown.stderr
+    episode = json.loads(shown.stdout)
+    assert episode["lessons_learned"] == ["kept"]
+    assert "goal" in episode["context_summary"]
+    listed = cli("episodes list -p demo --json")
+    assert [e["id"] for e in json.loads(listed.stdout)] == [episode["id"]]
+    missing = cli("episodes show -p demo -s never-ran")
+    assert missing.returncode == 1
+    assert missing.stderr.startswith("memworker: error: no episode for session demo/never-ran")
+    assert len(missing.stderr.strip().splitlines()) == 1
