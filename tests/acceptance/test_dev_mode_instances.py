@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.acceptance.test_stopping_on_signals import Memworker
+from tests.cli_process import Memworker
 from tests.redis_process import free_port
 
 Dev = Callable[..., Memworker]

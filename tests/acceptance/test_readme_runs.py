@@ -22,7 +22,7 @@ from pathlib import Path
 
 from redis.asyncio import Redis
 
-from tests.acceptance.test_stopping_on_signals import Memworker
+from tests.cli_process import Memworker
 from tests.redis_process import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
