@@ -210,6 +210,7 @@ def _banner(
     _say(f"  source {shlex.quote(str(env_file))}")
     _say(f'  {cmd} publish spawn -p demo -s s1 --state \'{{"goal": "hello"}}\' --wait')
     _say(f"  {cmd} publish terminate -p demo -s s1 --set lessons_learned='[\"it works\"]' --wait")
-    _say(f"  {cmd} tail episodes --from-start")
+    _say(f"  {cmd} tail episodes --from-start --count 1")
+    _say(f"  {cmd} episodes show -p demo -s s1")
     _say()
     _say("Ctrl-C stops everything (data is kept).")
