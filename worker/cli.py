@@ -703,6 +703,15 @@ def shard(
     out.print(str(shard_of(project, session, settings.shards)))
 
 
+def plain_help(typer_app: typer.Typer) -> None:
+    """Click's plain help for ``typer_app`` and every sub-app registered on it, whoever added
+    them: flags show as flags (rich help labels each one ``<bool>``)."""
+    typer_app.rich_markup_mode = None
+    for group in typer_app.registered_groups:
+        if group.typer_instance is not None:
+            plain_help(group.typer_instance)
+
+
 def main() -> None:
     """Entry point: map failures to one stderr line and the contract's exit statuses.
 
@@ -710,6 +719,7 @@ def main() -> None:
     command is reported here as ``memworker: error: …`` with exit status 1, translated to one
     line a person can act on by ``worker.error_messages.one_line``.
     """
+    plain_help(app)
     try:
         app()
     except CliError as exc:
