@@ -11,7 +11,9 @@ on that server and its ``INFO cpu`` is this bench's alone. With default settings
 ``--sessions`` sessions through four phases, one command type each — spawn (4 small
 variables), pause, resume, terminate (the defaults: consolidate, cleanup) — through the real
 ``LifecycleWorker``: the phase's commands are published first, then a worker is started and
-stopped once every result is in. Per phase it reads:
+stopped once every result is in. The sessions go through in ``--waves`` waves, so finished
+sessions accumulate while a wave is live, as in a steady state (Redis's key tables are then
+sized by what stays, not by one big wave's live keys). Per phase it reads:
 
 - **Redis µs per command**: ``INFO cpu`` (``used_cpu_sys`` + ``used_cpu_user``) delta ÷
   commands, everything the server did (reads, scripts, replies, the network); and
@@ -102,8 +104,6 @@ async def phase(redis, settings, streams, kind, seq, first, count):
     cpu1 = await redis.info("cpu")
     cmd1 = await redis.info("commandstats")
     cpu = sum(float(cpu1[k]) - float(cpu0[k]) for k in ("used_cpu_sys", "used_cpu_user"))
-    ev0 = cmd0.get("cmdstat_evalsha", {"usec": 0, "calls": 0})
-    ev1 = cmd1["cmdstat_evalsha"]
     first_id = (await redis.xrange(streams.results, count=1))[0][0]
     last_id = (await redis.xrevrange(streams.results, count=1))[0][0]
     span = max(ms_of(last_id) - ms_of(first_id), 1) / 1000
@@ -112,12 +112,33 @@ async def phase(redis, settings, streams, kind, seq, first, count):
     for name in (streams.lifecycle, streams.results):
         stream_bytes += int(await redis.memory_usage(name, samples=0) or 0)
     await redis.delete(streams.lifecycle, streams.results, streams.dlq)
+    calls = {}
+    for name, row in cmd1.items():
+        done = int(row["calls"]) - int(cmd0.get(name, {"calls": 0})["calls"])
+        usec = int(row["usec"]) - int(cmd0.get(name, {"usec": 0})["usec"])
+        if done:
+            calls[name.removeprefix("cmdstat_")] = [done, usec]
+    return {"calls": calls, "count": count, "cpu": cpu, "span": span, "entries": entries,
+            "stream_bytes": stream_bytes}
+
+
+def per_command(runs):
+    # One phase's figures over every wave.
+    count = sum(r["count"] for r in runs)
+    calls = {}
+    for r in runs:
+        for name, (done, usec) in r["calls"].items():
+            calls.setdefault(name, [0, 0])
+            calls[name][0] += done
+            calls[name][1] += usec
+    ev = calls["evalsha"]
     return {
-        "cpu_us": cpu * 1e6 / count,
-        "evalsha_us": (int(ev1["usec"]) - int(ev0["usec"])) / (int(ev1["calls"]) - int(ev0["calls"])),
-        "rate": (count - 1) / span,
-        "entry_bytes": stream_bytes / entries,
-        "command_bytes": stream_bytes / count,
+        "calls": {name: [done / count, usec / count] for name, (done, usec) in calls.items()},
+        "cpu_us": sum(r["cpu"] for r in runs) * 1e6 / count,
+        "evalsha_us": ev[1] / ev[0],
+        "rate": sum(r["count"] - 1 for r in runs) / sum(r["span"] for r in runs),
+        "entry_bytes": sum(r["stream_bytes"] for r in runs) / sum(r["entries"] for r in runs),
+        "command_bytes": sum(r["stream_bytes"] for r in runs) / count,
     }
 
 
@@ -129,10 +150,10 @@ async def keys_left(redis, prefix):
     return count, usage
 
 
-async def main(url, sessions):
+async def main(url, sessions, waves):
     configure_logging("WARNING")
     redis = Redis.from_url(url)
-    prefix = "steady-" + uuid.uuid4().hex[:8]
+    prefix = "agents"  # the default, on a private server
     settings = Settings(redis_url=url, stream_prefix=prefix)
     streams = StreamKeys(prefix, 0)
     warm = 200
@@ -141,10 +162,17 @@ async def main(url, sessions):
     warm_keys, warm_usage = await keys_left(redis, prefix)
     before = await used_memory(redis)
     out = {}
-    for seq, kind in enumerate(PHASES, start=1):
-        out[kind] = await phase(redis, settings, streams, kind, seq, warm, sessions)
-        if kind == "spawn":
-            out["live_bytes"] = (await used_memory(redis) - before) / sessions
+    runs = {kind: [] for kind in PHASES}
+    size = sessions // waves
+    for wave in range(waves):
+        first = warm + wave * size
+        for seq, kind in enumerate(PHASES, start=1):
+            runs[kind].append(await phase(redis, settings, streams, kind, seq, first, size))
+            if kind == "spawn" and wave == 0:
+                out["live_bytes"] = (await used_memory(redis) - before) / size
+    for kind in PHASES:
+        out[kind] = per_command(runs[kind])
+    sessions = size * waves
     out["finished_bytes"] = (await used_memory(redis) - before) / sessions
     n_keys, usage = await keys_left(redis, prefix)
     out["finished_keys"] = (n_keys - warm_keys) / sessions
@@ -157,14 +185,14 @@ async def main(url, sessions):
     await redis.aclose()
     print(json.dumps(out))
 
-asyncio.run(main(sys.argv[1], int(sys.argv[2])))
+asyncio.run(main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3])))
 """
 
 
-def measure(tree: Path, url: str, sessions: int) -> dict[str, Any]:
+def measure(tree: Path, url: str, sessions: int, waves: int) -> dict[str, Any]:
     env = dict(os.environ, PYTHONPATH=str(tree))
     done = subprocess.run(
-        [sys.executable, "-c", RUNNER, url, str(sessions)],
+        [sys.executable, "-c", RUNNER, url, str(sessions), str(waves)],
         env=env,
         cwd=tree,
         capture_output=True,
@@ -178,9 +206,9 @@ def measure(tree: Path, url: str, sessions: int) -> dict[str, Any]:
     return result
 
 
-async def one_round(binary: str, tree: Path, sessions: int) -> dict[str, Any]:
+async def one_round(binary: str, tree: Path, sessions: int, waves: int) -> dict[str, Any]:
     async with private_server(binary) as url:
-        return await asyncio.to_thread(measure, tree, url, sessions)
+        return await asyncio.to_thread(measure, tree, url, sessions, waves)
 
 
 def median(values: list[float]) -> float:
@@ -192,8 +220,13 @@ def combine(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     """The median of every figure over the rounds."""
     out: dict[str, Any] = {}
     for key, value in rounds[0].items():
-        if isinstance(value, dict):
-            out[key] = {k: median([r[key][k] for r in rounds]) for k in value}
+        if key == "calls":  # per phase: {command: [calls, µs]} of the last round
+            out[key] = rounds[-1][key]
+        elif isinstance(value, dict):
+            out[key] = {
+                k: rounds[-1][key][k] if k == "calls" else median([r[key][k] for r in rounds])
+                for k in value
+            }
         elif isinstance(value, int | float):
             out[key] = median([float(r[key]) for r in rounds])
         else:
@@ -219,12 +252,13 @@ def duration(seconds: float) -> str:
 def report(args: argparse.Namespace, before: dict[str, Any], after: dict[str, Any]) -> None:
     print(
         f"command: `.venv/bin/python bench/steady_state.py --before {args.before} "
-        f"--sessions {args.sessions} --rounds {args.rounds}`"
+        f"--sessions {args.sessions} --rounds {args.rounds} --waves {args.waves}`"
     )
     print()
     print(
         f"{os.cpu_count()} CPUs · private {after['server']} per version and round · "
-        f"{args.sessions:,} sessions × 4 commands per version, default settings, median of "
+        f"{args.sessions:,} sessions × 4 commands per version in {args.waves} waves, default "
+        "settings, median of "
         f"{args.rounds} rounds · before = commit {args.before}, after = this checkout · "
         "ratios compare the two within this run (the machine is shared: absolute µs are noisy)"
     )
@@ -323,7 +357,34 @@ def report(args: argparse.Namespace, before: dict[str, Any], after: dict[str, An
             f"**{1e9 / a_total:,.0f}**",
         ],
     ]
-    print(markdown_table(["at each version's default settings", "before", "after"], mem_rows, "lrr"))
+    print(
+        markdown_table(["at each version's default settings", "before", "after"], mem_rows, "lrr")
+    )
+    print()
+    breakdown(f"Before ({args.before})", before)
+    breakdown("After (this checkout)", after)
+
+
+def breakdown(label: str, run: dict[str, Any]) -> None:
+    """Where a version's Redis time goes: `INFO commandstats` per command type ÷ commands.
+    Commands a script calls are counted too (inside its EVALSHA's time)."""
+    names = sorted(
+        {n for k in PHASES for n in run[k]["calls"]},
+        key=lambda n: -sum(run[k]["calls"].get(n, [0, 0])[1] for k in PHASES),
+    )
+    rows = []
+    for name in names:
+        cells = []
+        for kind in PHASES:
+            calls, usec = run[kind]["calls"].get(name, [0.0, 0.0])
+            cells.append(f"{calls:.2f} · {usec:.2f}" if calls else "")
+        if any(run[k]["calls"].get(name, [0, 0])[1] >= 0.05 for k in PHASES):
+            rows.append([f"`{name}`", *cells])
+    print(f"{label}: calls per command · µs per command (`INFO commandstats`, wall time of each")
+    print("call, so a script's µs include those of the commands it calls):")
+    print()
+    print(markdown_table(["command", *PHASES], rows, "lrrrr"))
+    print()
 
 
 async def main() -> None:
@@ -331,6 +392,7 @@ async def main() -> None:
     parser.add_argument("--before", default="0102ab1", help="the earlier commit")
     parser.add_argument("--sessions", type=int, default=10_000)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--waves", type=int, default=5, help="sessions run in this many waves")
     parser.add_argument("--server-binary", default=None)
     args = parser.parse_args()
     binary = server_binary(args.server_binary)
@@ -345,8 +407,8 @@ async def main() -> None:
         )
         try:
             for _ in range(args.rounds):  # alternate, so noise hits both alike
-                befores.append(await one_round(binary, tree, args.sessions))
-                afters.append(await one_round(binary, ROOT, args.sessions))
+                befores.append(await one_round(binary, tree, args.sessions, args.waves))
+                afters.append(await one_round(binary, ROOT, args.sessions, args.waves))
         finally:
             subprocess.run(
                 ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)],

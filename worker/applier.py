@@ -396,11 +396,11 @@ class CommandApplier:
                 and shard_of(project_id, session_id, settings.shards) == shard
             )
             seq = copied["seq"] if session_known else None
+        result_id, record = result_id_and_record(project_id, event_id)
         if session_known and project_id is not None and session_id is not None:
             session = SessionKeys(settings.stream_prefix, shard, project_id, session_id)
         else:
             session = SessionKeys(settings.stream_prefix, shard, _PLACEHOLDER, _PLACEHOLDER)
-        result_id, record = result_id_and_record(project_id, event_id)
         keys = [
             *session.all(),
             streams.dedupe(project_id or _PLACEHOLDER, event_id),
@@ -424,7 +424,8 @@ class CommandApplier:
             settings.max_checkpoints_per_session,
             record,
         ]
-        if isinstance(intake, Refused):
+        if isinstance(intake, Refused):  # its record gets a key of its own (see the script)
+            argv[12] = b""
             argv[0] = "reject"
             argv += [intake.reason, intake.detail]
         else:

@@ -304,12 +304,27 @@ class EpisodeStore:
         batch: list[str] = []
 
         async def flush() -> int:
+            # A meta hash keeps its dedupe records (fields starting '@'), nothing else.
+            metas = [key for key in batch if key.endswith(":meta")]
+            pipe = redis.pipeline(transaction=False)
+            for key in metas:
+                pipe.hkeys(key)
+            fields: Sequence[list[bytes]] = await pipe.execute() if metas else []
+            kept = {
+                key: [f for f in names if not f.startswith(b"@")]
+                for key, names in zip(metas, fields, strict=True)
+                if any(f.startswith(b"@") for f in names)
+            }
             pipe = redis.pipeline(transaction=False)
             for key in batch:  # one key per UNLINK: fine on a cluster, where slots differ
-                pipe.unlink(key)
+                if key not in kept:
+                    pipe.unlink(key)
+                elif kept[key]:
+                    pipe.hdel(key, *kept[key])
             counts: Sequence[int] = await pipe.execute()
             batch.clear()
-            return sum(int(c) for c in counts)
+            # A meta hash reduced to its records counts as one key removed (HDEL counts fields).
+            return sum(min(int(c), 1) for c in counts)
 
         async for key, _session, _kind in working_memory_keys(
             redis, prefix, project_id, session_id

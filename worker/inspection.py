@@ -98,7 +98,7 @@ async def inspect_session(
         "project_id": project_id,
         "session_id": session_id,
         "shard": keys.shard,
-        "exists": bool(meta or variables),
+        "exists": b"state" in meta or bool(variables),
         "meta": {k.decode(): v.decode() for k, v in meta.items() if not k.startswith(b"@")},
         "dedupe_records": sum(1 for k in meta if k.startswith(b"@")),
         "ttl_seconds": None if ttl < 0 else ttl / 1000,

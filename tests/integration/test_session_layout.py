@@ -12,7 +12,7 @@ from tests.helpers import command, publish, results, running_worker, stream_len_
 from worker.keys import SessionKeys, StreamKeys
 from worker.settings import Settings
 
-FINISHED_SESSION_BYTES = 200
+FINISHED_SESSION_BYTES = 160
 """README "Key layout": `MEMORY USAGE` of what a finished session (short ids like these) keeps."""
 
 
@@ -101,7 +101,10 @@ async def test_identical_event_ids_in_two_projects_never_collide(
     ]
     # alpha now spawns s1 and republishes its pause: its own record makes it a duplicate,
     # while beta's records of the same event_ids play no part.
-    bodies = [command("spawn", "e-spawn", "s1", "alpha"), command("pause", "e-pause", "s1", "alpha")]
+    bodies = [
+        command("spawn", "e-spawn", "s1", "alpha"),
+        command("pause", "e-pause", "s1", "alpha"),
+    ]
     out = await run(redis, settings, bodies, 6)
     assert [(r["project_id"], r["type"]) for r in out[5:]] == [("alpha", "agent.spawned")]
     alpha = SessionKeys.for_session(settings.stream_prefix, 1, "alpha", "s1")

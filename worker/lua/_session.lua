@@ -60,29 +60,35 @@ local function json_string_array(items)
 end
 
 -- Variables as one JSON object; stored values are already JSON text.
+-- Variables as one JSON object (stored values are already JSON text), and how many.
 local function variables_json()
   local flat = redis.call('HGETALL', K_VARS)
-  if #flat == 0 then return '{}' end
+  if #flat == 0 then return '{}', 0 end
   local parts = {}
   for i = 1, #flat, 2 do
     parts[#parts + 1] = cjson.encode(flat[i]) .. ':' .. flat[i + 1]
   end
-  return '{' .. table.concat(parts, ',') .. '}'
+  return '{' .. table.concat(parts, ',') .. '}', #parts
 end
 
 local function scratchpad_json()
   local entries = redis.call('LRANGE', K_SCRATCH, 0, -1)
-  if #entries == 0 then return '[]' end
-  return '[' .. table.concat(entries, ',') .. ']'
+  if #entries == 0 then return '[]', 0 end
+  return '[' .. table.concat(entries, ',') .. ']', #entries
 end
 
+-- The session's memory as JSON, and its item count (as count_items would say).
 local function snapshot_json()
   local task = redis.call('GET', K_TASK)
-  if not task then task = 'null' end
-  return '{"variables":' .. variables_json()
+  local items = 1
+  if not task then task, items = 'null', 0 end
+  local variables, n_vars = variables_json()
+  local scratchpad, n_entries = scratchpad_json()
+  return '{"variables":' .. variables
     .. ',"task_state":' .. task
-    .. ',"scratchpad":' .. scratchpad_json()
-    .. ',"checkpoints":' .. json_string_array(redis.call('ZRANGE', K_CPS, 0, -1)) .. '}'
+    .. ',"scratchpad":' .. scratchpad
+    .. ',"checkpoints":' .. json_string_array(redis.call('ZRANGE', K_CPS, 0, -1)) .. '}',
+    items + n_vars + n_entries
 end
 
 local function checkpoint_exists(id)
@@ -174,9 +180,10 @@ local function checkpoint_delete(id)
   return redis.call('ZREM', K_CPS, id)
 end
 
--- Remove the working memory and checkpoints; returns the number of items cleared.
-local function clear_data()
-  local items = count_items()
+-- Remove the working memory and checkpoints; returns the number of items cleared (items:
+-- that number when the caller knows it already).
+local function clear_data(items)
+  items = items or count_items()
   redis.call('DEL', unpack(DATA_KEYS))
   return items
 end
