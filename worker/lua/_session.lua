@@ -78,12 +78,14 @@ local function scratchpad_json()
 end
 
 -- The session's memory as JSON, and its item count (as count_items would say).
-local function snapshot_json()
-  local task = redis.call('GET', K_TASK)
-  local items = 1
-  if not task then task, items = 'null', 0 end
+-- bare: the caller knows task and scratch do not exist.
+local function snapshot_json(bare)
+  local task, items = false, 0
+  if not bare then task = redis.call('GET', K_TASK) end
+  if task then items = 1 else task = 'null' end
   local variables, n_vars = variables_json()
-  local scratchpad, n_entries = scratchpad_json()
+  local scratchpad, n_entries = '[]', 0
+  if not bare then scratchpad, n_entries = scratchpad_json() end
   return '{"variables":' .. variables
     .. ',"task_state":' .. task
     .. ',"scratchpad":' .. scratchpad
@@ -97,11 +99,15 @@ end
 
 -- Save the current variables, their expiries, the task state and the scratchpad under id,
 -- server-side (DUMP payloads), so a 1,000-key session checkpoints in one call.
+-- bare: the caller knows vexp, task and scratch do not exist (their calls are skipped).
+-- fresh: the caller knows id is no checkpoint (no parts of an earlier one to drop).
 -- Returns the number of items saved.
-local function checkpoint_create(id, description, now, now_iso)
-  purge_expired(now)
-  -- Re-using an id must not leave the previous checkpoint's parts behind.
-  redis.call('HDEL', K_CPDATA, id .. '|vars', id .. '|vexp', id .. '|scratch', id .. '|task')
+local function checkpoint_create(id, description, now, now_iso, bare, fresh)
+  if not bare then purge_expired(now) end
+  if not fresh then
+    -- Re-using an id must not leave the previous checkpoint's parts behind.
+    redis.call('HDEL', K_CPDATA, id .. '|vars', id .. '|vexp', id .. '|scratch', id .. '|task')
+  end
   local fields = {}
   local function save(suffix, key)
     local blob = redis.call('DUMP', key)
@@ -111,14 +117,19 @@ local function checkpoint_create(id, description, now, now_iso)
     end
   end
   save('vars', K_VARS)
-  save('vexp', K_VEXP)
-  save('scratch', K_SCRATCH)
-  local task = redis.call('GET', K_TASK)
-  if task then
-    fields[#fields + 1] = id .. '|task'
-    fields[#fields + 1] = task
+  local items
+  if bare then
+    items = redis.call('HLEN', K_VARS)
+  else
+    save('vexp', K_VEXP)
+    save('scratch', K_SCRATCH)
+    local task = redis.call('GET', K_TASK)
+    if task then
+      fields[#fields + 1] = id .. '|task'
+      fields[#fields + 1] = task
+    end
+    items = count_items()
   end
-  local items = count_items()
   fields[#fields + 1] = id .. '|info'
   fields[#fields + 1] = cjson.encode({
     checkpoint_id = id, description = description or '', created_at = now_iso, items = items
@@ -128,10 +139,10 @@ local function checkpoint_create(id, description, now, now_iso)
   return items
 end
 
-local function restore_key(key, blob)
+local function restore_key(key, blob, bare)
   if blob then
     redis.call('RESTORE', key, 0, blob, 'REPLACE')
-  else
+  elseif not bare then
     redis.call('DEL', key)
   end
 end
@@ -139,14 +150,16 @@ end
 -- Restore checkpoint id. With clear, the current memory is replaced; without, the
 -- checkpoint's variables are written over the current ones (others kept) and its task
 -- state, when it has one, replaces the current one; the scratchpad is kept.
--- Returns the number of items after the restore.
-local function checkpoint_restore(id, clear, now)
+-- bare: the caller knows vexp, task and scratch do not exist now.
+-- Returns the number of items after the restore, and whether vexp, task and scratch are
+-- known not to exist after it.
+local function checkpoint_restore(id, clear, now, bare)
   local blobs = redis.call('HMGET', K_CPDATA, id .. '|vars', id .. '|vexp', id .. '|scratch', id .. '|task')
   if clear then
     restore_key(K_VARS, blobs[1])
-    restore_key(K_VEXP, blobs[2])
-    restore_key(K_SCRATCH, blobs[3])
-    if blobs[4] then redis.call('SET', K_TASK, blobs[4]) else redis.call('DEL', K_TASK) end
+    restore_key(K_VEXP, blobs[2], bare)
+    restore_key(K_SCRATCH, blobs[3], bare)
+    if blobs[4] then redis.call('SET', K_TASK, blobs[4]) elseif not bare then redis.call('DEL', K_TASK) end
   else
     local tmp = K_CPDATA .. ':restore'
     if blobs[1] then
@@ -171,8 +184,11 @@ local function checkpoint_restore(id, clear, now)
     end
     if blobs[4] then redis.call('SET', K_TASK, blobs[4]) end
   end
+  if bare and clear and not (blobs[2] or blobs[3] or blobs[4]) then
+    return redis.call('HLEN', K_VARS), true  -- nothing but variables, none with an expiry
+  end
   purge_expired(now)
-  return count_items()
+  return count_items(), false
 end
 
 local function checkpoint_delete(id)
