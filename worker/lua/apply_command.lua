@@ -12,7 +12,7 @@
 --
 -- Dedupe records live with their session: field ARGV[13] of the session's meta hash (an empty
 -- value, 11 bytes of listpack; no key and no TTL of its own). At terminate the meta hash
--- is folded into a compact tombstone: the state and these records, nothing else.
+-- is folded into a compact tombstone: the state, last_seq and these records, nothing else.
 -- A command for a session that does not exist (yet) leaves its record in a meta hash without
 -- 'state' (records only: no session), kept for the dedupe window. A command the worker refused
 -- before running this script (ARGV[13] is ''; op 'reject') has its record at KEYS[8], a key of
@@ -26,9 +26,10 @@ local default_ttl, dedupe_ttl, tombstone_ttl = ARGV[8], ARGV[9], ARGV[10]
 local max_checkpoints = tonumber(ARGV[12])
 local record = ARGV[13]
 local traceparent = ARGV[11]
--- Fields only a live session needs; the tombstone drops them.
+-- Fields only a live session needs; the tombstone drops them (it keeps state, last_seq and
+-- the records).
 local LIVE_FIELDS = {'agent_instance_id', 'agent_type_id', 'started_ms', 'started_at', 'updated_at',
-  'ttl_ms', 'last_seq', 'paused_checkpoint'}
+  'ttl_ms', 'paused_checkpoint'}
 
 local meta = redis.call('HMGET', K_META, 'state', 'last_seq', 'started_ms', 'started_at', 'ttl_ms', record)
 local state, last_seq = meta[1], tonumber(meta[2]) or 0
@@ -267,10 +268,10 @@ if op == 'terminate' then
     for _, k in ipairs(DATA_KEYS) do redis.call('PEXPIRE', k, tombstone_ttl) end
   end
   body = body .. ',"items_cleared":' .. cleared .. extra
-  -- Fold the meta hash into the compact tombstone: the state and the records, nothing else
-  -- (when it ended is the time of its last record).
+  -- Fold the meta hash into the compact tombstone: the state, last_seq and the records.
   redis.call('HDEL', K_META, unpack(LIVE_FIELDS))
   update('state', 'terminated')
+  advance_seq()
   state = 'terminated'
   local out = finish('applied', body)
   redis.call('PEXPIRE', K_META, tombstone_ttl)
