@@ -46,7 +46,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from harness import markdown_table
+from harness import invocation, markdown_table
 from memory_footprint import private_server, server_binary
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -250,10 +250,7 @@ def duration(seconds: float) -> str:
 
 
 def report(args: argparse.Namespace, before: dict[str, Any], after: dict[str, Any]) -> None:
-    print(
-        f"command: `.venv/bin/python bench/steady_state.py --before {args.before} "
-        f"--sessions {args.sessions} --rounds {args.rounds} --waves {args.waves}`"
-    )
+    print(f"command: `{invocation()}`")
     print()
     print(
         f"{os.cpu_count()} CPUs · private {after['server']} per version and round · "
@@ -387,6 +384,73 @@ def breakdown(label: str, run: dict[str, Any]) -> None:
     print()
 
 
+async def server_cpu(redis: Any) -> float:
+    info = await redis.info("cpu")
+    return float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
+
+
+async def script_costs(binary: str, sessions: int) -> list[tuple[str, float]]:
+    """Redis CPU per call (``INFO cpu`` Δ ÷ calls) of this checkout's spawn script cut short at
+    successive points, with the real KEYS/ARGV of ``sessions`` spawns (4 small variables),
+    pipelined 500 at a time from one client: what the call itself, the prelude's definitions,
+    the script's own set-up, and its work each cost."""
+    import orjson
+    from redis.asyncio import Redis
+
+    from worker.applier import CommandApplier
+    from worker.scripts import script
+    from worker.settings import Settings
+
+    source = script("apply_command.lua").source
+    cuts = [
+        ("EVALSHA of `return 1` with the same KEYS and ARGV", "return 1"),
+        ("+ the prelude's definitions (`_session.lua`)", source[: source.index("local K_DEDUPE")]),
+        (
+            "+ the script's set-up: ARGV, one HMGET (state, seq, the record), its functions",
+            source.replace(
+                "if op == 'spawn' then", "if op then return 1 end\nif op == 'spawn' then", 1
+            ),
+        ),
+        ("the whole spawn (new session)", source),
+        ("the same spawns again (duplicates: HMGET, XACK)", source),
+    ]
+    out: list[tuple[str, float]] = []
+    async with private_server(binary) as url:
+        redis = Redis.from_url(url)
+        try:
+            settings = Settings(redis_url=url, stream_prefix="costs")
+            applier = CommandApplier(redis, settings)
+            entries = []
+            for n in range(sessions):
+                body = {
+                    "type": "spawn",
+                    "event_id": f"s{n}-1",
+                    "project_id": "bench",
+                    "session_id": f"s{n}",
+                    "agent_instance_id": "a",
+                    "seq": 1,
+                    "initial_state": {f"k{i}": {"v": i, "note": "x" * 20} for i in range(4)},
+                }
+                entries.append((f"{n + 1}-0", {b"data": orjson.dumps(body)}))
+            calls = [c[2:] for c in applier.plan(0, entries).commands]  # numkeys, keys, argv
+            # The first pass of a big script runs while Lua's heap (and its GC pace) is still
+            # growing: warm it with an unmeasured pass of the set-up cut.
+            for label, body_source in [cuts[2], *cuts]:
+                sha = await redis.script_load(body_source)
+                started = await server_cpu(redis)
+                pipe = redis.pipeline(transaction=False)
+                for call in calls:
+                    pipe.evalsha(sha, *call)
+                    if len(pipe) >= 500:
+                        await pipe.execute()
+                await pipe.execute()
+                out.append((label, (await server_cpu(redis) - started) * 1e6 / sessions))
+            out.pop(0)
+        finally:
+            await redis.aclose()
+    return out
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--before", default="0102ab1", help="the earlier commit")
@@ -415,7 +479,20 @@ async def main() -> None:
                 check=False,
                 capture_output=True,
             )
+    costs = await script_costs(binary, args.sessions)
     report(args, combine(befores), combine(afters))
+    print(
+        "Where a spawn's script time goes (this checkout, same private server kind, "
+        f"{args.sessions:,} calls per row, `INFO cpu` Δ ÷ calls; no worker: one pipelining "
+        "client):"
+    )
+    print()
+    rows, last = [], 0.0
+    for label, cost in costs:
+        added = cost - last if label.startswith("+") else None
+        rows.append([label, f"{cost:.1f}", "" if added is None else f"{added:+.1f}"])
+        last = cost
+    print(markdown_table(["script", "Redis CPU µs/call", "adds"], rows, "lrr"))
 
 
 if __name__ == "__main__":

@@ -124,3 +124,17 @@ async def test_a_finished_session_leaves_one_small_key_once_streams_are_trimmed(
     assert used is not None and used <= FINISHED_SESSION_BYTES, used
     window = max(settings.tombstone_ttl_seconds, settings.dedupe_ttl_seconds) * 1000
     assert 0 < await redis.pttl(keys.meta) <= window
+
+
+async def test_a_long_sessions_packed_tombstone_and_a_late_commands_record_still_dedupe(
+    redis: Redis, settings: Settings
+) -> None:
+    bodies = [command("spawn", "l-0")]
+    for n in range(1, 6):
+        bodies += [command("pause", f"l-p{n}"), command("resume", f"l-r{n}")]
+    bodies.append(command("terminate", "l-end"))
+    late = command("pause", "l-late")
+    first = await run(redis, settings, [*bodies, late], 13)
+    assert first[-1]["reason"] == "already_terminated"
+    again = await run(redis, settings, [*bodies, late], 13)
+    assert again == first

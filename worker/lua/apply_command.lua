@@ -12,7 +12,8 @@
 --
 -- Dedupe records live with their session: field ARGV[13] of the session's meta hash (an empty
 -- value, 11 bytes of listpack; no key and no TTL of its own). At terminate the meta hash
--- is folded into a compact tombstone: the state, last_seq and these records, nothing else.
+-- is folded into a compact tombstone: the state, last_seq and these records' digests packed
+-- into one field (PACKED), nothing else.
 -- A command for a session that does not exist (yet) leaves its record in a meta hash without
 -- 'state' (records only: no session), kept for the dedupe window. A command the worker refused
 -- before running this script (ARGV[13] is ''; op 'reject') has its record at KEYS[8], a key of
@@ -26,18 +27,36 @@ local default_ttl, dedupe_ttl, tombstone_ttl = ARGV[8], ARGV[9], ARGV[10]
 local max_checkpoints = tonumber(ARGV[12])
 local record = ARGV[13]
 local traceparent = ARGV[11]
--- Fields only a live session needs; the tombstone drops them (it keeps state, last_seq and
--- the records).
-local LIVE_FIELDS = {'agent_instance_id', 'agent_type_id', 'started_ms', 'started_at', 'updated_at',
-  'ttl_ms', 'paused_checkpoint'}
+-- The field of a tombstone that packs its records: their 8-byte digests end to end (a hash
+-- keeps a field of up to 64 bytes in its listpack, so a tombstone of up to 8 commands
+-- is one small allocation: state, last_seq and this field).
+local PACKED = '@'
 
-local meta = redis.call('HMGET', K_META, 'state', 'last_seq', 'started_ms', 'started_at', 'ttl_ms', record)
+local meta = redis.call('HMGET', K_META, 'state', 'last_seq', 'started_ms', 'started_at', 'ttl_ms',
+  record, PACKED)
 local state, last_seq = meta[1], tonumber(meta[2]) or 0
 
+-- Whether the 8-byte digest d is one of those packed in blob (at a multiple of 8).
+local function packed_in(blob, d)
+  local from = 1
+  while true do
+    local at = string.find(blob, d, from, true)
+    if not at then return false end
+    if at % 8 == 1 then return true end
+    from = at + 1
+  end
+end
+
 -- A record in a meta hash is an empty value: its field is the whole record (the result's
--- event_id already follows from the command's); a record key holds the result's stream id.
+-- event_id already follows from the command's); a tombstone packs its records' digests into
+-- one field; a record key holds the result's stream id.
 local previous
-if record == '' then previous = redis.call('GET', K_DEDUPE) else previous = meta[6] end
+if record == '' then
+  previous = redis.call('GET', K_DEDUPE)
+else
+  previous = meta[6]
+  if not previous and meta[7] and packed_in(meta[7], string.sub(record, 2)) then previous = '' end
+end
 if previous then
   redis.call('XACK', K_SOURCE, group, entry_id)
   return {'duplicate', previous}
@@ -59,7 +78,7 @@ local function finish(status, body)
   end
   if record == '' then
     redis.call('SET', K_DEDUPE, id, 'PX', dedupe_ttl)
-  else
+  elseif op ~= 'terminate' or status ~= 'applied' then  -- terminate packs its own record
     update(record, '')
   end
   if #updates > 0 then
@@ -268,10 +287,22 @@ if op == 'terminate' then
     for _, k in ipairs(DATA_KEYS) do redis.call('PEXPIRE', k, tombstone_ttl) end
   end
   body = body .. ',"items_cleared":' .. cleared .. extra
-  -- Fold the meta hash into the compact tombstone: the state, last_seq and the records.
-  redis.call('HDEL', K_META, unpack(LIVE_FIELDS))
+  -- Fold the meta hash into the compact tombstone: state, last_seq and the records, packed.
+  local flat = redis.call('HGETALL', K_META)
+  local digests = {}
+  for i = 1, #flat, 2 do
+    local name = flat[i]
+    if name == PACKED then
+      digests[#digests + 1] = flat[i + 1]
+    elseif string.byte(name, 1) == 64 then  -- '@': one record
+      digests[#digests + 1] = string.sub(name, 2)
+    end
+  end
+  digests[#digests + 1] = string.sub(record, 2)
+  redis.call('DEL', K_META)
   update('state', 'terminated')
-  advance_seq()
+  update(PACKED, table.concat(digests))
+  if seq then update('last_seq', seq) elseif meta[2] then update('last_seq', meta[2]) end
   state = 'terminated'
   local out = finish('applied', body)
   redis.call('PEXPIRE', K_META, tombstone_ttl)
