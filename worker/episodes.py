@@ -245,8 +245,9 @@ class EpisodeStore:
         given and ``before`` is not, its working memory in Redis. Returns real counts.
 
         ``before`` narrows only the history: working memory is live state, never "older".
-        The dedupe records of applied commands are kept on purpose (they expire on their own):
-        deleting them would let a replayed command apply a second time.
+        A session's dedupe records live in its meta hash and go with it: replaying the
+        forgotten session's commands afterwards would apply them again. The records of
+        commands refused before they were applied (``evt:`` keys) expire on their own.
         """
         episodes = delete(Episode).where(*_scope(Episode, project_id, session_id, before))
         events = delete(LifecycleEvent).where(
@@ -304,27 +305,12 @@ class EpisodeStore:
         batch: list[str] = []
 
         async def flush() -> int:
-            # A meta hash keeps its dedupe records (fields starting '@'), nothing else.
-            metas = [key for key in batch if key.endswith(":meta")]
-            pipe = redis.pipeline(transaction=False)
-            for key in metas:
-                pipe.hkeys(key)
-            fields: Sequence[list[bytes]] = await pipe.execute() if metas else []
-            kept = {
-                key: [f for f in names if not f.startswith(b"@")]
-                for key, names in zip(metas, fields, strict=True)
-                if any(f.startswith(b"@") for f in names)
-            }
             pipe = redis.pipeline(transaction=False)
             for key in batch:  # one key per UNLINK: fine on a cluster, where slots differ
-                if key not in kept:
-                    pipe.unlink(key)
-                elif kept[key]:
-                    pipe.hdel(key, *kept[key])
+                pipe.unlink(key)
             counts: Sequence[int] = await pipe.execute()
             batch.clear()
-            # A meta hash reduced to its records counts as one key removed (HDEL counts fields).
-            return sum(min(int(c), 1) for c in counts)
+            return sum(int(c) for c in counts)
 
         async for key, _session, _kind in working_memory_keys(
             redis, prefix, project_id, session_id
