@@ -195,11 +195,3 @@ local function checkpoint_delete(id)
   redis.call('HDEL', K_CPDATA, id .. '|vars', id .. '|vexp', id .. '|scratch', id .. '|task', id .. '|info')
   return redis.call('ZREM', K_CPS, id)
 end
-
--- Remove the working memory and checkpoints; returns the number of items cleared (items:
--- that number when the caller knows it already).
-local function clear_data(items)
-  items = items or count_items()
-  redis.call('DEL', unpack(DATA_KEYS))
-  return items
-end

@@ -280,13 +280,6 @@ if op == 'terminate' then
   else
     body = body .. ',"consolidate":false'
   end
-  local cleared = 0
-  if cleanup then
-    cleared = clear_data(items)
-  else
-    for _, k in ipairs(DATA_KEYS) do redis.call('PEXPIRE', k, tombstone_ttl) end
-  end
-  body = body .. ',"items_cleared":' .. cleared .. extra
   -- Fold the meta hash into the compact tombstone: state, last_seq and the records, packed.
   local flat = redis.call('HGETALL', K_META)
   local digests = {}
@@ -299,7 +292,15 @@ if op == 'terminate' then
     end
   end
   digests[#digests + 1] = string.sub(record, 2)
-  redis.call('DEL', K_META)
+  local cleared = 0
+  if cleanup then  -- the working memory, checkpoints and the meta hash in one DEL
+    cleared = items or count_items()
+    redis.call('DEL', K_META, unpack(DATA_KEYS))
+  else
+    for _, k in ipairs(DATA_KEYS) do redis.call('PEXPIRE', k, tombstone_ttl) end
+    redis.call('DEL', K_META)
+  end
+  body = body .. ',"items_cleared":' .. cleared .. extra
   update('state', 'terminated')
   update(PACKED, table.concat(digests))
   if seq then update('last_seq', seq) elseif meta[2] then update('last_seq', meta[2]) end
