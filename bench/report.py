@@ -107,6 +107,12 @@ BENCHES = [
         quick=["--sessions", "300", "--rss-sessions", "1000"],
     ),
     Bench(
+        "steady_state.py",
+        "Steady state: bytes per session, Redis CPU per command, commands/s per GB",
+        "An earlier commit and this checkout, each on a private Redis, default settings.",
+        quick=["--sessions", "1000", "--rounds", "1"],
+    ),
+    Bench(
         "capacity_figures.py",
         "Capacity: bytes per session, per record and per entry; what one GB sustains",
         "`memworker stats` on a known workload, the capacity gauges' cost, time until full.",

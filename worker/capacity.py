@@ -16,9 +16,11 @@ Everything here is sampled, never a full scan, so it is cheap enough for the lag
   first and last entry).
 
 What one command leaves, and for how long (the capacity-planning formula of the README):
-one lifecycle entry and one results entry (held ``retention_seconds``), one dedupe record
-(``dedupe_ttl_seconds``) and its share of a finished session's tombstone (its bytes ÷ commands
-per session, held ``tombstone_ttl_seconds``). At ``r`` commands/s the windows hold
+one lifecycle entry and one results entry (held ``retention_seconds``), a dedupe record when
+it is a key of its own (``dedupe_ttl_seconds``; a session's records are in its own keys) and
+its share of a finished session's tombstone and seq counter (their bytes ÷ commands per
+session, held the longer of ``tombstone_ttl_seconds`` and ``dedupe_ttl_seconds``). At ``r``
+commands/s the windows hold
 ``r × Σ bytes × seconds``; Redis levels off at ``used − (what the windows hold now) + that``.
 """
 
@@ -303,12 +305,12 @@ class Capacity:
     dedupe_records: float
     bytes_per_live_session: float | None
     bytes_per_finished_session: float | None
-    """Its tombstone, the dedupe records of its commands and its seq counter (when its
+    """Its tombstone (its dedupe records are packed in it) and its seq counter (when its
     commands were published with ``LifecycleClient``), while they are kept."""
     bytes_per_tombstone: float | None
     """What is left of the session's own keys after terminate."""
     commands_per_session: float | None
-    """Dedupe records ÷ sessions: one record per command."""
+    """Commands ÷ spawns in the lifecycle streams (see ``recent_commands_per_session``)."""
     bytes_per_dedupe_record: float | None
     bytes_per_lifecycle_entry: float | None
     bytes_per_result_entry: float | None
@@ -357,9 +359,9 @@ def assess(
 ) -> Capacity:
     """Put the measurements together: bytes per thing, per command, and time until full.
 
-    Commands per session are dedupe records ÷ sessions (one record per command, over the
-    dedupe window); without dedupe records to count, ``recent_commands_per_session`` (commands
-    ÷ spawns among lifecycle entries sampled over the streams, see that function)."""
+    Commands per session are ``recent_commands_per_session`` (commands ÷ spawns among
+    lifecycle entries sampled over the streams, see that function); without one, dedupe record
+    keys ÷ sessions (a layout with one record key per command)."""
     used, maxmemory, policy = memory
     lifecycle_names = set(lifecycle_streams(settings))
     result_names = {StreamKeys(settings.stream_prefix, s).results for s in range(settings.shards)}
@@ -372,22 +374,30 @@ def assess(
     per_seq = sample.kinds[SEQ_KIND].bytes_each or 0.0
     seq_share = sample.estimate(SEQ_KIND, dbsize) / (live + finished) if live + finished else 0.0
     seq_share = min(1.0, seq_share)  # a session has at most one counter (publishers' choice)
-    seq_ttl = settings.session_ttl_seconds + settings.tombstone_ttl_seconds
+    # A finished session's dedupe records go with its tombstone, kept for the longer of the
+    # two windows, and its seq counter is kept as long after the terminate.
+    tombstone_ttl = max(settings.tombstone_ttl_seconds, settings.dedupe_ttl_seconds)
     per_tombstone = sample.kinds["finished"].bytes_each
     per_live = sample.kinds["live"].bytes_each
     per_lifecycle, per_result = _per_entry(lifecycle), _per_entry(results)
-    commands_per_session = dedupes / (live + finished) if live + finished and dedupes else None
-    commands_per_session = commands_per_session or recent_commands_per_session
+    sessions = live + finished
+    commands_per_session = recent_commands_per_session
+    if commands_per_session is None and sessions and dedupes:
+        commands_per_session = dedupes / sessions  # a layout with one record key per command
+    # Dedupe record keys per command: those a session's own keys do not hold (refused commands).
+    dedupe_share = 1.0 if dedupes else 0.0
+    if sessions and commands_per_session:
+        dedupe_share = min(1.0, dedupes / (sessions * commands_per_session))
 
     # What one command leaves, and for how long.
     parts: list[tuple[float, float]] = [
         (per_lifecycle or 0.0, settings.retention_seconds),
         (per_result or 0.0, settings.retention_seconds),
-        (per_dedupe or 0.0, settings.dedupe_ttl_seconds),
+        ((per_dedupe or 0.0) * dedupe_share, settings.dedupe_ttl_seconds),
     ]
     if per_tombstone and commands_per_session:
-        parts.append((per_tombstone / commands_per_session, settings.tombstone_ttl_seconds))
-        parts.append((per_seq * seq_share / commands_per_session, seq_ttl))
+        parts.append((per_tombstone / commands_per_session, tombstone_ttl))
+        parts.append((per_seq * seq_share / commands_per_session, tombstone_ttl))
     per_command = sum(b for b, _ in parts) or None
     byte_seconds = sum(b * s for b, s in parts) or None
     window_now = (
@@ -396,11 +406,7 @@ def assess(
         + finished * (per_tombstone or 0.0)
     )
     window_now += sample.estimate(SEQ_KIND, dbsize) * per_seq
-    per_finished = per_tombstone
-    if per_tombstone is not None:
-        per_finished = per_tombstone + seq_share * per_seq
-        if per_dedupe is not None and commands_per_session:
-            per_finished += commands_per_session * per_dedupe
+    per_finished = None if per_tombstone is None else per_tombstone + seq_share * per_seq
     steady: float | None = None
     if rate is not None and byte_seconds is not None:
         steady = max(0.0, used - window_now) + rate * byte_seconds
@@ -516,9 +522,7 @@ async def measure_capacity(
         rate, source = meter.rate(), f"entries-added over {rate_seconds:g} s"
     else:
         rate, source = retained_rate(lifecycle), "average over the retained lifecycle entries"
-    recent = None
-    if not sample.kinds[DEDUPE_KIND].seen:
-        recent = await recent_commands_per_session(redis, settings)
+    recent = await recent_commands_per_session(redis, settings)
     return assess(settings, memory, dbsize, sample, streams, rate, source, recent)
 
 
@@ -570,7 +574,7 @@ class CapacityProbe:
             self._complete, self._sample = self._sample, KeySample()
             self._recent_stale = True
         sample = self._complete or self._sample
-        if self._recent_stale and not sample.kinds[DEDUPE_KIND].seen:  # once a cycle
+        if self._recent_stale:  # once a SCAN cycle
             self._recent = await recent_commands_per_session(redis, self.settings)
             self._recent_stale = False
         streams = await stream_usage(redis, memworker_streams(self.settings))
@@ -658,13 +662,15 @@ def render_capacity(c: Capacity, settings: Settings) -> str:
         f"dedupe records {c.dedupe_records:,.0f}",
         f"bytes per live session {_bytes(c.bytes_per_live_session)}, per finished session "
         f"{_bytes(c.bytes_per_finished_session)} (tombstone {_bytes(c.bytes_per_tombstone)} "
-        f"+ {c.commands_per_session or 0:.1f} dedupe records + seq counter), per dedupe record "
+        f"+ seq counter; {c.commands_per_session or 0:.1f} commands a session), "
+        "per dedupe record "
         f"{_bytes(c.bytes_per_dedupe_record)}, per lifecycle entry "
         f"{_bytes(c.bytes_per_lifecycle_entry)}, per results entry "
         f"{_bytes(c.bytes_per_result_entry)}",
         f"one command leaves {_bytes(c.bytes_per_command)} (entries held "
         f"{settings.retention_seconds:g} s, dedupe record {settings.dedupe_ttl_seconds} s, "
-        f"tombstone share {settings.tombstone_ttl_seconds} s): 1 GB sustains "
+        "tombstone and seq counter shares "
+        f"{max(settings.tombstone_ttl_seconds, settings.dedupe_ttl_seconds)} s): 1 GB sustains "
         + ("-" if per_gb is None else f"{per_gb:,.1f}")
         + " commands/s",
         f"rate: {rate} commands/s ({c.rate_source}); {c.verdict}",

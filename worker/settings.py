@@ -1,4 +1,4 @@
-"""Settings from the environment (see CONTRACT.md "Configuration").
+"""Settings from the environment (see README.md "Configuration").
 
 Every setting but the two URLs is read from a ``MEMWORKER_``-prefixed variable, so operators
 can configure the worker, the consolidator and the CLI from one environment.
@@ -43,8 +43,12 @@ class Settings(BaseSettings):
     max_value_bytes: int = Field(default=1_048_576, ge=1)
     max_scratchpad_entries: int = Field(default=1_000, ge=1)
     max_checkpoints_per_session: int = Field(default=50, ge=1)
-    tombstone_ttl_seconds: int = Field(default=7 * 86_400, ge=1)
-    dedupe_ttl_seconds: int = Field(default=7 * 86_400, ge=1)
+    tombstone_ttl_seconds: int = Field(default=3_600, ge=1)
+    """How long a terminated session answers late commands ``already_terminated`` (README
+    "Windows": chosen so one GB of Redis sustains over 1,000 commands/s)."""
+    dedupe_ttl_seconds: int = Field(default=3_600, ge=1)
+    """How long an ``event_id`` is remembered: a finished session's records are kept in its
+    tombstone for the longer of this and the tombstone window; a live session keeps them."""
 
     # Events.
     max_event_bytes: int = Field(default=1_048_576, ge=1024)
@@ -60,7 +64,8 @@ class Settings(BaseSettings):
     seq_gap_timeout_seconds: float = Field(default=60.0, gt=0)
     seq_retry_ms: int = Field(default=200, ge=10)
 
-    retention_seconds: float = Field(default=86_400.0, ge=0)
+    retention_seconds: float = Field(default=600.0, ge=0)
+    """Age of the lifecycle/results entries kept for replay once every group is done."""
     retention_interval_seconds: float = Field(default=60.0, gt=0)
 
     # Consolidator.
@@ -83,7 +88,26 @@ class Settings(BaseSettings):
             if value.startswith(plain):
                 value = "postgresql+asyncpg://" + value[len(plain) :]
                 break
-        return re.sub(r"([?&])sslmode=", r"\1ssl=", value)
+        value = re.sub(r"([?&])sslmode=", r"\1ssl=", value)
+        if not value.startswith("postgresql+asyncpg://"):
+            scheme = value.split("://", 1)[0] if "://" in value else value
+            raise ValueError(
+                f"memworker stores in PostgreSQL: use postgresql://user:password@host:port/db "
+                f"(got {scheme!r})"
+            )
+        return value
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_scheme(cls, value: str) -> str:
+        """Fail at start, naming the variable, rather than at the first connection."""
+        if not value.startswith(("redis://", "rediss://", "unix://")):
+            scheme = value.split("://", 1)[0] if "://" in value else value
+            raise ValueError(
+                f"must start with redis://, rediss:// or unix:// (got {scheme!r}), "
+                "e.g. redis://127.0.0.1:6379/0"
+            )
+        return value
 
 
 @lru_cache(maxsize=1)

@@ -42,13 +42,13 @@ def test_one_gb_sustains_1e9_over_the_sum_of_bytes_times_seconds_held() -> None:
     byte_seconds = (
         (200 + 500) * 3600  # the command's two stream entries, held for retention
         + 100 * 600  # its dedupe record
-        + 300 / 4 * 1200  # a quarter of its session's tombstone
-        + 80 / 4 * (100 + 1200)  # a quarter of the seq counter
+        + 300 / 4 * 1200  # a quarter of its session's tombstone (the longer window)
+        + 80 / 4 * 1200  # a quarter of the seq counter, kept as long after the terminate
     )
     assert c.commands_per_session == 4
     assert c.byte_seconds_per_command == pytest.approx(byte_seconds)
     assert c.commands_per_second_per_gb == pytest.approx(1e9 / byte_seconds)
-    assert c.bytes_per_finished_session == pytest.approx(300 + 4 * 100 + 80)
+    assert c.bytes_per_finished_session == pytest.approx(300 + 80)  # tombstone + seq counter
     assert c.verdict.startswith("no maxmemory") and c.seconds_until_full is None
 
 
@@ -110,5 +110,5 @@ def test_without_dedupe_records_to_count_commands_per_session_come_from_the_stre
     c = assess(SETTINGS, (10 * MB, 0, ""), 1_000, sample, streams, 1.0, "t", 4.0)
     assert c.commands_per_session == 4
     assert c.byte_seconds_per_command == pytest.approx(
-        (200 + 500) * 3600 + 300 / 4 * 1200 + 80 / 4 * (100 + 1200)
+        (200 + 500) * 3600 + 300 / 4 * 1200 + 80 / 4 * 1200
     )
