@@ -2,7 +2,8 @@
 
 Embedded servers (a Valkey and a PostgreSQL shipped in wheels) start unless ``REDIS_URL`` /
 ``DATABASE_URL`` are set; their data lives under ``--data-dir`` and is kept between runs.
-Then the schema is migrated and the lifecycle worker and the consolidator run side by side.
+Then the schema is migrated and the lifecycle worker, the consolidator and the indexer (recall
+by meaning: ``worker.indexer``) run side by side.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 
 from worker.consolidator import Consolidator
 from worker.embedded import EmbeddedPostgres, EmbeddedRedis, default_data_dir
+from worker.indexer import Indexer
 from worker.lifecycle import LifecycleWorker
 from worker.logs import configure_logging
 from worker.metrics import serve_http
@@ -44,12 +46,15 @@ async def run_dev(data_dir: Path | None, metrics_port: int) -> None:
         revision = await migrate(settings.database_url)
         worker = LifecycleWorker(settings)
         consolidator = Consolidator.from_settings(settings)
+        indexer = Indexer.from_settings(settings)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         server = await serve_http(
-            metrics_port, lambda: worker.ready and consolidator.is_ready(), host="127.0.0.1"
+            metrics_port,
+            lambda: worker.ready and consolidator.is_ready() and indexer.is_ready(),
+            host="127.0.0.1",
         )
         env_file = data_dir / "dev.env"
         env_file.parent.mkdir(parents=True, exist_ok=True)
@@ -61,6 +66,7 @@ async def run_dev(data_dir: Path | None, metrics_port: int) -> None:
         tasks = [
             asyncio.create_task(worker.run(stop)),
             asyncio.create_task(consolidator.run(stop)),
+            asyncio.create_task(indexer.run(stop)),
         ]
         _say("memworker dev is running.")
         _say(f"  redis     {settings.redis_url}" + ("  (embedded)" if redis_server else ""))
@@ -81,12 +87,14 @@ async def run_dev(data_dir: Path | None, metrics_port: int) -> None:
             " --wait"
         )
         _say("  memworker tail episodes --from-start")
+        _say('  memworker recall -p demo "what worked"')
         _say()
         _say("Ctrl-C stops everything (data is kept).")
         await stop.wait()
         await asyncio.gather(*tasks, return_exceptions=True)
         server.close()
         await consolidator.close()
+        await indexer.close()
     finally:
         if pg_server is not None:
             pg_server.stop()
