@@ -43,7 +43,7 @@ from worker.db.vectors import (
     parse_vector,
     vector_literal,
 )
-from worker.embedding import Embedder
+from worker.embedding import Embedder, EmbeddingError
 from worker.keys import SessionKeys, escape_glob, project_pattern, validate_id
 from worker.logs import get_logger
 from worker.recall import DEFAULT_WEIGHTS, Candidate, RecallWeights, fuse
@@ -372,7 +372,11 @@ class EpisodeStore:
             self._warn_once("no_pgvector", MISSING_PGVECTOR)
             return []
         dimension = self.embedder.dimension
-        [vector] = await self.embedder.embed([query])
+        try:
+            [vector] = await self.embedder.embed([query])
+        except EmbeddingError as exc:  # an outage of the embedding server: words still work
+            self._warn_once("embedder_down", f"recall uses full-text only: {exc}")
+            return []
         distance = text(
             f"v.embedding::vector({int(dimension)}) <=> CAST(CAST(:q AS text) AS vector)"
         ).bindparams(q=vector_literal(vector))
