@@ -658,6 +658,8 @@ def index(
     """Run the indexer (group `indexer` on P:episodes): embed every new episode."""
     settings = settings_from_env()
     configure_logging(settings.log_level, settings.log_json)
+    if settings.index_nice:
+        os.nice(settings.index_nice)  # embedding yields the CPU to the hot path
 
     from worker.indexer import Indexer
 

@@ -78,6 +78,9 @@ class Settings(BaseSettings):
     embedding_api_key: str | None = None
     index_batch_size: int = Field(default=64, ge=1, le=2_048)
     index_max_attempts: int = Field(default=10, ge=1)
+    index_nice: int = Field(default=10, ge=0, le=19)
+    """``memworker index`` lowers its CPU priority by this much: embedding is off the hot path,
+    so on shared cores the consolidator and the worker go first (BENCHMARKS.md)."""
 
     # Operations.
     metrics_port: int | None = Field(default=None, ge=0, le=65_535)
