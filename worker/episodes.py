@@ -8,10 +8,11 @@ prefix that contains glob characters can never widen what is deleted.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import re
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal, TypeVar
@@ -230,6 +231,10 @@ class RecallHit:
         }
 
 
+async def _nothing() -> list[Candidate]:
+    return []
+
+
 class EpisodeStore:
     """Read and forget what the consolidator stored; every method is scoped by project.
 
@@ -318,53 +323,56 @@ class EpisodeStore:
             project_id, session_id, agent_instance_id, agent_type_id, outcome, since, until
         )
         n = max(limit, weights.candidates)
-        vector_ids: list[str] = []
-        text_ids: list[str] = []
+        searches: list[Awaitable[list[Candidate]]] = []
         if mode != "text":
-            vector_ids = await self._vector_candidates(project_id, query, filters, n)
+            searches.append(self._vector_candidates(project_id, query, filters, n))
+        else:
+            searches.append(_nothing())
         if mode != "vector":
-            text_ids = await self._text_candidates(query, filters, n)
-        wanted = list(dict.fromkeys([*vector_ids, *text_ids]))
-        if not wanted:
+            searches.append(self._text_candidates(query, filters, n))
+        else:
+            searches.append(_nothing())
+        found = await asyncio.gather(*searches)  # the text search runs while the query embeds
+        candidates = {c.episode_id: c for ranked in found for c in ranked}
+        lists = [[c.episode_id for c in ranked] for ranked in found]
+        best = fuse(lists, candidates, weights)[: max(0, limit)]
+        if not best:
             return []
         episodes = {
             str(e.id): e
             for e in await self._all(
                 select(Episode).where(
                     Episode.project_id == project_id,
-                    Episode.id.in_([uuid.UUID(i) for i in wanted]),
+                    Episode.id.in_([uuid.UUID(i) for i, _s, _r in best]),
                 )
             )
         }
-        candidates = {
-            i: Candidate(i, e.occurred_at, e.importance_score) for i, e in episodes.items()
-        }
-        lists = [[i for i in ranked if i in episodes] for ranked in (vector_ids, text_ids)]
         vector_rank = {i: r for r, i in enumerate(lists[0], start=1)}
         text_rank = {i: r for r, i in enumerate(lists[1], start=1)}
         return [
             RecallHit(episodes[i], score, relevance, vector_rank.get(i), text_rank.get(i))
-            for i, score, relevance in fuse(lists, candidates, weights)[: max(0, limit)]
+            for i, score, relevance in best
+            if i in episodes  # forgotten meanwhile
         ]
 
     async def _text_candidates(
         self, query: str, filters: list[ColumnElement[bool]], n: int
-    ) -> list[str]:
+    ) -> list[Candidate]:
         words = func.plainto_tsquery(SEARCH_CONFIG, query)  # any of the words, not all
         tsquery = cast(func.replace(cast(words, Text), "&", "|"), TSQUERY)
         rank = func.ts_rank(Episode.search_vector, tsquery)
         statement = (
-            select(Episode.id)
+            select(Episode.id, Episode.occurred_at, Episode.importance_score)
             .where(*filters, Episode.search_vector.op("@@")(tsquery))
             .order_by(desc(rank), desc(Episode.occurred_at), Episode.id)
             .limit(n)
         )
         async with self.engine.connect() as conn:
-            return [str(row[0]) for row in await conn.execute(statement)]
+            return [Candidate(str(r[0]), r[1], r[2]) for r in await conn.execute(statement)]
 
     async def _vector_candidates(
         self, project_id: str, query: str, filters: list[ColumnElement[bool]], n: int
-    ) -> list[str]:
+    ) -> list[Candidate]:
         if self.embedder is None:
             self._warn_once("no_embedder", "recall has no embedder: full-text search only")
             return []
@@ -388,7 +396,7 @@ class EpisodeStore:
             column("dimension", Integer),
         ).alias("v")
         statement = (
-            select(vectors.c.episode_id)
+            select(vectors.c.episode_id, Episode.occurred_at, Episode.importance_score)
             .join(Episode, Episode.id == vectors.c.episode_id)
             .where(
                 vectors.c.project_id == project_id,
@@ -401,7 +409,7 @@ class EpisodeStore:
         )
         async with self.engine.begin() as conn:
             await conn.execute(text(f"SET LOCAL hnsw.ef_search = {min(1000, max(40, n))}"))
-            return [str(row[0]) for row in await conn.execute(statement)]
+            return [Candidate(str(r[0]), r[1], r[2]) for r in await conn.execute(statement)]
 
     async def _has_vectors(self) -> bool:
         if self._vectors is None:
