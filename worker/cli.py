@@ -502,7 +502,12 @@ def schema(
 
 def _dlq_streams(settings: Settings, shard: int | None) -> list[str]:
     shards = [shard] if shard is not None else list(range(settings.shards))
-    return [StreamKeys(settings.stream_prefix, s).dlq for s in shards]
+    streams = [StreamKeys(settings.stream_prefix, s).dlq for s in shards]
+    if shard is None:  # the indexer's (P:episodes is not sharded)
+        from worker.indexer import indexer_dlq
+
+        streams.append(indexer_dlq(settings.stream_prefix))
+    return streams
 
 
 @dlq_app.command("list")
