@@ -234,7 +234,7 @@ def migrate() -> None:
     revision, vectors = run_async(migrate_reporting(settings.database_url))
     out.print(f"schema at revision {revision}")
     if vectors is not None:
-        err.print(f"[yellow]warning:[/] {vectors}")
+        print(f"warning: {vectors}", file=sys.stderr)  # one line, never wrapped
 
 
 @app.command()

@@ -34,7 +34,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import TSQUERY
 from sqlalchemy.dialects.postgresql import UUID as PG_UUID
-from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, async_sessionmaker
 
 from worker.db.models import SEARCH_CONFIG, Episode, LifecycleEvent
 from worker.db.vectors import (
@@ -409,7 +409,21 @@ class EpisodeStore:
         )
         async with self.engine.begin() as conn:
             await conn.execute(text(f"SET LOCAL hnsw.ef_search = {min(1000, max(40, n))}"))
-            return [Candidate(str(r[0]), r[1], r[2]) for r in await conn.execute(statement)]
+            found = [Candidate(str(r[0]), r[1], r[2]) for r in await conn.execute(statement)]
+            if not found and not await self._project_has_vectors(conn, project_id):
+                self._warn_once(
+                    f"no_vectors:{project_id}",
+                    f"project {project_id} has no {self.embedder.name} vectors yet: recall uses"
+                    " full-text only until `memworker index` (or `memworker reindex`) embeds them",
+                )
+            return found
+
+    async def _project_has_vectors(self, conn: AsyncConnection, project_id: str) -> bool:
+        row = await conn.execute(
+            text(f"SELECT 1 FROM {VECTOR_TABLE} WHERE project_id = :p AND model = :m LIMIT 1"),
+            {"p": project_id, "m": self.embedder.name if self.embedder else ""},
+        )
+        return row.first() is not None
 
     async def _has_vectors(self) -> bool:
         if self._vectors is None:

@@ -3,6 +3,10 @@ and recall falls back to full-text search with a warning given once."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import structlog
 from redis.asyncio import Redis
 from sqlalchemy import text
@@ -64,3 +68,27 @@ async def test_without_pgvector_recall_falls_back_to_full_text_and_warns_once(
         assert all("embedding" not in e or e["embedding"] is None for e in export.episodes)
     finally:
         await engine.dispose()
+
+
+async def test_memworker_migrate_says_in_one_line_what_to_install_when_pgvector_is_missing(
+    database_url: str,
+) -> None:
+    env = dict(os.environ, DATABASE_URL=database_url)
+    done = subprocess.run(
+        [sys.executable, "-m", "worker.cli", "migrate"], env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"schema at revision {head_revision()}")
+    engine = create_database_engine(database_url)
+    try:
+        async with engine.connect() as conn:
+            table = (await conn.execute(text("SELECT to_regclass('episode_embeddings')"))).scalar()
+            episodes = (await conn.execute(text("SELECT to_regclass('episodes')"))).scalar()
+    finally:
+        await engine.dispose()
+    assert episodes is not None  # the rest of the schema is there either way
+    if table is None:  # a server without pgvector
+        [line] = done.stderr.strip().splitlines()
+        assert "pgvector is not installed" in line and "install it" in line
+    else:
+        assert done.stderr.strip() == ""

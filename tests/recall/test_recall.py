@@ -9,6 +9,7 @@ import subprocess
 import sys
 from typing import Any
 
+import structlog
 from redis.asyncio import Redis
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -205,3 +206,19 @@ async def test_reindex_replaces_vectors_of_another_model_and_fills_missing_ones(
     assert {r[1] for r in rows} == {"all-MiniLM-L6-v2"}
     assert len(rows) == 6
     assert await reindex(vector_engine, embedder) == 0
+
+
+async def test_before_the_indexer_ran_recall_uses_words_and_says_so_once(
+    vector_engine: AsyncEngine, redis: Redis, vector_settings: Settings, embedder: LocalEmbedder
+) -> None:
+    episodes, _queries = load_recall_set()
+    await remember_all(vector_engine, redis, vector_settings.stream_prefix, "acme", episodes)
+    store = EpisodeStore(vector_engine, embedder)
+    with structlog.testing.capture_logs() as logs:
+        first = await store.recall("acme", "login authentication", 3)
+        await store.recall("acme", "spanish emails", 3)
+    assert first[0].episode.task_description == "Fix the login bug in the authentication service"
+    assert first[0].vector_rank is None
+    warnings = [e["event"] for e in logs if e["log_level"] == "warning"]
+    assert len(warnings) == 1
+    assert warnings[0].startswith("project acme has no all-MiniLM-L6-v2 vectors yet")
