@@ -123,6 +123,12 @@ BENCHES = [
         "Same run, rounds alternating: consolidation alone, then with `memworker index` beside it.",
         quick=["--episodes", "500", "--rounds", "1"],
     ),
+    Bench(
+        "steady_state.py",
+        "Steady state: bytes per session, Redis CPU per command, commands/s per GB",
+        "An earlier commit and this checkout, each on a private Redis, default settings.",
+        quick=["--sessions", "1000", "--rounds", "1"],
+    ),
 ]
 
 
