@@ -19,7 +19,7 @@ run: $(STAMP)
 	$(BIN)/memworker dev
 
 ## The whole test suite against real servers (embedded ones when none are configured).
-test: $(STAMP)
+test: $(STAMP) embedding-server
 	$(BIN)/pytest -q --cov=worker --cov=schemas --cov-report=term:skip-covered
 
 ## Unit and integration tests only (no worker subprocesses).
