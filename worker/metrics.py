@@ -99,6 +99,15 @@ async def serve_http(
     return await asyncio.start_server(handle, host, port)
 
 
+INDEX_SECONDS = Histogram(
+    "memworker_index_batch_seconds",
+    "Time to embed and store one indexer batch.",
+    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+)
+EPISODES_INDEXED = Counter(
+    "memworker_episodes_indexed_total", "Episodes embedded and stored by the indexer."
+)
+
 # Capacity (worker/capacity.py), refreshed with the lag gauges by sampling, never per command.
 REDIS_USED_MEMORY = Gauge("memworker_redis_used_memory_bytes", "Redis used_memory (INFO memory).")
 REDIS_MAX_MEMORY = Gauge(
@@ -106,15 +115,16 @@ REDIS_MAX_MEMORY = Gauge(
 )
 BYTES_PER_LIVE_SESSION = Gauge(
     "memworker_redis_bytes_per_live_session",
-    "Mean MEMORY USAGE of a live session's keys, without its dedupe records (a sample).",
+    "Mean MEMORY USAGE of a live session's keys (its dedupe records included; a sample).",
 )
 BYTES_PER_FINISHED_SESSION = Gauge(
     "memworker_redis_bytes_per_finished_session",
-    "Mean MEMORY USAGE of what a terminated session leaves: its tombstone and the dedupe "
-    "records of its commands (a sample).",
+    "Mean MEMORY USAGE of what a terminated session leaves: its tombstone (its dedupe records "
+    "packed in) and its seq counter (a sample).",
 )
 BYTES_PER_DEDUPE_RECORD = Gauge(
-    "memworker_redis_bytes_per_dedupe_record", "Mean MEMORY USAGE of a dedupe record (a sample)."
+    "memworker_redis_bytes_per_dedupe_record",
+    "Mean MEMORY USAGE of a dedupe record key (commands refused before naming a session).",
 )
 BYTES_PER_STREAM_ENTRY = Gauge(
     "memworker_redis_bytes_per_stream_entry",
