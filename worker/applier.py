@@ -46,7 +46,11 @@ DEAD_LETTER = script("dead_letter.lua")
 def uuid5_text(namespace: uuid.UUID, name: str) -> str:
     """``str(uuid.uuid5(namespace, name))`` without building UUID objects (2x faster; it runs
     once per command on the worker's hot path)."""
-    digest = bytearray(hashlib.sha1(namespace.bytes + name.encode()).digest()[:16])
+    return _uuid5_from(hashlib.sha1(namespace.bytes + name.encode()).digest())
+
+
+def _uuid5_from(sha1: bytes) -> str:
+    digest = bytearray(sha1[:16])
     digest[6] = (digest[6] & 0x0F) | 0x50
     digest[8] = (digest[8] & 0x3F) | 0x80
     h = digest.hex()
@@ -56,6 +60,20 @@ def uuid5_text(namespace: uuid.UUID, name: str) -> str:
 def result_event_id(project_id: str | None, event_id: str) -> str:
     """The result's id: the same command (project, event_id) always yields the same id."""
     return uuid5_text(RESULT_NAMESPACE, f"{project_id or ''}/{event_id}")
+
+
+RECORD_MARK = b"@"
+"""Starts the name of a dedupe record's field in a session's meta hash ('@' is no id
+character, so no other field of the hash can start with it)."""
+
+
+def result_id_and_record(project_id: str | None, event_id: str) -> tuple[str, bytes]:
+    """The result's id and the name of the command's dedupe record in its session's meta hash:
+    ``@`` + the first 8 bytes (64 bits) of the same SHA-1, whatever the event_id's length, so
+    a record stays a small listpack entry (a session would need ~10⁹ commands for a 5 %
+    chance that two of its records share a name)."""
+    sha1 = hashlib.sha1(RESULT_NAMESPACE.bytes + f"{project_id or ''}/{event_id}".encode()).digest()
+    return _uuid5_from(sha1), RECORD_MARK + sha1[:8]
 
 
 def default_checkpoint_id(project_id: str, event_id: str) -> str:
@@ -376,11 +394,11 @@ class CommandApplier:
                 and shard_of(project_id, session_id, settings.shards) == shard
             )
             seq = copied["seq"] if session_known else None
+        result_id, record = result_id_and_record(project_id, event_id)
         if session_known and project_id is not None and session_id is not None:
             session = SessionKeys(settings.stream_prefix, shard, project_id, session_id)
         else:
             session = SessionKeys(settings.stream_prefix, shard, _PLACEHOLDER, _PLACEHOLDER)
-        result_id = result_event_id(project_id, event_id)
         keys = [
             *session.all(),
             streams.dedupe(project_id or _PLACEHOLDER, event_id),
@@ -398,11 +416,14 @@ class CommandApplier:
             now_iso,
             settings.session_ttl_seconds * 1000,
             settings.dedupe_ttl_seconds * 1000,
-            settings.tombstone_ttl_seconds * 1000,
+            # The tombstone holds the session's dedupe records: it lasts both windows.
+            max(settings.tombstone_ttl_seconds, settings.dedupe_ttl_seconds) * 1000,
             intake.traceparent or "",
             settings.max_checkpoints_per_session,
+            record,
         ]
-        if isinstance(intake, Refused):
+        if isinstance(intake, Refused):  # its record gets a key of its own (see the script)
+            argv[12] = b""
             argv[0] = "reject"
             argv += [intake.reason, intake.detail]
         else:

@@ -107,7 +107,12 @@ class LifecycleClient:
             pass
         if assign_seq and "seq" not in body:
             settings = self.settings
-            ttl_ms = (settings.session_ttl_seconds + settings.tombstone_ttl_seconds) * 1000
+            # After a terminate the counter is needed only as long as the tombstone is kept.
+            tombstone = max(settings.tombstone_ttl_seconds, settings.dedupe_ttl_seconds)
+            if body["type"] == "terminate":
+                ttl_ms = tombstone * 1000
+            else:
+                ttl_ms = (settings.session_ttl_seconds + tombstone) * 1000
             await PUBLISH(
                 self.redis,
                 [

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from functools import lru_cache
+from typing import Literal
 
 from pydantic import AliasChoices, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -43,8 +44,12 @@ class Settings(BaseSettings):
     max_value_bytes: int = Field(default=1_048_576, ge=1)
     max_scratchpad_entries: int = Field(default=1_000, ge=1)
     max_checkpoints_per_session: int = Field(default=50, ge=1)
-    tombstone_ttl_seconds: int = Field(default=7 * 86_400, ge=1)
-    dedupe_ttl_seconds: int = Field(default=7 * 86_400, ge=1)
+    tombstone_ttl_seconds: int = Field(default=3_600, ge=1)
+    """How long a terminated session answers late commands ``already_terminated`` (README
+    "Windows": chosen so one GB of Redis sustains over 1,000 commands/s)."""
+    dedupe_ttl_seconds: int = Field(default=3_600, ge=1)
+    """How long an ``event_id`` is remembered: a finished session's records are kept in its
+    tombstone for the longer of this and the tombstone window; a live session keeps them."""
 
     # Events.
     max_event_bytes: int = Field(default=1_048_576, ge=1024)
@@ -60,13 +65,27 @@ class Settings(BaseSettings):
     seq_gap_timeout_seconds: float = Field(default=60.0, gt=0)
     seq_retry_ms: int = Field(default=200, ge=10)
 
-    retention_seconds: float = Field(default=86_400.0, ge=0)
+    retention_seconds: float = Field(default=600.0, ge=0)
+    """Age of the lifecycle/results entries kept for replay once every group is done."""
     retention_interval_seconds: float = Field(default=60.0, gt=0)
 
     # Consolidator.
     consolidation_batch_size: int = Field(default=500, ge=1, le=10_000)
     consolidation_max_attempts: int = Field(default=10, ge=1)
     context_summary_max_chars: int = Field(default=4_000, ge=200)
+
+    # Recall by meaning (worker.embedding, worker.indexer, EpisodeStore.recall).
+    embedding_provider: Literal["local", "openai"] = "local"
+    embedding_base_url: str | None = None
+    """An OpenAI-compatible API, ending in ``/v1`` (provider ``openai``)."""
+    embedding_model: str | None = None
+    embedding_dimension: int | None = Field(default=None, ge=1, le=16_000)
+    embedding_api_key: str | None = None
+    index_batch_size: int = Field(default=64, ge=1, le=2_048)
+    index_max_attempts: int = Field(default=10, ge=1)
+    index_nice: int = Field(default=10, ge=0, le=19)
+    """``memworker index`` lowers its CPU priority by this much: embedding is off the hot path,
+    so on shared cores the consolidator and the worker go first (BENCHMARKS.md)."""
 
     # Operations.
     metrics_port: int | None = Field(default=None, ge=0, le=65_535)
