@@ -1,3 +1,4 @@
+#!lua
 -- Apply one lifecycle command atomically: dedupe, seq rule, state machine, mutation,
 -- XADD of the result, dedupe record, XACK of the command.
 -- KEYS: 1-7 session keys (prelude), 8 record of a command naming no session, 9 results stream,
