@@ -226,7 +226,7 @@ async def test_a_spawn_with_more_variables_than_one_redis_call_takes_stores_ever
     assert sorted(r["initial_items"] for r in out) == [500, 1_201]
     for n, state in states.items():
         keys = SessionKeys.for_session(settings.stream_prefix, 1, "p1", f"big{n}")
-        stored = await redis.hgetall(keys.vars)
+        stored: Any = await redis.hgetall(keys.vars)
         assert {k.decode(): orjson.loads(v) for k, v in stored.items()} == state
 
 
