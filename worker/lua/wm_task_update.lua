@@ -1,3 +1,4 @@
+#!lua
 -- WorkingMemory.update_task_progress.
 -- ARGV: session ttl ms, n, then n pairs (field, JSON text) for the task's top level, then
 -- pairs (name, JSON text) merged into its `data` object. Returns the new task JSON, or nil
