@@ -12,6 +12,8 @@ from functools import lru_cache
 from pydantic import AliasChoices, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from schemas.ids import Id
+
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 DEFAULT_DATABASE_URL = "postgresql+asyncpg://postgres@127.0.0.1:5432/postgres"
 
@@ -45,6 +47,10 @@ class Settings(BaseSettings):
     max_checkpoints_per_session: int = Field(default=50, ge=1)
     tombstone_ttl_seconds: int = Field(default=7 * 86_400, ge=1)
     dedupe_ttl_seconds: int = Field(default=7 * 86_400, ge=1)
+    default_project: Id = "default"
+    """The project of ``WorkingMemory.for_session`` when none is given."""
+    memory_fallback: bool = False
+    """``WorkingMemory.for_session`` opens in process memory when Redis cannot be reached."""
 
     # Events.
     max_event_bytes: int = Field(default=1_048_576, ge=1024)
