@@ -501,6 +501,13 @@ async def test_checkpoints_are_listed_oldest_first_as_dicts(memory: WorkingMemor
     assert [c["id"] for c in await memory.list_checkpoints()] == [ids[0], ids[2]]
 
 
+async def test_checkpoints_made_in_the_same_millisecond_are_listed_in_creation_order(
+    memory: WorkingMemory,
+) -> None:
+    ids = [await memory.create_checkpoint(f"quick {n}") for n in range(6)]
+    assert [c["id"] for c in await memory.list_checkpoints()] == ids
+
+
 async def test_a_generated_checkpoint_id_is_a_uuid4(memory: WorkingMemory) -> None:
     checkpoint = await memory.create_checkpoint()
     assert uuid.UUID(checkpoint).version == 4

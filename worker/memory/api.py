@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 import uuid
 from collections.abc import Mapping
-from datetime import timedelta
+from datetime import datetime, timedelta
 from types import TracebackType
 from typing import Any, Self, get_args
 
@@ -406,7 +406,7 @@ class WorkingMemory:
         """The session's checkpoints, oldest first: dicts with ``id``, ``description``,
         ``created_at`` (RFC 3339, UTC) and ``items``."""
         listed: list[CheckpointInfo] = []
-        for raw in reversed(await self.backend.list_checkpoints()):  # the backend: newest first
+        for raw in await self.backend.list_checkpoints():
             info = orjson.loads(raw)
             listed.append(
                 {
@@ -416,6 +416,10 @@ class WorkingMemory:
                     "items": int(info.get("items", 0)),
                 }
             )
+        # The store orders by millisecond; two made in the same one are ordered by the
+        # microseconds of created_at (a stable sort keeps the store's order on a tie).
+        listed.reverse()
+        listed.sort(key=lambda c: datetime.fromisoformat(c["created_at"]))
         return listed
 
     async def delete_checkpoint(self, checkpoint_id: str) -> bool:
