@@ -140,13 +140,16 @@ class AgentLifecycleManager:
         metadata: Mapping[str, Any] | None,
         fields: Mapping[str, Any],
     ) -> LifecycleResult:
-        command: dict[str, Any] = {
-            "type": kind,
-            "project_id": id_text(project_id, "project_id"),
-            "session_id": id_text(session_id, "session_id"),
-            "agent_instance_id": id_text(agent_instance_id, "agent_instance_id"),
-            **{name: value for name, value in fields.items() if value is not None},
+        given = {
+            "project_id": project_id,
+            "session_id": session_id,
+            "agent_instance_id": agent_instance_id,
+            **fields,
         }
+        command: dict[str, Any] = {"type": kind}
+        for name, value in given.items():
+            if value is not None:  # ids may be UUIDs: their text goes on the wire
+                command[name] = id_text(value, name) if name.endswith("_id") else value
         if metadata is not None:
             command["metadata"] = dict(metadata)
         started = time.perf_counter()
@@ -203,9 +206,7 @@ class AgentLifecycleManager:
             session_id,
             metadata,
             {
-                "agent_type_id": None
-                if agent_type_id is None
-                else id_text(agent_type_id, "agent_type_id"),
+                "agent_type_id": agent_type_id,
                 "initial_state": dict(initial_state or {}),
                 "ttl_seconds": ttl_seconds,
             },
@@ -229,9 +230,7 @@ class AgentLifecycleManager:
             session_id,
             metadata,
             {
-                "checkpoint_id": None
-                if checkpoint_id is None
-                else id_text(checkpoint_id, "checkpoint_id"),
+                "checkpoint_id": checkpoint_id,
                 "description": description,
             },
         )
@@ -253,9 +252,7 @@ class AgentLifecycleManager:
             session_id,
             metadata,
             {
-                "checkpoint_id": None
-                if checkpoint_id is None
-                else id_text(checkpoint_id, "checkpoint_id"),
+                "checkpoint_id": checkpoint_id,
                 "clear_current": clear_current,
             },
         )
