@@ -133,16 +133,14 @@ class WorkingMemory:
         from the first call.
         """
         settings = settings or get_settings()
-        project = (
-            settings.default_project if project_id is None else id_text(project_id, "project_id")
-        )
-        session = id_text(session_id, "session_id")
+        project, session = _scope(settings, project_id, session_id)
         agent = (
             None if agent_instance_id is None else id_text(agent_instance_id, "agent_instance_id")
         )
         keys = SessionKeys.for_session(settings.stream_prefix, settings.shards, project, session)
         owns = redis is None
         client = redis if redis is not None else client_for(settings)
+        backend: MemoryBackend = RedisBackend(client, keys, settings, owns_client=owns)
         fallback = settings.memory_fallback if fallback_to_memory is None else fallback_to_memory
         if fallback and (reason := await _unreachable(client)) is not None:
             where = describe_url(client)
@@ -157,17 +155,14 @@ class WorkingMemory:
                 detail="Redis cannot be reached: this session's working memory lives in this "
                 "process only, is lost when it exits, and is not seen by the lifecycle worker",
             )
-            memory = cls.in_memory(session, project, settings=settings)
-            memory.agent_instance_id = agent
-            memory._using_fallback = True
-            return memory
-        backend = RedisBackend(client, keys, settings, owns_client=owns)
+            backend = InMemoryBackend(project, session, settings)
         return cls(
             backend,
             project_id=project,
             session_id=session,
             settings=settings,
             agent_instance_id=agent,
+            using_fallback=isinstance(backend, InMemoryBackend),
         )
 
     @classmethod
@@ -180,10 +175,7 @@ class WorkingMemory:
     ) -> WorkingMemory:
         """Working memory held in this process only, for tests; see also ``fallback_to_memory``."""
         settings = settings or get_settings()
-        project = (
-            settings.default_project if project_id is None else id_text(project_id, "project_id")
-        )
-        session = id_text(session_id, "session_id")
+        project, session = _scope(settings, project_id, session_id)
         backend = InMemoryBackend(project, session, settings)
         return cls(backend, project_id=project, session_id=session, settings=settings)
 
@@ -461,6 +453,13 @@ def _count(value: int, name: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError(f"{name} must be an integer >= 0; got {value!r}")
     return value
+
+
+def _scope(settings: Settings, project_id: AnyId | None, session_id: AnyId) -> tuple[str, str]:
+    """The (project, session) ids as text; no project is the configured default project."""
+    if project_id is None:
+        return settings.default_project, id_text(session_id, "session_id")
+    return id_text(project_id, "project_id"), id_text(session_id, "session_id")
 
 
 async def _unreachable(client: AnyRedis) -> str | None:
