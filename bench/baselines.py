@@ -27,7 +27,6 @@ from schemas.streams import EpisodeRecorded
 from worker.applier import CommandApplier
 from worker.consolidator import (
     ParsedResult,
-    StreamEntry,
     decode_entry,
     episode_row,
     event_row,
@@ -35,6 +34,7 @@ from worker.consolidator import (
 )
 from worker.db.engine import create_database_engine
 from worker.db.models import Episode, LifecycleEvent
+from worker.group_consumer import StreamEntry
 from worker.keys import CONSOLIDATION_GROUP, LIFECYCLE_GROUP, StreamKeys, episodes_stream
 from worker.lifecycle import keep_raw_message, raw_entries
 from worker.logs import configure_logging

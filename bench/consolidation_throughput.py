@@ -54,7 +54,6 @@ from worker.connections import redis_client
 from worker.consolidator import (
     Consolidator,
     ParsedResult,
-    StreamEntry,
     decode_entry,
     episode_row,
     event_row,
@@ -62,6 +61,7 @@ from worker.consolidator import (
 )
 from worker.db.engine import create_database_engine
 from worker.db.models import Episode, LifecycleEvent
+from worker.group_consumer import StreamEntry
 from worker.keys import CONSOLIDATION_GROUP, StreamKeys
 from worker.settings import Settings
 

@@ -13,9 +13,9 @@ Why it is shaped this way:
   apart. Down: nothing is acknowledged and the loop backs off (capped) until it answers. Up: the
   batch is split in halves until the failing entry stands alone; it is retried with backoff and
   dead-lettered (``storage_failed``) after ``consolidation_max_attempts`` failures.
-- **FastStream's gaps** (DESIGN.md): this process's own pending entries are read first (id
-  ``0``), entries of dead consumers are taken over with ``XAUTOCLAIM``, consumer names are
-  unique per process.
+- **The group loop is ``worker.group_consumer``**: own pending entries first, reclaim of dead
+  consumers' entries, the delivery cap and DLQ, outages, readiness. This module is its handler:
+  it turns entries into rows (``prepare``) and writes them (``finish``).
 - **Both cores busy** (bench/consolidation_throughput.py). While a batch is written, the next
   is read and turned into rows; a batch is written as two transactions at once (split by
   session), since a Postgres backend uses one core and inserting is most of the work. Rows
@@ -28,13 +28,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import re
-import socket
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, get_args
@@ -43,7 +41,6 @@ import orjson
 from pydantic import BaseModel, TypeAdapter, ValidationError
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
-from redis.exceptions import RedisError, ResponseError
 from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -56,12 +53,18 @@ from worker.context_summary import build_context_summary, summarise
 from worker.db.batch import insert_batch, mark_announced
 from worker.db.engine import create_database_engine
 from worker.db.models import EPISODE_NAMESPACE, episode_id_for, uuid5_text
-from worker.dlq import dead_letter, queue_dead_letter
+from worker.group_consumer import (
+    BatchOutcome,
+    Failure,
+    GroupConsumer,
+    Rejection,
+    StorageUnavailableError,
+    StreamEntry,
+)
 from worker.keys import CONSOLIDATION_GROUP, StreamKeys, episodes_stream
 from worker.logs import get_logger
 from worker.metrics import (
     CONSOLIDATION_SECONDS,
-    DEAD_LETTERS,
     EPISODES_RECORDED,
     RESULTS_STORED,
 )
@@ -71,13 +74,9 @@ log = get_logger("worker.consolidator")
 
 FASTSTREAM_DATA_FIELD = "__data__"
 PREPARE_SLICE = 50
-"""Entries prepared between two turns of the event loop (see ``Consolidator._prepare``)."""
+"""Entries prepared between two turns of the event loop (see ``Consolidator.prepare``)."""
 MIN_PART = 50
 """A batch is written in parts (``Consolidator.writers``) only when each can have this many."""
-
-
-class StorageUnavailableError(RuntimeError):
-    """Postgres does not answer; nothing was acknowledged, the batch will be retried."""
 
 
 class UnusableEntryError(ValueError):
@@ -86,13 +85,6 @@ class UnusableEntryError(ValueError):
     def __init__(self, reason: str, error: str) -> None:
         super().__init__(error)
         self.reason = reason
-
-
-@dataclass(frozen=True, slots=True)
-class StreamEntry:
-    stream: str
-    entry_id: str
-    fields: dict[str, bytes | str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,20 +119,6 @@ class Announcement:
         )
 
 
-@dataclass(slots=True)
-class BatchOutcome:
-    """What became of the entries of one batch."""
-
-    stored: int = 0
-    dead_lettered: int = 0
-    episodes_announced: int = 0
-    retrying: list[StreamEntry] = field(default_factory=list)
-
-    @property
-    def finished(self) -> int:
-        return self.stored + self.dead_lettered
-
-
 def _text(value: bytes | str) -> str:
     return value.decode("utf-8", "backslashreplace") if isinstance(value, bytes) else value
 
@@ -152,10 +130,6 @@ def _aware(value: datetime | None) -> datetime | None:
 def _utc(value: datetime) -> datetime:
     """A timestamp without an offset is UTC's."""
     return value.replace(tzinfo=UTC) if value.tzinfo is None else value
-
-
-def _wire_fields(entry: StreamEntry) -> dict[bytes | str, bytes | str]:
-    return {key: value for key, value in entry.fields.items()}
 
 
 def decode_entry(fields: Mapping[str, bytes | str]) -> dict[str, Any]:
@@ -523,8 +497,18 @@ class PreparedBatch:
     """A batch read and turned into rows, not yet written."""
 
     results: list[PreparedResult] = field(default_factory=list)
-    dead: list[tuple[StreamEntry, UnusableEntryError]] = field(default_factory=list)
-    gone: list[StreamEntry] = field(default_factory=list)
+    dead: list[Rejection] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class ConsolidationOutcome(BatchOutcome):
+    episodes_announced: int = 0
+
+
+def one_line(exc: BaseException) -> str:
+    """The first line of what went wrong (a DBAPIError's driver error, without SQL and link)."""
+    text_ = str(exc.__cause__ or exc)
+    return text_.splitlines()[0] if text_ else repr(exc)
 
 
 def is_connection_error(exc: BaseException) -> bool:
@@ -534,12 +518,13 @@ def is_connection_error(exc: BaseException) -> bool:
     return isinstance(exc, OSError | ConnectionError | TimeoutError)
 
 
-def default_consumer_name() -> str:
-    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-
-
 class Consolidator:
-    """Consumes ``P:results:{i}`` of every shard in group ``consolidation`` into Postgres."""
+    """Consumes ``P:results:{i}`` of every shard in group ``consolidation`` into Postgres: the
+    ``GroupHandler`` of a ``GroupConsumer`` (``self.loop``), which runs the group."""
+
+    group = CONSOLIDATION_GROUP
+    storage_errors: tuple[type[BaseException], ...] = (StorageUnavailableError,)
+    failure_reason = "storage_failed"
 
     def __init__(
         self,
@@ -547,39 +532,31 @@ class Consolidator:
         redis: Redis | RedisCluster,
         engine: AsyncEngine,
         *,
-        consumer: str | None = None,
         batch_size: int | None = None,
-        block_ms: int = 1_000,
-        reclaim_idle_ms: int = 60_000,
-        reclaim_interval_s: float = 5.0,
-        backoff_initial_s: float = 0.1,
-        backoff_max_s: float = 10.0,
         probe_timeout_s: float = 5.0,
         writers: int = 2,
+        **loop_options: Any,
     ) -> None:
+        """``loop_options`` go to ``GroupConsumer``: ``consumer``, ``block_ms``,
+        ``reclaim_idle_ms``, ``reclaim_interval_s``, ``backoff_initial_s``, ... ."""
         self.settings = settings
         self.redis = redis
         self.engine = engine
-        self.consumer = consumer or default_consumer_name()
-        self.batch_size = batch_size or settings.consolidation_batch_size
-        self.block_ms = block_ms
-        self.reclaim_idle_ms = reclaim_idle_ms
-        self.reclaim_interval_s = reclaim_interval_s
-        self.backoff_initial_s = backoff_initial_s
-        self.backoff_max_s = backoff_max_s
         self.probe_timeout_s = probe_timeout_s
         self.writers = writers
-        self.streams = [StreamKeys(settings.stream_prefix, i) for i in range(settings.shards)]
-        self._dlq_of = {keys.results: keys.dlq for keys in self.streams}
+        shards = [StreamKeys(settings.stream_prefix, i) for i in range(settings.shards)]
+        self.streams = [keys.results for keys in shards]
+        self._dlq_of = {keys.results: keys.dlq for keys in shards}
         self._episodes_stream = episodes_stream(settings.stream_prefix)
-        self._attempts: dict[tuple[str, str], int] = {}
-        self._read_own_pending = True
-        self._read_ahead: PreparedBatch | None = None
-        self._groups_ready = False
-        self._reclaim_cursor = {keys.results: "0-0" for keys in self.streams}
-        self._last_reclaim = 0.0
-        self._outages = 0
         self._owns_clients = False
+        self.loop: GroupConsumer[PreparedBatch] = GroupConsumer(
+            redis,
+            self,
+            batch_size=batch_size or settings.consolidation_batch_size,
+            max_attempts=settings.consolidation_max_attempts,
+            **loop_options,
+        )
+        self.consumer = self.loop.consumer
         self.log = log.bind(consumer=self.consumer)
 
     # -- public --------------------------------------------------------------------------------
@@ -603,159 +580,40 @@ class Consolidator:
 
     def is_ready(self) -> bool:
         """Ready when its groups exist and the last step reached both Redis and Postgres."""
-        return self._groups_ready and self._outages == 0
+        return self.loop.is_ready()
 
-    async def replay(self, entries: Sequence[StreamEntry]) -> BatchOutcome:
-        """Store ``entries`` again (a replay): idempotent; junk is skipped, not dead-lettered."""
-        outcome = BatchOutcome()
-        batch = await self._prepare(entries)
+    async def run(self, stop: asyncio.Event) -> None:
+        """Consolidate until ``stop`` is set (``GroupConsumer.run``)."""
+        await self.loop.run(stop)
+
+    async def run_once(self) -> int:
+        """Consolidate everything available now (``GroupConsumer.run_once``)."""
+        return await self.loop.run_once()
+
+    async def ensure_groups(self) -> None:
+        await self.loop.ensure_groups()
+
+    async def replay(self, entries: Sequence[StreamEntry]) -> ConsolidationOutcome:
+        """Store ``entries`` again (a replay): idempotent; junk is skipped, not dead-lettered,
+        and nothing is acknowledged."""
+        outcome = ConsolidationOutcome()
+        batch = await self.prepare(entries)
         outcome.dead_lettered += len(batch.dead)
         if batch.results:
             await self._store_all(batch.results, outcome)
+        outcome.dead_lettered += len(outcome.failed)
         return outcome
 
-    async def ensure_groups(self) -> None:
-        """Create group ``consolidation`` at id ``0`` on every results stream (if absent)."""
-        for keys in self.streams:
-            try:
-                await self.redis.xgroup_create(
-                    keys.results, CONSOLIDATION_GROUP, id="0", mkstream=True
-                )
-            except ResponseError as exc:
-                if "BUSYGROUP" not in str(exc):
-                    raise
-        self._groups_ready = True
+    # -- the group handler ---------------------------------------------------------------------
 
-    async def run_once(self) -> int:
-        """Consolidate everything available now (pending entries included); return how many
-        entries were finished (stored or dead-lettered). Raises StorageUnavailableError."""
-        await self.ensure_groups()
-        await self.reclaim()
-        total = 0
-        while True:
-            outcome = await self.process_next_batch(block_ms=None)
-            if outcome is None:
-                return total
-            total += outcome.finished
-            if outcome.retrying:
-                await asyncio.sleep(self._retry_delay(outcome.retrying))
+    def dlq_stream(self, stream: str) -> str:
+        return self._dlq_of[stream]
 
-    async def run(self, stop: asyncio.Event) -> None:
-        """Consolidate until ``stop`` is set; the batch in hand is finished first.
+    async def check_storage(self) -> None:
+        if (error := await self._storage_error()) is not None:
+            raise StorageUnavailableError(f"postgres cannot be used: {one_line(error)}") from error
 
-        Nothing but cancellation ends this loop: Postgres or Redis failing only makes it wait
-        (exponential backoff, capped) and try again.
-        """
-        self.log.info("consolidator starting", streams=[k.results for k in self.streams])
-        while not stop.is_set():
-            try:
-                if not self._groups_ready:
-                    await self.ensure_groups()
-                loop_time = asyncio.get_running_loop().time()
-                if loop_time - self._last_reclaim >= self.reclaim_interval_s:
-                    self._last_reclaim = loop_time
-                    await self.reclaim()
-                outcome = await self.process_next_batch(block_ms=self.block_ms)
-                if self._outages:
-                    self.log.info("postgres is back", failed_tries=self._outages)
-                    self._outages = 0
-                if outcome is not None and outcome.retrying:
-                    await self._sleep(self._retry_delay(outcome.retrying), stop)
-            except asyncio.CancelledError:
-                raise
-            except StorageUnavailableError as exc:
-                self._outages += 1
-                delay = self._backoff(self._outages)
-                self.log.warning(
-                    "postgres unavailable, retrying", error=str(exc.__cause__ or exc), delay_s=delay
-                )
-                await self._sleep(delay, stop)
-            except (RedisError, OSError) as exc:
-                self._outages += 1
-                if isinstance(exc, ResponseError) and "NOGROUP" in str(exc):
-                    self._groups_ready = False
-                delay = self._backoff(self._outages)
-                self.log.warning("redis unavailable, retrying", error=str(exc), delay_s=delay)
-                await self._sleep(delay, stop)
-            except Exception:
-                self._outages += 1
-                delay = self._backoff(self._outages)
-                self.log.exception("consolidation step failed, retrying", delay_s=delay)
-                await self._sleep(delay, stop)
-        self.log.info("consolidator stopped")
-
-    async def reclaim(self) -> int:
-        """Take over entries idle ≥ ``reclaim_idle_ms`` in other (dead) consumers; they are
-        then read with this consumer's pending entries. Returns how many were claimed."""
-        claimed = 0
-        for keys in self.streams:
-            stream = keys.results
-            reply = await self.redis.xautoclaim(
-                stream,
-                CONSOLIDATION_GROUP,
-                self.consumer,
-                self.reclaim_idle_ms,
-                start_id=self._reclaim_cursor[stream],
-                count=self.batch_size,
-            )
-            next_start, entries = reply[0], reply[1]
-            self._reclaim_cursor[stream] = _text(next_start)
-            claimed += len(entries)
-        if claimed:
-            self._read_own_pending = True
-            self.log.info("reclaimed idle entries", count=claimed)
-        return claimed
-
-    async def process_next_batch(self, block_ms: int | None) -> BatchOutcome | None:
-        """Consolidate one batch (own pending entries first); None when idle.
-
-        While a batch read with ``>`` is being written, the next one is read and turned into
-        rows: Postgres and Python work at once, on the two cores. The batch read ahead is only
-        used if this one finished cleanly; otherwise its entries are read again as pending.
-        """
-        batch, self._read_ahead = self._read_ahead, None
-        if batch is None or self._read_own_pending:
-            entries: list[StreamEntry] = []
-            if self._read_own_pending:
-                entries = await self._read("0", None)
-                if not entries:
-                    self._read_own_pending = False
-            if not entries:
-                entries = await self._read(">", block_ms)
-            if not entries:
-                return None
-            batch = await self._prepare(entries)
-        writing = asyncio.ensure_future(self._finish(batch))
-        try:
-            if not self._read_own_pending:
-                await self._read_next_batch()
-            outcome = await writing
-        except BaseException:
-            writing.cancel()
-            self._read_ahead = None
-            self._read_own_pending = True  # whatever is unacknowledged is read again first
-            raise
-        if outcome.retrying:
-            self._read_ahead = None
-            self._read_own_pending = True
-        return outcome
-
-    async def _read_next_batch(self) -> None:
-        """Read and prepare the next batch without waiting for one (see process_next_batch)."""
-        try:
-            entries = await self._read(">", None)
-        except (RedisError, OSError) as exc:  # the next read meets it again, and reports it
-            self.log.debug("reading ahead failed", error=str(exc))
-            self._read_own_pending = True
-            return
-        if entries:
-            self._read_ahead = await self._prepare(entries)
-
-    async def consolidate(self, entries: Sequence[StreamEntry]) -> BatchOutcome:
-        """Write ``entries`` (all read in this group by this consumer) and acknowledge them."""
-        return await self._finish(await self._prepare(entries))
-
-    async def _prepare(self, entries: Sequence[StreamEntry]) -> PreparedBatch:
+    async def prepare(self, entries: Sequence[StreamEntry]) -> PreparedBatch:
         """Turn entries into rows. Every ``PREPARE_SLICE`` entries it lets the loop run, so a
         write in flight takes its next step (COMMIT, XADD, …) without waiting for the batch."""
         batch = PreparedBatch()
@@ -763,39 +621,28 @@ class Consolidator:
         for i, entry in enumerate(entries):
             if i and not i % PREPARE_SLICE:
                 await asyncio.sleep(0)
-            if not entry.fields:  # deleted (trimmed) while pending: nothing left to store
-                batch.gone.append(entry)
-                continue
             try:
                 batch.results.append(prepare_result(entry, max_chars))
             except UnusableEntryError as exc:
-                batch.dead.append((entry, exc))
+                batch.dead.append(Rejection(entry, exc.reason, str(exc)))
             except Exception as exc:  # a valid result its rows cannot be made of: never will be
                 error = f"no rows could be made of it: {exc!r}"
-                batch.dead.append((entry, UnusableEntryError("invalid_result", error)))
+                batch.dead.append(Rejection(entry, "invalid_result", error))
         return batch
 
-    async def _finish(self, batch: PreparedBatch) -> BatchOutcome:
+    async def finish(self, batch: PreparedBatch) -> ConsolidationOutcome:
         started = time.perf_counter()
-        outcome = await self._finish_batch(batch)
+        outcome = ConsolidationOutcome(rejected=list(batch.dead))
+        if batch.results:
+            await self._store_all(batch.results, outcome)
         CONSOLIDATION_SECONDS.observe(time.perf_counter() - started)
-        RESULTS_STORED.inc(outcome.stored)
+        RESULTS_STORED.inc(len(outcome.done))
         EPISODES_RECORDED.inc(outcome.episodes_announced)
         return outcome
 
-    async def _finish_batch(self, batch: PreparedBatch) -> BatchOutcome:
-        outcome = BatchOutcome()
-        if batch.gone:
-            await self._ack(batch.gone)
-            outcome.stored += len(batch.gone)
-        if batch.dead:
-            await self._dead_letter([(entry, exc.reason, str(exc)) for entry, exc in batch.dead])
-            outcome.dead_lettered += len(batch.dead)
-        if batch.results:
-            await self._store_all(batch.results, outcome)
-        return outcome
-
-    async def _store_all(self, results: Sequence[PreparedResult], outcome: BatchOutcome) -> None:
+    async def _store_all(
+        self, results: Sequence[PreparedResult], outcome: ConsolidationOutcome
+    ) -> None:
         """Store ``results`` as up to ``writers`` transactions at once, on as many connections:
         a Postgres backend uses one core, and inserting is most of the work (two writers
         drained the benchmark's stream ~40% faster than one on two cores). A session's results
@@ -822,26 +669,33 @@ class Consolidator:
 
     # -- storing -------------------------------------------------------------------------------
 
-    async def _store(self, parsed: Sequence[PreparedResult], outcome: BatchOutcome) -> None:
+    async def _store(self, parsed: Sequence[PreparedResult], outcome: ConsolidationOutcome) -> None:
         """Write ``parsed`` in one transaction; on a data error split it to isolate the culprit."""
         try:
             announcements = await self._write(parsed)
         except Exception as exc:
-            if is_connection_error(exc) or not await self._storage_answers():
+            if is_connection_error(exc) or await self._storage_error() is not None:
                 raise StorageUnavailableError(str(exc)) from exc
             if len(parsed) > 1:
                 middle = len(parsed) // 2
                 await self._store(parsed[:middle], outcome)
                 await self._store(parsed[middle:], outcome)
                 return
-            await self._failed_alone(parsed[0], exc, outcome)
+            outcome.failed.append(self._failure(parsed[0], exc))
             return
         await self._announce(announcements)
-        await self._ack([p.entry for p in parsed])
-        for p in parsed:
-            self._attempts.pop((p.entry.stream, p.entry.entry_id), None)
-        outcome.stored += len(parsed)
+        outcome.done.extend(p.entry for p in parsed)
         outcome.episodes_announced += len(announcements)
+
+    @staticmethod
+    def _failure(parsed: PreparedResult, exc: Exception) -> Failure:
+        error = one_line(exc)
+        context = {
+            "event_id": parsed.event_id,
+            "project_id": parsed.event[2],
+            "session_id": parsed.event[3],
+        }
+        return Failure(parsed.entry, error, context)
 
     async def _write(self, prepared: Sequence[PreparedResult]) -> list[Announcement]:
         """One transaction; returns the episodes owed an ``episode.recorded``: new ones, and
@@ -871,133 +725,14 @@ class Consolidator:
         except Exception as exc:
             raise StorageUnavailableError(str(exc)) from exc
 
-    async def _storage_answers(self) -> bool:
+    async def _storage_error(self) -> Exception | None:
+        """None when Postgres answers ``SELECT 1``, else why not."""
         try:
             async with asyncio.timeout(self.probe_timeout_s), self.engine.connect() as conn:
                 await conn.execute(text("SELECT 1"))
-        except Exception:
-            return False
-        return True
-
-    async def _failed_alone(
-        self, parsed: PreparedResult, exc: Exception, outcome: BatchOutcome
-    ) -> None:
-        entry = parsed.entry
-        key = (entry.stream, entry.entry_id)
-        attempts = self._attempts.get(key, 0) + 1
-        self._attempts[key] = attempts
-        error = str(exc.__cause__ or exc).splitlines()[0] if str(exc) else repr(exc)
-        bound = self.log.bind(
-            stream=entry.stream,
-            entry_id=entry.entry_id,
-            event_id=parsed.event_id,
-            project_id=parsed.event[2],
-            session_id=parsed.event[3],
-            attempts=attempts,
-        )
-        if attempts >= self.settings.consolidation_max_attempts:
-            bound.error("result could not be stored, dead-lettered", error=error)
-            await self._dead_letter([(entry, "storage_failed", error)], deliveries=attempts)
-            self._attempts.pop(key, None)
-            outcome.dead_lettered += 1
-        else:
-            bound.warning("result could not be stored, will retry", error=error)
-            outcome.retrying.append(entry)
-
-    # -- redis ---------------------------------------------------------------------------------
-
-    async def _read(self, start: str, block_ms: int | None) -> list[StreamEntry]:
-        if self.settings.redis_cluster and len(self.streams) > 1:
-            # Shards live on different nodes: one XREADGROUP may not span them (CROSSSLOT).
-            reply: Any = []
-            for keys in self.streams:
-                part: Any = await self.redis.xreadgroup(
-                    CONSOLIDATION_GROUP,
-                    self.consumer,
-                    {keys.results: start},
-                    count=self.batch_size,
-                )
-                reply += list(part.items()) if isinstance(part, dict) else list(part or [])
-            if not any(entries for _stream, entries in reply) and block_ms:
-                await asyncio.sleep(block_ms / 1000)
-        else:
-            reply = await self.redis.xreadgroup(
-                CONSOLIDATION_GROUP,
-                self.consumer,
-                {keys.results: start for keys in self.streams},
-                count=self.batch_size,
-                block=block_ms,
-            )
-        if not reply:
-            return []
-        pairs: Iterable[tuple[Any, Any]] = reply.items() if isinstance(reply, dict) else reply
-        entries: list[StreamEntry] = []
-        for stream, stream_entries in pairs:
-            if (
-                stream_entries
-                and isinstance(stream_entries[0], list | tuple)
-                and not isinstance(stream_entries[0][0], bytes | str)
-            ):  # RESP3 nests one level deeper
-                stream_entries = stream_entries[0]
-            for entry_id, fields in stream_entries:
-                entries.append(
-                    StreamEntry(
-                        _text(stream),
-                        _text(entry_id),
-                        {_text(k): v for k, v in (fields or {}).items()},
-                    )
-                )
-        return entries
-
-    async def _ack(self, entries: Sequence[StreamEntry]) -> None:
-        by_stream: dict[str, list[str]] = {}
-        for entry in entries:
-            by_stream.setdefault(entry.stream, []).append(entry.entry_id)
-        pipe = self.redis.pipeline(transaction=False)
-        for stream, ids in by_stream.items():
-            pipe.xack(stream, CONSOLIDATION_GROUP, *ids)
-        await pipe.execute()
-
-    async def _dead_letter(
-        self, items: Sequence[tuple[StreamEntry, str, str]], deliveries: int = 1
-    ) -> None:
-        """Each to its shard's DLQ, atomically with its XACK (one MULTI per shard)."""
-        by_stream: dict[str, list[tuple[StreamEntry, str, str]]] = {}
-        for item in items:
-            by_stream.setdefault(item[0].stream, []).append(item)
-        for stream, stream_items in by_stream.items():
-            pipe = self.redis.pipeline(transaction=True)
-            for entry, reason, error in stream_items:
-                DEAD_LETTERS.labels(CONSOLIDATION_GROUP, reason).inc()
-                self.log.warning(
-                    "entry dead-lettered", stream=stream, entry_id=entry.entry_id, reason=reason
-                )
-                letter = dead_letter(
-                    fields=_wire_fields(entry),
-                    source_stream=stream,
-                    source_id=entry.entry_id,
-                    group=CONSOLIDATION_GROUP,
-                    reason=reason,
-                    error=error,
-                    deliveries=deliveries,
-                )
-                queue_dead_letter(pipe, self._dlq_of[stream], letter)
-            await pipe.execute()
-
-    # -- timing --------------------------------------------------------------------------------
-
-    def _backoff(self, failures: int) -> float:
-        return float(min(self.backoff_max_s, self.backoff_initial_s * 2 ** min(failures - 1, 30)))
-
-    def _retry_delay(self, retrying: Sequence[StreamEntry]) -> float:
-        worst = max(self._attempts.get((e.stream, e.entry_id), 1) for e in retrying)
-        return self._backoff(worst)
-
-    @staticmethod
-    async def _sleep(seconds: float, stop: asyncio.Event) -> None:
-        """Sleep, but wake at once when asked to stop."""
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), timeout=seconds)
+        except Exception as exc:
+            return exc
+        return None
 
 
 async def replay_results(
@@ -1026,7 +761,7 @@ async def replay_results(
                 StreamEntry(stream, _text(i), {_text(k): v for k, v in f.items()}) for i, f in rows
             ]
             outcome = await consolidator.replay(entries)
-            counts["results"] += outcome.stored
+            counts["results"] += len(outcome.done)
             counts["new_episodes"] += outcome.episodes_announced
             counts["skipped"] += outcome.dead_lettered
             if progress:

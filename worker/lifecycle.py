@@ -11,10 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import socket
 import time
-import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,14 +19,14 @@ from typing import Any
 from faststream.message import StreamMessage
 from faststream.middlewares import AckPolicy
 from faststream.redis import RedisBroker, StreamSub
-from redis.asyncio import Redis
-from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from worker.applier import CommandApplier, Outcome, Plan
 from worker.connections import client_for
+from worker.group_consumer import default_consumer_name
+from worker.group_consumer import ensure_group as ensure_group
 from worker.keys import CONSOLIDATION_GROUP, LIFECYCLE_GROUP, StreamKeys
 from worker.logs import get_logger
 from worker.metrics import (
@@ -61,20 +58,6 @@ async def keep_raw_message(message: Any, original: Any) -> StreamMessage[Any]:
 async def raw_entries(message: StreamMessage[Any], original: Any) -> Any:
     """FastStream decoder handing the handler the raw batch (``message_ids``, ``data``)."""
     return message.raw_message
-
-
-def default_consumer_name() -> str:
-    """Unique per process: host, pid and a random suffix (a reused pid must not collide)."""
-    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-
-
-async def ensure_group(redis: Redis | RedisCluster, stream: str, group: str) -> None:
-    """Create ``group`` at id 0 (commands published before any worker ran are processed)."""
-    try:
-        await redis.xgroup_create(stream, group, id="0", mkstream=True)
-    except ResponseError as exc:
-        if "BUSYGROUP" not in str(exc):
-            raise
 
 
 @dataclass(slots=True)
