@@ -9,19 +9,22 @@ the consolidator writing to a real Postgres.
 
 from __future__ import annotations
 
+import asyncio
 import uuid
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 
+import orjson
 import pytest
 from redis.asyncio import Redis
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from tests.helpers import worker_process
-from worker import AgentLifecycleManager, LifecycleResult
-from worker.client import ResultTimeoutError
+from tests.helpers import dead_letters, wait_until, worker_process
+from worker import AgentLifecycleManager, LifecycleEvent, LifecycleHooks, LifecycleResult
+from worker.client import LifecycleClient, ResultTimeoutError
 from worker.consolidator import Consolidator
 from worker.db.models import Episode
+from worker.keys import StreamKeys
 from worker.memory import MemoryNotFoundError, TaskState, WorkingMemory
 from worker.migrate import migrate
 from worker.settings import Settings, get_settings
@@ -194,3 +197,161 @@ async def test_a_lifecycle_call_with_no_worker_running_times_out_saying_so(
         with pytest.raises(ResultTimeoutError, match=r"no result arrived within 0\.5s") as raised:
             await manager.spawn("p", "agent-1", "s-nobody-home")
     assert "memworker run" in str(raised.value)
+
+
+async def group_exists(redis: Redis, settings: Settings, group: str) -> bool:
+    stream = StreamKeys(settings.stream_prefix, 0).results
+    try:
+        groups = await redis.xinfo_groups(stream)
+    except Exception:  # no stream yet
+        return False
+    return any(g["name"] in (group, group.encode()) for g in groups)
+
+
+async def test_hooks_run_for_every_command_retry_a_failing_hook_and_dead_letter_a_broken_one(
+    seed_env: Settings, redis: Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MEMWORKER_MAX_DELIVERIES", "3")
+    get_settings.cache_clear()
+    hooks = LifecycleHooks()
+    spawned: list[LifecycleEvent] = []
+    pause_attempts: list[LifecycleEvent] = []
+    paused: list[LifecycleEvent] = []
+
+    @hooks.on_spawn
+    async def record_spawn(event: LifecycleEvent) -> None:
+        spawned.append(event)
+
+    @hooks.on_pause
+    async def fails_once(event: LifecycleEvent) -> None:
+        pause_attempts.append(event)
+        if len(pause_attempts) == 1:
+            raise RuntimeError("first try fails")
+        paused.append(event)
+
+    @hooks.on_terminate
+    def always_broken(event: LifecycleEvent) -> None:
+        raise RuntimeError("the terminate hook is broken")
+
+    stop, listening = asyncio.Event(), asyncio.Event()
+    serving = asyncio.create_task(hooks.serve("seed-hooks", stop=stop, ready=listening))
+    await listening.wait()
+    assert await group_exists(redis, seed_env, "seed-hooks")
+    project_id, agent_instance_id, session_id = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
+    with worker_process(seed_env):
+        async with AgentLifecycleManager() as manager:
+            await manager.spawn(
+                project_id, agent_instance_id, session_id, "researcher", metadata={"run": 1}
+            )
+            await manager.pause(project_id, agent_instance_id, session_id, "cp-1")
+            await manager.terminate(project_id, agent_instance_id, session_id)
+        async with LifecycleClient() as other_publisher:  # not the manager: hooks run too
+            sent = await other_publisher.spawn("elsewhere", "s-other", "agent-9", {"x": 1})
+            await other_publisher.wait(sent)
+
+        async def all_handled() -> bool:
+            letters = [d for d in await dead_letters(redis, seed_env) if d["group"] == "seed-hooks"]
+            return len(spawned) >= 2 and len(paused) >= 1 and len(letters) >= 1
+
+        await wait_until(all_handled)
+    stop.set()
+    await serving
+
+    assert [(e.project_id, e.session_id) for e in spawned] == [
+        (str(project_id), str(session_id)),
+        ("elsewhere", "s-other"),
+    ]
+    first = spawned[0]
+    assert (first.event_type, first.agent_instance_id, first.agent_type_id) == (
+        "spawn",
+        str(agent_instance_id),
+        "researcher",
+    )
+    assert first.metadata == {"run": 1}
+    assert first.timestamp.tzinfo is not None
+    assert len(pause_attempts) == 2  # failed once, ran again and succeeded
+    assert paused[0].data["checkpoint_id"] == "cp-1"
+
+    [letter] = [d for d in await dead_letters(redis, seed_env) if d["group"] == "seed-hooks"]
+    assert (letter["group"], letter["reason"], letter["deliveries"]) == (
+        "seed-hooks",
+        "hook_failed",
+        "3",
+    )
+    assert "always_broken raised RuntimeError: the terminate hook is broken" in letter["error"]
+    original = orjson.loads(orjson.loads(letter["data"])["data"])
+    assert (original["type"], original["session_id"]) == ("agent.terminated", str(session_id))
+    pending = await redis.xpending(StreamKeys(seed_env.stream_prefix, 0).results, "seed-hooks")
+    assert pending["pending"] == 0
+
+
+def saw(seen: list[str], *session_ids: str) -> Callable[[], Awaitable[bool]]:
+    async def check() -> bool:
+        return all(session_id in seen for session_id in session_ids)
+
+    return check
+
+
+async def test_hooks_resume_after_a_restart_with_the_results_published_meanwhile(
+    seed_env: Settings, redis: Redis
+) -> None:
+    seen: list[str] = []
+    hooks = LifecycleHooks()
+    hooks.on_spawn(lambda event: seen.append(event.session_id))
+
+    stop, listening = asyncio.Event(), asyncio.Event()
+    first_run = asyncio.create_task(
+        hooks.serve("restartable", "consumer-a", stop=stop, ready=listening)
+    )
+    await listening.wait()
+    with worker_process(seed_env):
+        async with AgentLifecycleManager() as manager:
+            await manager.spawn("p", "a", "before")
+            await wait_until(saw(seen, "before"))
+            stop.set()
+            await first_run
+            await manager.spawn("p", "a", "while-down")  # nobody serves the hooks now
+            assert seen == ["before"]
+            second_stop = asyncio.Event()
+            second_run = asyncio.create_task(
+                hooks.serve("restartable", "consumer-b", stop=second_stop)
+            )
+            await wait_until(saw(seen, "while-down"))
+            second_stop.set()
+            await second_run
+    assert seen == ["before", "while-down"]
+
+
+async def test_serving_hooks_in_memworkers_own_groups_is_refused(seed_env: Settings) -> None:
+    for group in ("lifecycle", "consolidation"):
+        with pytest.raises(ValueError, match="memworker's own"):
+            await LifecycleHooks().serve(group)
+
+
+async def test_a_new_hooks_group_starts_with_new_results_unless_asked_to_start_from_the_first(
+    seed_env: Settings, redis: Redis
+) -> None:
+    from_now: list[str] = []
+    from_first: list[str] = []
+    now_hooks, first_hooks = LifecycleHooks(), LifecycleHooks()
+    now_hooks.on_spawn(lambda event: from_now.append(event.session_id))
+    first_hooks.on_spawn(lambda event: from_first.append(event.session_id))
+    stop, now_ready, first_ready = asyncio.Event(), asyncio.Event(), asyncio.Event()
+    with worker_process(seed_env):
+        async with AgentLifecycleManager() as manager:
+            await manager.spawn("p", "a", "earlier")
+            serving = [
+                asyncio.create_task(now_hooks.serve("from-now", stop=stop, ready=now_ready)),
+                asyncio.create_task(
+                    first_hooks.serve("from-first", stop=stop, ready=first_ready, from_start=True)
+                ),
+            ]
+            await now_ready.wait()
+            await first_ready.wait()
+            await manager.spawn("p", "a", "later")
+            await wait_until(saw(from_now, "later"))
+            await wait_until(saw(from_first, "later"))
+            stop.set()
+            await asyncio.gather(*serving)
+    assert from_now == ["later"]  # results are handled in order: "earlier" was never delivered
+    assert from_first == ["earlier", "later"]
