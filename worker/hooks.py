@@ -6,7 +6,8 @@ and an error was logged and dropped, hooks here are served by ``await hooks.serv
 consumer group on every shard's results stream, so they run for every command whoever
 published it, and a restart resumes where the group left off. Delivery is at least once per
 result; a hook that raises is retried with backoff and, after the delivery cap, the result is
-dead-lettered with the hook's error. Rejected commands (``command.rejected``) run no hook.
+dead-lettered with the hook's error. A hook that meets an outage (``is_unavailable``) holds the
+result without counting a failure. Rejected commands (``command.rejected``) run no hook.
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ from datetime import datetime
 from typing import Any
 
 from pydantic import ValidationError
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from schemas.results import (
     RESULT_ADAPTER,
@@ -30,6 +33,7 @@ from schemas.results import (
     AgentTerminated,
     Result,
 )
+from worker.applier import TOPOLOGY_ERRORS
 from worker.connections import AnyRedis, client_for
 from worker.group_consumer import (
     BatchOutcome,
@@ -51,7 +55,7 @@ log = get_logger("worker.hooks")
 HOOK_FAILED = "hook_failed"
 """The DLQ ``reason`` of a result whose hook kept raising."""
 RESERVED_GROUPS = frozenset({LIFECYCLE_GROUP, CONSOLIDATION_GROUP})
-_MAX_TRACKED = 10_000
+_MAX_TRACKED = 4_096
 
 EVENT_TYPES: dict[type[Any], str] = {
     AgentSpawned: "spawn",
@@ -179,7 +183,9 @@ class LifecycleHooks:
         ``from_start``. A result is acknowledged when all its hooks returned; a hook that
         raises is retried with backoff (only it and the hooks after it) and after
         ``MEMWORKER_MAX_DELIVERIES`` failures the result goes to the DLQ with reason
-        ``hook_failed`` and the hook's error. Redis outages only pause it. ``ready`` is set
+        ``hook_failed`` and the hook's error. An outage only pauses it: Redis's, or one a
+        hook meets (a refused or timed-out connection, a Redis that is loading, read-only, out
+        of memory or busy), which holds the result and counts no failure against it. ``ready`` is set
         once the group exists on every results stream: results published after that reach
         the hooks. Runs until ``stop`` is set (the batch in hand is finished) or the task is
         cancelled.
@@ -220,6 +226,21 @@ async def _create_group(redis: AnyRedis, stream: str, group: str, start: str) ->
             raise
 
 
+class HookUnavailableError(RuntimeError):
+    """A hook met a server-wide condition: the results are held and retried, none counted."""
+
+
+SERVER_WIDE_REPLIES = (*TOPOLOGY_ERRORS, "OOM", "BUSY")
+
+
+def is_unavailable(exc: BaseException) -> bool:
+    """Whether ``exc`` says a server is unreachable or not serving now (a refused or timed-out
+    connection, Redis loading, read-only, out of memory, busy…), not that the result is bad."""
+    if isinstance(exc, RedisConnectionError | RedisTimeoutError | ConnectionError | TimeoutError):
+        return True
+    return isinstance(exc, ResponseError) and str(exc).startswith(SERVER_WIDE_REPLIES)
+
+
 def _hook_name(hooks: LifecycleHooks, result: Result, done: set[int]) -> str:
     """The hook that raised: the first of the result's hooks not done."""
     event_type = EVENT_TYPES.get(type(result), "")
@@ -232,7 +253,7 @@ def _hook_name(hooks: LifecycleHooks, result: Result, done: set[int]) -> str:
 class _HookHandler:
     """``LifecycleHooks`` as a ``GroupHandler`` of the shared consumer-group loop."""
 
-    storage_errors: tuple[type[BaseException], ...] = ()
+    storage_errors: tuple[type[BaseException], ...] = (HookUnavailableError,)
     failure_reason = HOOK_FAILED
 
     def __init__(self, hooks: LifecycleHooks, group: str, settings: Settings) -> None:
@@ -242,7 +263,8 @@ class _HookHandler:
         self.streams = [keys.results for keys in shards]
         self._dlq = {keys.results: keys.dlq for keys in shards}
         self._done: dict[tuple[str, str], set[int]] = {}
-        """Hooks that succeeded, per entry still being retried."""
+        """The hooks that succeeded, per recent entry (oldest forgotten first): an entry read
+        again (a retry, or a batch cut short by an outage) runs only the hooks not done."""
 
     def dlq_stream(self, stream: str) -> str:
         return self._dlq[stream]
@@ -291,21 +313,21 @@ class _HookHandler:
                 continue
             key = (entry.stream, entry.entry_id)
             done = self._done.setdefault(key, set())
-            if len(self._done) > _MAX_TRACKED:  # dead-lettered or taken over: forget the oldest
+            if len(self._done) > _MAX_TRACKED:
                 del self._done[next(iter(self._done))]
             try:
                 await self.hooks.run(result, done)
             except Exception as exc:
                 hook = _hook_name(self.hooks, result, done)
+                error = f"hook {hook} raised {type(exc).__name__}: {exc}"
+                if is_unavailable(exc):  # says nothing about this result: hold it, count nothing
+                    raise HookUnavailableError(error) from exc
                 outcome.failed.append(
                     Failure(
-                        entry,
-                        f"hook {hook} raised {type(exc).__name__}: {exc}",
-                        {"event_id": result.event_id, "session_id": result.session_id},
+                        entry, error, {"event_id": result.event_id, "session_id": result.session_id}
                     )
                 )
                 continue
-            del self._done[key]
             outcome.done.append(entry)
         return outcome
 

@@ -322,6 +322,41 @@ async def test_hooks_resume_after_a_restart_with_the_results_published_meanwhile
     assert seen == ["before", "while-down"]
 
 
+async def test_a_hook_meeting_an_outage_is_retried_without_using_up_its_deliveries(
+    seed_env: Settings, redis: Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MEMWORKER_MAX_DELIVERIES", "1")  # one real failure would dead-letter
+    get_settings.cache_clear()
+    first_runs: list[str] = []
+    webhook_calls: list[str] = []
+    hooks = LifecycleHooks()
+    hooks.on_spawn(lambda event: first_runs.append(event.session_id))
+
+    @hooks.on_spawn
+    async def webhook(event: LifecycleEvent) -> None:
+        webhook_calls.append(event.session_id)
+        if len(webhook_calls) <= 2:
+            raise ConnectionRefusedError("the webhook's server is down")
+
+    stop, listening = asyncio.Event(), asyncio.Event()
+    serving = asyncio.create_task(hooks.serve("outage-hooks", stop=stop, ready=listening))
+    await listening.wait()
+    with worker_process(seed_env):
+        async with AgentLifecycleManager() as manager:
+            await manager.spawn("p", "a", "s-webhook")
+
+        async def delivered() -> bool:
+            return len(webhook_calls) == 3
+
+        await wait_until(delivered)
+    stop.set()
+    await serving
+    assert first_runs == ["s-webhook"]  # the hook that succeeded did not run again
+    assert [d for d in await dead_letters(redis, seed_env) if d["group"] == "outage-hooks"] == []
+    pending = await redis.xpending(StreamKeys(seed_env.stream_prefix, 0).results, "outage-hooks")
+    assert pending["pending"] == 0
+
+
 async def test_serving_hooks_in_memworkers_own_groups_is_refused(seed_env: Settings) -> None:
     for group in ("lifecycle", "consolidation"):
         with pytest.raises(ValueError, match="memworker's own"):

@@ -5,10 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
 
 from schemas.results import RESULT_ADAPTER, Result
 from worker import LifecycleEvent, LifecycleHooks
 from worker.db.models import episode_id_for
+from worker.hooks import is_unavailable
 
 
 def result(type_: str, **fields: Any) -> Result:
@@ -102,3 +105,28 @@ async def test_a_hook_that_raises_is_not_swallowed() -> None:
 def test_a_hook_that_is_not_callable_is_refused() -> None:
     with pytest.raises(TypeError, match="pause hook must be callable"):
         LifecycleHooks().on_pause("not a function")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        RedisConnectionError("Connection refused"),
+        ConnectionRefusedError("webhook down"),
+        TimeoutError("no answer"),
+        ResponseError("LOADING Redis is loading the dataset in memory"),
+        ResponseError("OOM command not allowed when used memory > 'maxmemory'"),
+        ResponseError("BUSY Redis is busy running a script"),
+    ],
+    ids=repr,
+)
+def test_a_server_wide_condition_is_an_outage_not_a_failed_hook(exc: Exception) -> None:
+    assert is_unavailable(exc)
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [RuntimeError("bug"), KeyError("x"), ResponseError("WRONGTYPE"), FileNotFoundError("f")],
+    ids=repr,
+)
+def test_any_other_error_is_a_failed_hook(exc: Exception) -> None:
+    assert not is_unavailable(exc)
