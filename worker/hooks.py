@@ -185,10 +185,10 @@ class LifecycleHooks:
         ``MEMWORKER_MAX_DELIVERIES`` failures the result goes to the DLQ with reason
         ``hook_failed`` and the hook's error. An outage only pauses it: Redis's, or one a
         hook meets (a refused or timed-out connection, a Redis that is loading, read-only, out
-        of memory or busy), which holds the result and counts no failure against it. ``ready`` is set
-        once the group exists on every results stream: results published after that reach
-        the hooks. Runs until ``stop`` is set (the batch in hand is finished) or the task is
-        cancelled.
+        of memory or busy), which holds the result and counts no failure against it.
+        ``ready`` is set once the group exists on every results stream: results published
+        after that reach the hooks. Runs until ``stop`` is set (the batch in hand is
+        finished) or the task is cancelled.
         """
         validate_id(group, "group")
         if group in RESERVED_GROUPS:
