@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
+from enum import Enum
 
 import orjson
 import pytest
@@ -30,6 +31,13 @@ from worker.migrate import migrate
 from worker.settings import Settings, get_settings
 
 pytestmark = pytest.mark.slow
+
+
+class Outcome(Enum):
+    """The seed's outcome enum, as its callers pass it."""
+
+    SUCCESS = "success"
+    FAILURE = "failure"
 
 
 @pytest.fixture
@@ -143,7 +151,7 @@ async def test_the_lifecycle_managers_four_calls_return_the_seeds_results(
             agent_instance_id,
             session_id,
             task_description="reconcile the invoices",
-            outcome="success",
+            outcome=Outcome.SUCCESS,  # the seeds pass their enum
             lessons_learned=["ask for the currency first"],
         )
         assert (terminated.success, terminated.event_type) == (True, "terminate")
