@@ -1,4 +1,5 @@
-"""Lifecycle commands (CONTRACT.md "Commands"): what orchestrators XADD to ``P:lifecycle:{i}``."""
+"""Lifecycle commands (docs/contract.md "Commands"): what orchestrators XADD to the lifecycle
+streams ``P:lifecycle:{i}``."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Result events (CONTRACT.md "Results"): one per applied or rejected command."""
+"""Result events (docs/contract.md "Results"): one per applied or rejected command."""
 
 from __future__ import annotations
 

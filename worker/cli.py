@@ -1,4 +1,4 @@
-"""The ``memworker`` command line (CONTRACT.md "Command line").
+"""The ``memworker`` command line (README.md "Command line").
 
 Exit status: 0 on success, 2 on a usage error, 1 on failure, with one clear line on stderr.
 """
@@ -18,14 +18,15 @@ from typing import Annotated, Any, NoReturn, TypeVar
 
 import orjson
 import typer
+from pydantic import ValidationError
 from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from worker.connections import client_for
+from worker.error_messages import ActionableError, one_line
 from worker.keys import InvalidIdError, StreamKeys, episodes_stream, shard_of, validate_id
 from worker.logs import configure_logging
 from worker.settings import Settings
@@ -39,8 +40,13 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
+    # Click's plain help: flags show as flags (rich help labels each one `<bool>`), and a
+    # usage error is a short "Error: …" line rather than a box.
+    rich_markup_mode=None,
 )
-dlq_app = typer.Typer(help="Inspect, redrive and purge dead letters.", no_args_is_help=True)
+dlq_app = typer.Typer(
+    help="Inspect, redrive and purge dead letters.", no_args_is_help=True, rich_markup_mode=None
+)
 app.add_typer(dlq_app, name="dlq")
 
 # Off a terminal (pipes, CI logs) rich would wrap tables at 80 columns: give them room.
@@ -48,7 +54,11 @@ out = Console(width=None if sys.stdout.isatty() else 160)
 err = Console(stderr=True)
 
 
-class CliError(Exception):
+REJECTED_EXIT_STATUS = 3
+"""``publish --wait``: the command was answered ``command.rejected``."""
+
+
+class CliError(ActionableError):
     """A failure to report as one line on stderr with exit status 1."""
 
 
@@ -59,8 +69,17 @@ def fail(message: str) -> NoReturn:
 def settings_from_env() -> Settings:
     try:
         return Settings()
-    except Exception as exc:
-        raise CliError(f"invalid configuration: {exc}".replace("\n", " ")) from exc
+    except ValidationError as exc:
+        raise CliError(one_line(exc)) from exc
+
+
+def check_ids(**ids: str) -> None:
+    """Usage error (exit status 2) for any id a key may not carry, e.g. ``project_id="a b"``."""
+    for name, value in ids.items():
+        try:
+            validate_id(value, name)
+        except InvalidIdError as exc:
+            raise typer.BadParameter(str(exc)) from exc
 
 
 def run_async(coro: Coroutine[Any, Any, T]) -> T:
@@ -138,15 +157,29 @@ def _run_processes(workers: int, consumer: str | None, metrics_port: int | None)
             cmd += ["--metrics-port", str(metrics_port + n)]
         children.append(subprocess.Popen(cmd))
 
+    asked: list[int] = []
+
     def forward(signum: int, _frame: object) -> None:
+        asked.append(signum)
         for child in children:
             if child.poll() is None:
                 child.send_signal(signum)
 
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
-    codes = [child.wait() for child in children]
-    return 1 if any(code not in (0, -signal.SIGTERM, -signal.SIGINT) for code in codes) else 0
+    codes = []
+    for child in children:
+        while True:
+            try:
+                codes.append(child.wait(timeout=1.0))
+                break
+            except subprocess.TimeoutExpired:
+                # A child still importing when the signal came has no handler yet: it may
+                # have ignored the signal (SIGINT is ignored in background jobs). Say it again.
+                if asked:
+                    forward(asked[-1], None)
+    stopped = (0, -signal.SIGTERM, -signal.SIGINT, 130)  # 130: interrupted while starting
+    return 1 if any(code not in stopped for code in codes) else 0
 
 
 @app.command()
@@ -182,17 +215,8 @@ def migrate() -> None:
     settings = settings_from_env()
     from worker.migrate import migrate as run_migrations
 
-    try:
-        revision = run_async(run_migrations(settings.database_url))
-    except OSError as exc:
-        fail(f"cannot reach Postgres at {_safe_url(settings.database_url)}: {exc}")
+    revision = run_async(run_migrations(settings.database_url))
     out.print(f"schema at revision {revision}")
-
-
-def _safe_url(url: str) -> str:
-    from sqlalchemy import make_url
-
-    return make_url(url).render_as_string(hide_password=True)
 
 
 @app.command()
@@ -244,10 +268,21 @@ def publish(
     ] = None,
     event_id: Annotated[str | None, typer.Option(help="event_id (default: a new UUID).")] = None,
     no_seq: Annotated[bool, typer.Option("--no-seq", help="Do not assign a seq.")] = False,
-    wait: Annotated[bool, typer.Option("--wait", help="Wait for and print the result.")] = False,
+    wait: Annotated[
+        bool,
+        typer.Option(
+            "--wait",
+            help="Wait for and print the result; exit status 3 if the command was rejected.",
+        ),
+    ] = False,
     timeout: Annotated[float, typer.Option(help="Seconds --wait waits.")] = 10.0,
 ) -> None:
-    """Publish one lifecycle command."""
+    """Publish one lifecycle command.
+
+    Exit status with --wait: 0 when the command was applied, 3 when it was rejected
+    (command.rejected: the result is still printed, its reason on stderr), 1 when no result
+    came within --timeout.
+    """
     if command_type not in ("spawn", "pause", "resume", "terminate"):
         raise typer.BadParameter("must be spawn, pause, resume or terminate", param_hint="TYPE")
     body: dict[str, Any] = {
@@ -264,28 +299,28 @@ def publish(
             raise typer.BadParameter(f"not JSON: {exc}", param_hint="--state") from exc
     if event_id:
         body["event_id"] = event_id
-    for name in ("project_id", "session_id", "agent_instance_id"):
-        try:
-            validate_id(body[name], name)
-        except InvalidIdError as exc:
-            raise typer.BadParameter(str(exc)) from exc
+    check_ids(project_id=project, session_id=session, agent_instance_id=agent)
     settings = settings_from_env()
 
-    async def go(redis: Redis) -> None:
+    async def go(redis: Redis) -> Any:
         from worker.client import LifecycleClient, ResultTimeoutError
 
         client = LifecycleClient(redis, settings)
         sent = await client.publish(body, assign_seq=not no_seq)
         if not wait:
             out.print(sent)
-            return
+            return None
         try:
             result = await client.wait(sent, timeout)
         except ResultTimeoutError as exc:
             fail(str(exc))
-        print(result.model_dump_json(indent=2))
+        print(result.model_dump_json(indent=2), flush=True)
+        return result
 
-    run_async(with_redis(settings, go))
+    result = run_async(with_redis(settings, go))
+    if result is not None and result.type == "command.rejected":
+        print(f"memworker: rejected: {result.reason}: {result.detail}", file=sys.stderr)
+        raise typer.Exit(REJECTED_EXIT_STATUS)
 
 
 def _print_entry(stream: str, entry_id: str, fields: dict[bytes, bytes], as_json: bool) -> None:
@@ -363,11 +398,7 @@ def inspect(
 ) -> None:
     """Show one session's working memory, state and checkpoints (JSON)."""
     settings = settings_from_env()
-    try:
-        validate_id(project, "project_id")
-        validate_id(session, "session_id")
-    except InvalidIdError as exc:
-        raise typer.BadParameter(str(exc)) from exc
+    check_ids(project_id=project, session_id=session)
 
     async def go(redis: Redis) -> dict[str, Any]:
         from worker.inspection import inspect_session
@@ -579,36 +610,127 @@ def dlq_purge(
     out.print(f"purged: {run_async(with_redis(settings, go))}")
 
 
+# -- episodes (long-term memory in Postgres) -------------------------------------------------
+
+episodes_app = typer.Typer(
+    help="Read the episodes the consolidator stored in Postgres.",
+    no_args_is_help=True,
+    rich_markup_mode=None,
+)
+app.add_typer(episodes_app, name="episodes")
+
+
+async def _with_episode_store(settings: Settings, use: Callable[[Any], Awaitable[T]]) -> T:
+    from worker.db.engine import create_database_engine
+    from worker.episodes import EpisodeStore
+
+    engine = create_database_engine(settings.database_url, pool=False)
+    try:
+        return await use(EpisodeStore(engine))
+    finally:
+        await engine.dispose()
+
+
+@episodes_app.command("list")
+def episodes_list(
+    project: Annotated[str, typer.Option("--project", "-p")],
+    session: Annotated[str | None, typer.Option("--session", "-s")] = None,
+    limit: Annotated[int, typer.Option(min=1, help="At most this many, newest first.")] = 20,
+    as_json: Annotated[bool, typer.Option("--json", help="JSON instead of a table.")] = False,
+) -> None:
+    """A project's episodes, newest first (one per finished session)."""
+    check_ids(project_id=project, **({"session_id": session} if session else {}))
+    settings = settings_from_env()
+
+    async def go(store: Any) -> list[Any]:
+        return list(await store.list_episodes(project, session_id=session, limit=limit))
+
+    rows = run_async(_with_episode_store(settings, go))
+    if as_json:
+        print(json.dumps([r.to_dict() for r in rows], indent=2))
+        return
+    table = Table("episode id", "session", "outcome", "finished", "task")
+    for r in rows:
+        table.add_row(
+            str(r.id),
+            r.session_id,
+            r.outcome,
+            r.occurred_at.isoformat(timespec="seconds"),
+            (r.task_description or "")[:60],
+        )
+    out.print(table)
+
+
+@episodes_app.command("show")
+def episodes_show(
+    project: Annotated[str, typer.Option("--project", "-p")],
+    session: Annotated[
+        str | None, typer.Option("--session", "-s", help="The session's episode.")
+    ] = None,
+    episode_id: Annotated[
+        str | None, typer.Argument(help="An episode id (from `episodes list`).")
+    ] = None,
+) -> None:
+    """One episode in full (JSON): lessons, context summary, snapshot of working memory."""
+    if (session is None) == (episode_id is None):
+        raise typer.BadParameter("give an EPISODE_ID or --session, not both")
+    check_ids(project_id=project, **({"session_id": session} if session else {}))
+    settings = settings_from_env()
+
+    async def go(store: Any) -> Any:
+        if episode_id is not None:
+            return await store.get_episode(project, episode_id)
+        found = await store.list_episodes(project, session_id=session, limit=1)
+        return found[0] if found else None
+
+    episode = run_async(_with_episode_store(settings, go))
+    if episode is None:
+        which = f"session {project}/{session}" if session else f"id {episode_id} in {project}"
+        fail(
+            f"no episode for {which} (not terminated yet, consolidate: false, or not consolidated)"
+        )
+    print(json.dumps(episode.to_dict(), indent=2))
+
+
 @app.command()
 def shard(
     project: Annotated[str, typer.Option("--project", "-p")],
     session: Annotated[str, typer.Option("--session", "-s")],
 ) -> None:
     """Print the shard of a session: crc32(project/session) mod MEMWORKER_SHARDS."""
+    check_ids(project_id=project, session_id=session)
     settings = settings_from_env()
     out.print(str(shard_of(project, session, settings.shards)))
+
+
+def plain_help(typer_app: typer.Typer) -> None:
+    """Click's plain help for ``typer_app`` and every sub-app registered on it, whoever added
+    them: flags show as flags (rich help labels each one ``<bool>``)."""
+    typer_app.rich_markup_mode = None
+    for group in typer_app.registered_groups:
+        if group.typer_instance is not None:
+            plain_help(group.typer_instance)
 
 
 def main() -> None:
     """Entry point: map failures to one stderr line and the contract's exit statuses.
 
     Usage errors are Typer's (exit status 2, with the usage line); everything raised by a
-    command is reported here as ``memworker: error: …`` with exit status 1.
+    command is reported here as ``memworker: error: …`` with exit status 1, translated to one
+    line a person can act on by ``worker.error_messages.one_line``.
     """
+    plain_help(app)
     try:
         app()
     except CliError as exc:
         print(f"memworker: error: {exc}", file=sys.stderr)
-        sys.exit(1)
-    except (RedisError, OSError) as exc:
-        print(f"memworker: error: {type(exc).__name__}: {exc}", file=sys.stderr)
         sys.exit(1)
     except KeyboardInterrupt:
         sys.exit(130)
     except Exception as exc:
         if os.environ.get("MEMWORKER_DEBUG"):
             raise
-        print(f"memworker: error: unexpected {type(exc).__name__}: {exc}", file=sys.stderr)
+        print(f"memworker: error: {one_line(exc)}", file=sys.stderr)
         sys.exit(1)
 
 

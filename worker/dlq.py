@@ -1,4 +1,4 @@
-"""Dead letters (CONTRACT.md "Dead letters"): entries that cannot become a result.
+"""Dead letters (docs/contract.md "Dead letters"): entries that cannot become a result.
 
 A dead letter is written and its source entry acknowledged in one MULTI/EXEC, so an entry is
 never both lost and acknowledged, nor dead-lettered twice by one delivery.

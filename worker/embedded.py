@@ -13,8 +13,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+from worker.error_messages import ActionableError
 
-class EmbeddedUnavailableError(RuntimeError):
+
+class EmbeddedUnavailableError(ActionableError, RuntimeError):
     """The ``embedded`` extra is not installed or a server would not start."""
 
 

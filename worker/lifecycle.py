@@ -518,10 +518,13 @@ class LifecycleWorker:
 
     # -- running ----------------------------------------------------------------------------
 
-    async def start(self) -> None:
-        """Create groups, load scripts, drain own pending entries, start reading."""
+    async def start(self) -> bool:
+        """Create groups, load scripts, drain own pending entries, start reading.
+
+        Retries while Redis is unreachable, until it answers or ``stop()`` is called; returns
+        whether the worker started (False: asked to stop first)."""
         delay = 0.2
-        while True:
+        while not self._stopping.is_set():
             try:
                 for shard in range(self.settings.shards):
                     streams = self.streams(shard)
@@ -536,8 +539,11 @@ class LifecycleWorker:
                 break
             except _CONNECTION_ERRORS as exc:
                 log.warning("redis_unavailable", error=str(exc), retry_in=delay)
-                await asyncio.sleep(delay)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stopping.wait(), timeout=delay)
                 delay = min(delay * 2, 5.0)
+        if self._stopping.is_set():
+            return False
         await self._start_brokers()
         self._set_ready(True)
         self._tasks = [
@@ -553,6 +559,7 @@ class LifecycleWorker:
             asyncio.create_task(self._loop(self.settings.lag_probe_seconds, self.probe_lag, "lag")),
         ]
         log.info("lifecycle_worker_started", consumer=self.consumer, shards=self.settings.shards)
+        return True
 
     async def _start_brokers(self) -> None:
         """One FastStream broker per server: on a Redis Cluster each reads the shards whose
@@ -581,10 +588,23 @@ class LifecycleWorker:
         log.info("lifecycle_worker_stopped", consumer=self.consumer)
 
     async def run(self, stop: asyncio.Event) -> None:
-        await self.start()
+        """Run until ``stop`` is set, in every state: starting (Redis unreachable), consuming,
+        or riding out an outage. A start-up step that hangs is cancelled when ``stop`` comes."""
+        starting = asyncio.create_task(self.start())
+        stopped = asyncio.create_task(stop.wait())
         try:
-            await stop.wait()
+            await asyncio.wait({starting, stopped}, return_when=asyncio.FIRST_COMPLETED)
+            if starting.done():
+                await starting  # a start-up failure that is no outage ends the run here
+                await stop.wait()
+            else:
+                self._stopping.set()  # the retry loop notices between tries ...
+                await asyncio.wait({starting}, timeout=1.0)
+                starting.cancel()  # ... and a try that hangs is cancelled
+                with contextlib.suppress(asyncio.CancelledError):
+                    await starting
         finally:
+            stopped.cancel()
             await self.stop()
 
 

@@ -13,14 +13,19 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import text
+from sqlalchemy import make_url, text
 from sqlalchemy.engine import Connection
 
 from worker.db.engine import create_database_engine
+from worker.error_messages import ActionableError
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 MIGRATION_LOCK_KEY = zlib.crc32(b"memworker.migrate")
 """The ``pg_advisory_lock`` key every migrating replica waits on."""
+
+
+class PostgresUnreachableError(ActionableError):
+    """No connection to Postgres could be opened (refused, unknown host, timeout)."""
 
 
 def alembic_config(connection: Connection | None = None) -> Config:
@@ -64,6 +69,9 @@ async def migrate(database_url: str, revision: str = "head") -> str:
                 )
                 await conn.commit()
             return current
+    except OSError as exc:
+        safe = make_url(engine.url).render_as_string(hide_password=True)
+        raise PostgresUnreachableError(f"cannot reach Postgres at {safe}: {exc}") from exc
     finally:
         await engine.dispose()
 

@@ -1,4 +1,4 @@
-"""Settings from the environment (see CONTRACT.md "Configuration").
+"""Settings from the environment (see README.md "Configuration").
 
 Every setting but the two URLs is read from a ``MEMWORKER_``-prefixed variable, so operators
 can configure the worker, the consolidator and the CLI from one environment.
@@ -89,7 +89,26 @@ class Settings(BaseSettings):
             if value.startswith(plain):
                 value = "postgresql+asyncpg://" + value[len(plain) :]
                 break
-        return re.sub(r"([?&])sslmode=", r"\1ssl=", value)
+        value = re.sub(r"([?&])sslmode=", r"\1ssl=", value)
+        if not value.startswith("postgresql+asyncpg://"):
+            scheme = value.split("://", 1)[0] if "://" in value else value
+            raise ValueError(
+                f"memworker stores in PostgreSQL: use postgresql://user:password@host:port/db "
+                f"(got {scheme!r})"
+            )
+        return value
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_scheme(cls, value: str) -> str:
+        """Fail at start, naming the variable, rather than at the first connection."""
+        if not value.startswith(("redis://", "rediss://", "unix://")):
+            scheme = value.split("://", 1)[0] if "://" in value else value
+            raise ValueError(
+                f"must start with redis://, rediss:// or unix:// (got {scheme!r}), "
+                "e.g. redis://127.0.0.1:6379/0"
+            )
+        return value
 
 
 @lru_cache(maxsize=1)

@@ -1,4 +1,4 @@
-"""The Postgres schema (CONTRACT.md "Consolidation"), as SQLAlchemy models.
+"""The Postgres schema (docs/contract.md "Episodes"), as SQLAlchemy models.
 
 The Alembic migrations in ``worker/migrations`` create exactly this schema; a test compares the
 two, so a change here without a migration fails CI.

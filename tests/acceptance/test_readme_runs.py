@@ -1,0 +1,132 @@
+"""Every bash and python block of README.md runs as written, in order, as a new user runs them.
+
+The setup is the quick start's: ``memworker dev`` (here on the test's own Redis prefix and a
+fresh database, in a fresh HOME, so it writes ``~/.local/share/memworker/dev.env`` as
+``make run`` does), and a working directory with ``.venv`` (this interpreter's environment).
+Bash blocks run with ``bash -euo pipefail`` and no virtualenv on PATH; python blocks run with the
+environment ``dev.env`` exports, as after ``source dev.env``.
+
+A block that cannot run in a test says so in the README, right before it, with
+``<!-- not run: <why> -->``; that marker is the only way to skip one.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from redis.asyncio import Redis
+
+from tests.cli_process import Memworker
+from tests.redis_process import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
+FENCE = re.compile(
+    r"(?:<!--\s*not run:(?P<why>.*?)-->\s*\n)?```(?P<lang>[\w-]*)\n(?P<code>.*?)```", re.S
+)
+RUNNABLE = {"bash": "bash", "sh": "bash", "shell": "bash", "python": "python"}
+
+
+@dataclass
+class Block:
+    line: int
+    language: str
+    code: str
+    not_run: str | None
+
+
+def readme_blocks() -> list[Block]:
+    text = README.read_text()
+    return [
+        Block(
+            text.count("\n", 0, m.start("code")) + 1,
+            m.group("lang"),
+            m.group("code"),
+            m.group("why").strip() if m.group("why") is not None else None,
+        )
+        for m in FENCE.finditer(text)
+    ]
+
+
+def test_every_block_the_readme_does_not_run_says_why() -> None:
+    blocks = readme_blocks()
+    assert any(b.language == "python" for b in blocks)
+    for block in blocks:
+        if block.not_run is not None:
+            assert block.not_run, f"README.md:{block.line}: `not run:` needs a reason"
+            assert block.language in RUNNABLE, (
+                f"README.md:{block.line}: only runnable code is marked"
+            )
+    prose = FENCE.sub("", README.read_text())
+    indented = re.findall(r"\n\n( {4}\S.*)", prose)
+    assert not indented, f"indented code blocks are never run: fence them: {indented}"
+
+
+def _dev_env(path: Path) -> dict[str, str]:
+    exported = {}
+    for line in path.read_text().splitlines():
+        name, _, value = line.removeprefix("export ").partition("=")
+        exported[name] = value.strip("'")
+    return exported
+
+
+async def test_every_readme_block_runs_as_written(
+    tmp_path: Path, redis_url: str, database_url: str, prefix: str, redis: Redis
+) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / ".venv").symlink_to(sys.prefix)
+    venv_bin = str(Path(sys.prefix) / "bin")
+    path = os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep) if p != venv_bin)
+    base_env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("REDIS_URL", "DATABASE_URL", "XDG_DATA_HOME", "VIRTUAL_ENV")
+        and not k.startswith("MEMWORKER_")
+    }
+    base_env.update(HOME=str(home), PATH=path)
+    dev = Memworker(
+        ["dev", "--metrics-port", str(free_port())],
+        {
+            **base_env,
+            "REDIS_URL": redis_url,
+            "DATABASE_URL": database_url,
+            "MEMWORKER_STREAM_PREFIX": prefix,
+            "MEMWORKER_LOG_JSON": "true",
+        },
+    )
+    failures = []
+    try:
+        dev.wait_for("memworker dev is running.")
+        sourced = {**base_env, **_dev_env(home / ".local/share/memworker/dev.env")}
+        ran = 0
+        for block in readme_blocks():
+            if block.not_run is not None or block.language not in RUNNABLE:
+                continue
+            if RUNNABLE[block.language] == "bash":
+                command, env = ["bash", "-euo", "pipefail", "-c", block.code], base_env
+            else:
+                command, env = [str(work / ".venv/bin/python"), "-c", block.code], sourced
+            done = subprocess.run(
+                command, cwd=work, env=env, capture_output=True, text=True, timeout=180, check=False
+            )
+            ran += 1
+            if done.returncode != 0:
+                failures.append(
+                    f"README.md:{block.line} ({block.language}) exit {done.returncode}:\n"
+                    f"{done.stderr[-2000:]}"
+                )
+        assert ran >= 4
+    finally:
+        if dev.proc.poll() is None:
+            dev.stop_with(signal.SIGINT)
+        dev.close()
+    assert not failures, "\n\n".join(failures)

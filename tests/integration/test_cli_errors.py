@@ -1,0 +1,155 @@
+"""The CLI's failures are one line a person can act on, with exit status 1 (2 for usage).
+
+Every case runs the real ``memworker`` in a subprocess against real servers (or none, where the
+failure is that there is none) and asserts the exit status and the whole of stderr.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import make_url
+
+from tests.integration.disposable_postgres import DisposablePostgres
+from tests.redis_process import free_port
+
+
+def memworker(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "worker.cli", *args],
+        env={**os.environ, "MEMWORKER_LOG_JSON": "true", **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def one_error_line(proc: subprocess.CompletedProcess[str]) -> str:
+    """The single stderr line of a failed command (asserting there is only one)."""
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 1, (proc.returncode, proc.stderr)
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("memworker: error: "), proc.stderr
+    assert "Traceback" not in proc.stderr and "sqlalche.me" not in proc.stderr
+    return lines[0].removeprefix("memworker: error: ")
+
+
+@pytest.fixture(scope="module")
+def password_postgres() -> Iterator[str]:
+    """A Postgres of the test's own that checks passwords (scram-sha-256); user postgres has
+    password ``right``. The URL returned carries that password."""
+    server = DisposablePostgres()
+    try:
+        url = server.start()
+    except Exception as exc:  # pragma: no cover - depends on the embedded extra
+        from tests import servers
+
+        servers.unavailable("PostgreSQL", f"pgserver did not start: {exc}")
+    try:
+        import asyncio
+
+        from sqlalchemy import text
+        from sqlalchemy.ext.asyncio import create_async_engine
+
+        async def set_password() -> None:
+            engine = create_async_engine(url)
+            try:
+                async with engine.begin() as conn:
+                    await conn.execute(text("ALTER ROLE postgres PASSWORD 'right'"))
+            finally:
+                await engine.dispose()
+
+        asyncio.run(set_password())
+        (server.pgdata / "pg_hba.conf").write_text("local all all scram-sha-256\n")
+        server.kill()
+        server.restart()
+        yield make_url(url).set(password="right").render_as_string(hide_password=False)
+    finally:
+        server.cleanup()
+
+
+def test_a_wrong_postgres_password_says_so_and_where_to_fix_it(password_postgres: str) -> None:
+    wrong = make_url(password_postgres).set(password="wrong").render_as_string(False)
+    line = one_error_line(memworker("migrate", DATABASE_URL=wrong))
+    assert line.startswith("Postgres refused the login: password authentication failed"), line
+    assert "fix the password in DATABASE_URL" in line
+    right = memworker("migrate", DATABASE_URL=password_postgres)
+    assert right.returncode == 0, right.stderr
+
+
+def test_an_unknown_postgres_role_says_so(postgres_url: str) -> None:
+    url = make_url(postgres_url).set(username="no_such_role_here").render_as_string(False)
+    line = one_error_line(memworker("migrate", DATABASE_URL=url))
+    assert line.startswith("Postgres refused the login"), line
+    assert '"no_such_role_here"' in line and "DATABASE_URL" in line
+
+
+def test_a_missing_database_says_so_and_how_to_create_it(postgres_url: str) -> None:
+    url = make_url(postgres_url).set(database="no_such_db_here").render_as_string(False)
+    line = one_error_line(memworker("migrate", DATABASE_URL=url))
+    assert 'database "no_such_db_here" does not exist' in line, line
+    assert "createdb" in line and "DATABASE_URL" in line
+
+
+def test_an_unreachable_postgres_names_the_url_without_its_password() -> None:
+    url = f"postgresql://postgres:secret@127.0.0.1:{free_port()}/postgres"
+    line = one_error_line(memworker("migrate", DATABASE_URL=url))
+    assert line.startswith("cannot reach Postgres at postgresql+asyncpg://postgres:***@"), line
+    assert "secret" not in line
+
+
+def test_a_redis_url_with_another_scheme_is_a_configuration_error() -> None:
+    line = one_error_line(memworker("stats", REDIS_URL="http://127.0.0.1:6379"))
+    assert line.startswith("invalid configuration: REDIS_URL: must start with redis://"), line
+
+
+def test_a_database_url_for_another_database_is_a_configuration_error() -> None:
+    line = one_error_line(memworker("migrate", DATABASE_URL="mysql://u:p@127.0.0.1/db"))
+    assert line.startswith("invalid configuration: DATABASE_URL: memworker stores in PostgreSQL")
+    assert "ModuleNotFoundError" not in line
+
+
+def test_dlq_show_of_something_that_is_no_entry_id_says_what_an_id_looks_like(
+    redis_url: str, prefix: str
+) -> None:
+    proc = memworker("dlq", "show", "nosuchid", REDIS_URL=redis_url, MEMWORKER_STREAM_PREFIX=prefix)
+    line = one_error_line(proc)
+    assert line.startswith("not a stream entry id"), line
+    assert "memworker dlq list" in line
+
+
+def test_a_taken_metrics_port_names_the_port_and_the_option(
+    redis_url: str, database_url: str, prefix: str, tmp_path: Path
+) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = memworker(
+            "dev",
+            "--data-dir",
+            str(tmp_path),
+            "--metrics-port",
+            str(port),
+            REDIS_URL=redis_url,
+            DATABASE_URL=database_url,
+            MEMWORKER_STREAM_PREFIX=prefix,
+        )
+    line = one_error_line(proc)
+    assert line.startswith(f"port {port} is already in use"), line
+    assert "--metrics-port" in line
+    assert not (tmp_path / "dev.env").exists(), "a dev that did not start wrote no dev.env"
+
+
+def test_shard_rejects_ids_every_other_command_rejects() -> None:
+    proc = memworker("shard", "-p", "my project", "-s", "s1")
+    assert proc.returncode == 2, proc.stderr
+    assert "project_id must be" in proc.stderr
+    assert memworker("shard", "-p", "my-project", "-s", "s1").stdout.strip().isdigit()

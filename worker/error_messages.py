@@ -1,0 +1,132 @@
+"""One line a person can act on, for every failure the command line knows by kind.
+
+``one_line(exc)`` is the CLI's single translation point (``worker.cli.main`` reports every
+failure through it): a Postgres login refused, a missing database, a Redis that refuses a
+command, a configuration that does not validate, a port already taken. Anything it does not know
+is reported by type and its first line, never with a traceback or a second line.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+from collections.abc import Callable, Iterator
+
+from pydantic import ValidationError
+from redis.exceptions import AuthenticationError, ResponseError
+from redis.exceptions import ConnectionError as RedisConnectionError
+
+
+class ActionableError(Exception):
+    """A failure whose message already is the one line to show (what is wrong, what to do)."""
+
+
+ENV_NAMES = {"redis_url": "REDIS_URL", "database_url": "DATABASE_URL"}
+"""Settings fields read from a variable without the ``MEMWORKER_`` prefix."""
+
+
+def env_name(field: str) -> str:
+    """The environment variable a ``Settings`` field is read from."""
+    name = field.lower().removeprefix("memworker_")
+    return ENV_NAMES.get(name, f"MEMWORKER_{name.upper()}")
+
+
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    """``exc`` and what it wraps: SQLAlchemy's ``orig``, then causes and contexts."""
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        current = todo.pop(0)
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        yield current
+        todo += [getattr(current, "orig", None), current.__cause__, current.__context__]
+
+
+def _first_line(text: str) -> str:
+    return text.strip().splitlines()[0] if text.strip() else ""
+
+
+def _configuration(exc: BaseException) -> str | None:
+    if not isinstance(exc, ValidationError):
+        return None
+    problems = []
+    for error in exc.errors():
+        field = ".".join(str(part) for part in error["loc"]) or "settings"
+        problems.append(f"{env_name(field)}: {error['msg'].removeprefix('Value error, ')}")
+    return "invalid configuration: " + "; ".join(problems)
+
+
+def _postgres(exc: BaseException) -> str | None:
+    sqlstate = getattr(exc, "sqlstate", None)
+    if not isinstance(sqlstate, str) or type(exc).__module__.split(".")[0] != "asyncpg":
+        return None
+    message = _first_line(str(exc))
+    if sqlstate == "28P01":
+        return f"Postgres refused the login: {message}; fix the password in DATABASE_URL"
+    if sqlstate.startswith("28"):
+        return f"Postgres refused the login: {message}; fix the user in DATABASE_URL or create it"
+    if sqlstate == "3D000":
+        return (
+            f"Postgres: {message}; create it (createdb NAME) or name an existing database in "
+            "DATABASE_URL"
+        )
+    return f"Postgres error {sqlstate}: {message}"
+
+
+def _redis(exc: BaseException) -> str | None:
+    if isinstance(exc, AuthenticationError) or (
+        isinstance(exc, ResponseError) and str(exc).startswith(("WRONGPASS", "NOAUTH"))
+    ):
+        return (
+            f"Redis refused the login: {_first_line(str(exc))}; fix the user/password in REDIS_URL"
+        )
+    if isinstance(exc, ResponseError):
+        text = _first_line(str(exc))
+        if "Invalid stream ID" in text:
+            return (
+                "not a stream entry id: ids look like 1712345678901-0 "
+                "(`memworker dlq list` shows the ids)"
+            )
+        return f"Redis refused the command: {text}"
+    if isinstance(exc, RedisConnectionError):
+        url = os.environ.get("REDIS_URL", "the default redis://127.0.0.1:6379/0")
+        return f"cannot reach Redis at {url}: {_first_line(str(exc))}"
+    return None
+
+
+def _port_in_use(exc: BaseException) -> str | None:
+    if not isinstance(exc, OSError) or exc.errno != errno.EADDRINUSE:
+        return None
+    found = re.search(r"\('[^']*', (\d+)\)", str(exc))
+    port = f"port {found.group(1)}" if found else "the metrics port"
+    return (
+        f"{port} is already in use (another memworker?): choose a free one with "
+        "--metrics-port (or MEMWORKER_METRICS_PORT)"
+    )
+
+
+KNOWN: list[Callable[[BaseException], str | None]] = [
+    _configuration,
+    _postgres,
+    _redis,
+    _port_in_use,
+]
+"""Translators, tried on the exception and everything it wraps, first answer wins."""
+
+
+def one_line(exc: BaseException) -> str:
+    """What went wrong and what to do, on one line."""
+    if isinstance(exc, ActionableError):
+        return _first_line(str(exc))
+    for current in _chain(exc):
+        for translate in KNOWN:
+            message = translate(current)
+            if message is not None:
+                return message
+    text = _first_line(str(exc))
+    return (
+        f"unexpected {type(exc).__name__}: {text}" if text else f"unexpected {type(exc).__name__}"
+    )
