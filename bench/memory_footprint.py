@@ -9,7 +9,9 @@ nothing else writes to it: ``INFO memory`` ``used_memory`` before and after ``--
 sessions, each spawned by the real worker (10 variables), then given 20 scratchpad entries and
 1 checkpoint through ``WorkingMemory``. The streams are deleted before each reading (they are
 not per session) and the clients' buffers are left out (``mem_clients_normal``: they follow the
-connection pool, not the data); the dedupe record of the spawn is counted apart. The baseline
+connection pool, not the data); ``evt:`` dedupe keys are counted apart (only a command refused
+before it is applied has one: the spawn's record is a field of the session's meta hash, counted
+with the session). The baseline
 stores the same data the plain way on the same server: a hash of the 10 variables, a list of
 the 20 entries, and the checkpoint as one JSON string.
 
@@ -304,7 +306,7 @@ async def main() -> None:
             ratio(sizes["session"], naive),
         ],
         [
-            "… plus the spawn's dedupe record",
+            "… plus `evt:` dedupe keys (none: records live in the session's meta hash)",
             f"{args.sessions:,}",
             f"{sizes['with_dedupe']:,.0f} B",
             ratio(sizes["with_dedupe"], naive),

@@ -106,6 +106,12 @@ BENCHES = [
         "A private Redis for the bytes; `VmRSS` of the worker draining a backlog.",
         quick=["--sessions", "300", "--rss-sessions", "1000"],
     ),
+    Bench(
+        "steady_state.py",
+        "Steady state: bytes per session, Redis CPU per command, commands/s per GB",
+        "An earlier commit and this checkout, each on a private Redis, default settings.",
+        quick=["--sessions", "1000", "--rounds", "1"],
+    ),
 ]
 
 

@@ -29,6 +29,7 @@ from worker.connections import AnyRedis, shard_urls
 from worker.dlq import dead_letter
 from worker.intake import Accepted, Refused, Unusable, fits_in_result, parse_entry
 from worker.keys import LIFECYCLE_GROUP, SessionKeys, StreamKeys, is_valid_id, shard_of
+from worker.redis_conditions import is_server_condition
 from worker.script_channel import ScriptChannel
 from worker.scripts import script
 from worker.settings import Settings
@@ -45,7 +46,11 @@ DEAD_LETTER = script("dead_letter.lua")
 def uuid5_text(namespace: uuid.UUID, name: str) -> str:
     """``str(uuid.uuid5(namespace, name))`` without building UUID objects (2x faster; it runs
     once per command on the worker's hot path)."""
-    digest = bytearray(hashlib.sha1(namespace.bytes + name.encode()).digest()[:16])
+    return _uuid5_from(hashlib.sha1(namespace.bytes + name.encode()).digest())
+
+
+def _uuid5_from(sha1: bytes) -> str:
+    digest = bytearray(sha1[:16])
     digest[6] = (digest[6] & 0x0F) | 0x50
     digest[8] = (digest[8] & 0x3F) | 0x80
     h = digest.hex()
@@ -57,6 +62,20 @@ def result_event_id(project_id: str | None, event_id: str) -> str:
     return uuid5_text(RESULT_NAMESPACE, f"{project_id or ''}/{event_id}")
 
 
+RECORD_MARK = b"@"
+"""Starts the name of a dedupe record's field in a session's meta hash ('@' is no id
+character, so no other field of the hash can start with it)."""
+
+
+def result_id_and_record(project_id: str | None, event_id: str) -> tuple[str, bytes]:
+    """The result's id and the name of the command's dedupe record in its session's meta hash:
+    ``@`` + the first 8 bytes (64 bits) of the same SHA-1, whatever the event_id's length, so
+    a record stays a small listpack entry (a session would need ~10⁹ commands for a 5 %
+    chance that two of its records share a name)."""
+    sha1 = hashlib.sha1(RESULT_NAMESPACE.bytes + f"{project_id or ''}/{event_id}".encode()).digest()
+    return _uuid5_from(sha1), RECORD_MARK + sha1[:8]
+
+
 def default_checkpoint_id(project_id: str, event_id: str) -> str:
     """A pause without checkpoint_id gets this one: deterministic, so replays agree."""
     return uuid5_text(CHECKPOINT_NAMESPACE, f"{project_id}/{event_id}")
@@ -64,12 +83,6 @@ def default_checkpoint_id(project_id: str, event_id: str) -> str:
 
 def utc_now_iso() -> str:
     return datetime.now(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
-
-
-TOPOLOGY_ERRORS = ("READONLY", "MOVED", "ASK", "CLUSTERDOWN", "TRYAGAIN", "MASTERDOWN", "LOADING")
-"""Replies meaning "not here, not now" (a failover, a resharding, a replica still loading):
-the command did nothing; it is held and retried against the server that now holds its shard,
-without counting as a failed delivery."""
 
 
 @dataclass(slots=True)
@@ -306,7 +319,10 @@ class CommandApplier:
     @staticmethod
     def _outcome(planned: Outcome, reply: Any) -> Outcome:
         if isinstance(reply, ResponseError | Exception):
-            moved = str(reply).startswith(TOPOLOGY_ERRORS)
+            # A server-wide condition (worker.redis_conditions: full, busy, loading, a failover,
+            # a resharding) says nothing about the entry: it did nothing, and is held and
+            # retried without counting as a failed delivery.
+            moved = is_server_condition(reply)
             return Outcome(
                 planned.entry_id,
                 "unreachable" if moved else "error",
@@ -378,11 +394,11 @@ class CommandApplier:
                 and shard_of(project_id, session_id, settings.shards) == shard
             )
             seq = copied["seq"] if session_known else None
+        result_id, record = result_id_and_record(project_id, event_id)
         if session_known and project_id is not None and session_id is not None:
             session = SessionKeys(settings.stream_prefix, shard, project_id, session_id)
         else:
             session = SessionKeys(settings.stream_prefix, shard, _PLACEHOLDER, _PLACEHOLDER)
-        result_id = result_event_id(project_id, event_id)
         keys = [
             *session.all(),
             streams.dedupe(project_id or _PLACEHOLDER, event_id),
@@ -400,11 +416,14 @@ class CommandApplier:
             now_iso,
             settings.session_ttl_seconds * 1000,
             settings.dedupe_ttl_seconds * 1000,
-            settings.tombstone_ttl_seconds * 1000,
+            # The tombstone holds the session's dedupe records: it lasts both windows.
+            max(settings.tombstone_ttl_seconds, settings.dedupe_ttl_seconds) * 1000,
             intake.traceparent or "",
             settings.max_checkpoints_per_session,
+            record,
         ]
-        if isinstance(intake, Refused):
+        if isinstance(intake, Refused):  # its record gets a key of its own (see the script)
+            argv[12] = b""
             argv[0] = "reject"
             argv += [intake.reason, intake.detail]
         else:

@@ -29,6 +29,7 @@ from worker.connections import client_for
 from worker.error_messages import ActionableError, one_line
 from worker.keys import InvalidIdError, StreamKeys, episodes_stream, shard_of, validate_id
 from worker.logs import configure_logging
+from worker.redis_conditions import RedisConditionError
 from worker.settings import Settings
 
 T = TypeVar("T")
@@ -722,7 +723,7 @@ def main() -> None:
     plain_help(app)
     try:
         app()
-    except CliError as exc:
+    except (CliError, RedisConditionError) as exc:
         print(f"memworker: error: {exc}", file=sys.stderr)
         sys.exit(1)
     except KeyboardInterrupt:

@@ -20,10 +20,11 @@ from schemas.results import RESULT_ADAPTER, Result
 from schemas.streams import EpisodeRecorded
 from worker.connections import client_for
 from worker.keys import ID_PATTERN, SessionKeys, StreamKeys, episodes_stream, tag, validate_id
+from worker.redis_conditions import RedisConditionError, conditions_raised
 from worker.scripts import script
 from worker.settings import Settings, get_settings
 
-__all__ = ["ID_PATTERN", "LifecycleClient", "ResultTimeoutError"]
+__all__ = ["ID_PATTERN", "LifecycleClient", "RedisConditionError", "ResultTimeoutError"]
 
 
 PUBLISH = script("publish_command.lua")
@@ -70,7 +71,9 @@ class LifecycleClient:
         """Publish one command (a dict as in the contract); returns its ``event_id``.
 
         ``event_id`` is generated when absent, and ``seq`` assigned when absent and
-        ``assign_seq`` is true.
+        ``assign_seq`` is true. Raises ``RedisConditionError`` (nothing published) when Redis
+        refuses for a reason of its own: full (``maxmemory``), busy, loading, failing over,
+        unreachable; its message names the condition and what to do.
         """
         body = dict(command)
         if body.get("type") not in COMMAND_TYPES:
@@ -82,6 +85,18 @@ class LifecycleClient:
         keys = SessionKeys.for_session(
             self.settings.stream_prefix, self.settings.shards, project_id, session_id
         )
+        async with conditions_raised(self.redis):
+            return await self._publish(body, keys, event_id, assign_seq, traceparent)
+
+    async def _publish(
+        self,
+        body: dict[str, Any],
+        keys: SessionKeys,
+        event_id: str,
+        assign_seq: bool,
+        traceparent: str | None,
+    ) -> str:
+        project_id, session_id = keys.project_id, keys.session_id
         streams = keys.streams
         # Where results could start, so wait() need not scan the whole stream.
         start = "0-0"
@@ -92,7 +107,12 @@ class LifecycleClient:
             pass
         if assign_seq and "seq" not in body:
             settings = self.settings
-            ttl_ms = (settings.session_ttl_seconds + settings.tombstone_ttl_seconds) * 1000
+            # After a terminate the counter is needed only as long as the tombstone is kept.
+            tombstone = max(settings.tombstone_ttl_seconds, settings.dedupe_ttl_seconds)
+            if body["type"] == "terminate":
+                ttl_ms = tombstone * 1000
+            else:
+                ttl_ms = (settings.session_ttl_seconds + tombstone) * 1000
             await PUBLISH(
                 self.redis,
                 [
@@ -192,6 +212,10 @@ class LifecycleClient:
         else:
             raise ValueError("wait() needs project_id and session_id for a command it did not send")
         stream = StreamKeys(self.settings.stream_prefix, shard).results
+        async with conditions_raised(self.redis):
+            return await self._wait(event_id, timeout, stream, start)
+
+    async def _wait(self, event_id: str, timeout: float, stream: str, start: str) -> Result:
         deadline = time.monotonic() + timeout
         last = start
         while (left := deadline - time.monotonic()) > 0:

@@ -675,7 +675,7 @@ class Consolidator:
             announcements = await self._write(parsed)
         except Exception as exc:
             if is_connection_error(exc) or await self._storage_error() is not None:
-                raise StorageUnavailableError(str(exc)) from exc
+                raise StorageUnavailableError(f"postgres cannot be used: {one_line(exc)}") from exc
             if len(parsed) > 1:
                 middle = len(parsed) // 2
                 await self._store(parsed[:middle], outcome)
@@ -723,7 +723,7 @@ class Consolidator:
             async with self.engine.begin() as conn:
                 await mark_announced(conn, [a.episode_id for a in announcements])
         except Exception as exc:
-            raise StorageUnavailableError(str(exc)) from exc
+            raise StorageUnavailableError(f"postgres cannot be used: {one_line(exc)}") from exc
 
     async def _storage_error(self) -> Exception | None:
         """None when Postgres answers ``SELECT 1``, else why not."""

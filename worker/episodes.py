@@ -245,8 +245,9 @@ class EpisodeStore:
         given and ``before`` is not, its working memory in Redis. Returns real counts.
 
         ``before`` narrows only the history: working memory is live state, never "older".
-        The dedupe records of applied commands are kept on purpose (they expire on their own):
-        deleting them would let a replayed command apply a second time.
+        A session's dedupe records live in its meta hash and go with it: replaying the
+        forgotten session's commands afterwards would apply them again. The records of
+        commands refused before they were applied (``evt:`` keys) expire on their own.
         """
         episodes = delete(Episode).where(*_scope(Episode, project_id, session_id, before))
         events = delete(LifecycleEvent).where(

@@ -20,9 +20,12 @@ what they do with a batch of entries. Everything else is here, once:
   reports *rejected* (it can never be handled: unparseable, invalid) is dead-lettered at once.
   The count is the loop's own (failures of the handler), never Redis's delivery counter, which
   reading pending entries and XAUTOCLAIM bump too.
-- **Outages are not poison**: when Redis, or the handler's storage (the exceptions it names in
-  ``storage_errors``), is unavailable, nothing is acknowledged or dead-lettered and no failure
-  is counted: the consumer reports not ready, backs off (exponential, capped) and resumes.
+- **Outages are not poison**: when Redis is unavailable or refuses for a server-wide reason
+  (``worker.redis_conditions``: full, busy, loading, failing over, unreachable), or the
+  handler's storage is unavailable (the exceptions it names in ``storage_errors``), nothing is
+  acknowledged or dead-lettered and no failure is counted: the consumer reports not ready,
+  backs off (exponential, capped) and resumes. A ``Failure`` whose ``exc`` is such a condition
+  counts as an outage too.
 - **Readiness**: ``is_ready()`` is true once the groups exist and the last step reached Redis
   and the handler's storage (``check_storage`` is called at start and every
   ``storage_check_interval_s`` while idle, so a wrong password shows while nothing flows).
@@ -82,7 +85,8 @@ from redis.exceptions import RedisError, ResponseError
 
 from worker.dlq import dead_letter, queue_dead_letter
 from worker.logs import get_logger
-from worker.metrics import BATCH_SIZE, DEAD_LETTERS
+from worker.metrics import BATCH_SIZE, DEAD_LETTERS, REDIS_CONDITIONS
+from worker.redis_conditions import is_server_condition, server_condition
 
 log = get_logger("worker.group_consumer")
 
@@ -124,6 +128,9 @@ class Failure:
     entry: StreamEntry
     error: str
     context: Mapping[str, Any] = field(default_factory=dict)
+    exc: BaseException | None = None
+    """The exception, if any: a server-wide Redis condition or a storage error here is an
+    outage, not the entry's failure (the batch is retried and no attempt is counted)."""
 
 
 @dataclass(slots=True)
@@ -289,13 +296,20 @@ class GroupConsumer(Generic[B]):
         delay = self._backoff(self._outages)
         if isinstance(exc, self.handler.storage_errors):
             self._storage_checked_at = None
+            self.log.warning("storage unavailable, retrying", error=str(exc), delay_s=delay)
+        elif (condition := server_condition(exc)) is not None:
+            REDIS_CONDITIONS.labels(condition.kind).inc()
             self.log.warning(
-                "storage unavailable, retrying", error=str(exc.__cause__ or exc), delay_s=delay
+                "redis unavailable, retrying",
+                condition=condition.kind,
+                error=str(exc),
+                advice=condition.message,
+                delay_s=delay,
             )
         elif isinstance(exc, RedisError | OSError):
             if isinstance(exc, ResponseError) and "NOGROUP" in str(exc):
                 self._groups_ready = False
-            self.log.warning("redis unavailable, retrying", error=str(exc), delay_s=delay)
+            self.log.warning("redis command failed, retrying", error=str(exc), delay_s=delay)
         else:
             self.log.exception("consumer step failed, retrying", delay_s=delay)
         await self._sleep(delay, stop)
@@ -398,6 +412,11 @@ class GroupConsumer(Generic[B]):
             await self.ack(outcome.done)
             for entry in outcome.done:
                 self._attempts.pop((entry.stream, entry.entry_id), None)
+        for failure in outcome.failed:
+            if (exc := failure.exc) is not None and (
+                isinstance(exc, self.handler.storage_errors) or is_server_condition(exc)
+            ):
+                raise exc  # an outage met while handling it: nothing about the entry
         if outcome.rejected:
             await self.dead_letter([(r.entry, r.reason, r.error) for r in outcome.rejected])
             outcome.dead_lettered += len(outcome.rejected)
@@ -517,9 +536,22 @@ class GroupConsumer(Generic[B]):
 
 
 async def ensure_group(redis: Redis | RedisCluster, stream: str, group: str) -> None:
-    """Create ``group`` at id ``0`` on ``stream`` (and the stream) unless it exists."""
+    """Create ``group`` at id ``0`` on ``stream`` (and the stream) unless it exists.
+
+    A full Redis refuses XGROUP CREATE even for a group that exists: then the group is looked
+    up, so a consumer restarted while Redis is full starts (and holds its entries)."""
     try:
         await redis.xgroup_create(stream, group, id="0", mkstream=True)
     except ResponseError as exc:
-        if "BUSYGROUP" not in str(exc):
+        if "BUSYGROUP" in str(exc):
+            return
+        if not is_server_condition(exc) or not await _group_exists(redis, stream, group):
             raise
+
+
+async def _group_exists(redis: Redis | RedisCluster, stream: str, group: str) -> bool:
+    try:
+        groups: Any = await redis.xinfo_groups(stream)
+    except ResponseError:
+        return False
+    return any(_text(g["name"]) == group for g in groups)

@@ -21,9 +21,7 @@ from datetime import datetime
 from typing import Any
 
 from pydantic import ValidationError
-from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError, ResponseError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from schemas.results import (
     RESULT_ADAPTER,
@@ -33,7 +31,6 @@ from schemas.results import (
     AgentTerminated,
     Result,
 )
-from worker.applier import TOPOLOGY_ERRORS
 from worker.connections import AnyRedis, client_for
 from worker.group_consumer import (
     BatchOutcome,
@@ -46,6 +43,7 @@ from worker.group_consumer import (
 from worker.keys import CONSOLIDATION_GROUP, LIFECYCLE_GROUP, StreamKeys, validate_id
 from worker.lifecycle_manager import describe_result
 from worker.logs import get_logger
+from worker.redis_conditions import is_server_condition
 from worker.settings import Settings, get_settings
 
 __all__ = ["LifecycleEvent", "LifecycleHook", "LifecycleHooks"]
@@ -230,15 +228,13 @@ class HookUnavailableError(RuntimeError):
     """A hook met a server-wide condition: the results are held and retried, none counted."""
 
 
-SERVER_WIDE_REPLIES = (*TOPOLOGY_ERRORS, "OOM", "BUSY")
-
-
 def is_unavailable(exc: BaseException) -> bool:
     """Whether ``exc`` says a server is unreachable or not serving now (a refused or timed-out
-    connection, Redis loading, read-only, out of memory, busy…), not that the result is bad."""
-    if isinstance(exc, RedisConnectionError | RedisTimeoutError | ConnectionError | TimeoutError):
-        return True
-    return isinstance(exc, ResponseError) and str(exc).startswith(SERVER_WIDE_REPLIES)
+    connection, Redis loading, read-only, out of memory, busy…: ``worker.redis_conditions``),
+    not that the result is bad. Other ``OSError`` (a missing file) is the hook's own."""
+    if isinstance(exc, OSError) and not isinstance(exc, ConnectionError | TimeoutError):
+        return False
+    return is_server_condition(exc)
 
 
 def _hook_name(hooks: LifecycleHooks, result: Result, done: set[int]) -> str:

@@ -98,8 +98,11 @@ async def inspect_session(
         "project_id": project_id,
         "session_id": session_id,
         "shard": keys.shard,
-        "exists": bool(meta or variables),
-        "meta": {k.decode(): v.decode() for k, v in meta.items()},
+        "exists": b"state" in meta or bool(variables),
+        "meta": {k.decode(): v.decode() for k, v in meta.items() if not k.startswith(b"@")},
+        "dedupe_records": sum(
+            len(v) // 8 if k == b"@" else 1 for k, v in meta.items() if k.startswith(b"@")
+        ),
         "ttl_seconds": None if ttl < 0 else ttl / 1000,
         "variables": {k.decode(): orjson.loads(v) for k, v in variables.items()},
         "task_state": orjson.loads(task) if task else None,

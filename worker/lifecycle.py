@@ -35,9 +35,11 @@ from worker.metrics import (
     COMMANDS,
     DEAD_LETTERS,
     READY,
+    REDIS_CONDITIONS,
     STREAM_LAG,
     STREAM_PENDING,
 )
+from worker.redis_conditions import ServerCondition, is_server_condition, server_condition
 from worker.retention import trim_stream
 from worker.settings import Settings
 
@@ -126,6 +128,9 @@ class LifecycleWorker:
         self._settling: set[asyncio.Task[None]] = set()
         self._counters: dict[tuple[str, str, str], Any] = {}
         self._topology_stale = False
+        self._condition: ServerCondition | None = None
+        self._condition_streak = 0
+        self._condition_logged: dict[str, float] = {}
         self.brokers: dict[str, RedisBroker] = {}
 
     def streams(self, shard: int) -> StreamKeys:
@@ -246,7 +251,15 @@ class LifecycleWorker:
     async def _record(
         self, shard: int, entries: Sequence[Entry], outcomes: list[Outcome], started: float
     ) -> None:
-        self._set_ready(True)
+        blocked = [o for o in outcomes if o.status == "unreachable"]
+        if blocked:
+            self._held_by_condition(shard, blocked, {_text(i): f for i, f in entries})
+            outcomes = [o for o in outcomes if o.status != "unreachable"]
+            if not outcomes:
+                return
+        elif self._condition is None or any(o.status != "wait" for o in outcomes):
+            # Redis wrote (or nothing was wrong): it serves
+            self._condition_cleared()
         BATCH_SIZE.labels(LIFECYCLE_GROUP).observe(len(entries))
         APPLY_SECONDS.labels(LIFECYCLE_GROUP).observe(time.perf_counter() - started)
         fields_by_id = {_text(i): f for i, f in entries}
@@ -264,7 +277,11 @@ class LifecycleWorker:
                 waiting=True,
                 error=False,
             )
-            if time.monotonic() - held.first_seen > self.settings.seq_gap_timeout_seconds:
+            if self._condition is not None:
+                # Its predecessor may be held by the condition: the gap is Redis's, not the
+                # orchestrator's; the gap's clock starts again once Redis serves.
+                held.first_seen = time.monotonic()
+            elif time.monotonic() - held.first_seen > self.settings.seq_gap_timeout_seconds:
                 self.retry.release(shard, outcome.entry_id)
                 await self._dead(
                     shard,
@@ -276,12 +293,6 @@ class LifecycleWorker:
                     f"{outcome.session_id}; it never arrived",
                     1,
                 )
-            return
-        if status == "unreachable":  # the shard moved (failover, resharding): not its fault
-            self._topology_stale = True
-            self._set_ready(False)
-            self.retry.hold(shard, outcome.entry_id, fields, 1.0, waiting=False, error=False)
-            log.warning("shard_moved", entry_id=outcome.entry_id, error=outcome.detail)
             return
         if status == "error":
             held = self.retry.hold(shard, outcome.entry_id, fields, 0.5, waiting=False, error=True)
@@ -335,6 +346,49 @@ class LifecycleWorker:
         DEAD_LETTERS.labels(LIFECYCLE_GROUP, reason).inc()
         log.warning("dead_letter", entry_id=entry_id, reason=reason, error=error)
 
+    def _held_by_condition(
+        self, shard: int, blocked: Sequence[Outcome], fields: Mapping[str, Mapping[bytes, bytes]]
+    ) -> None:
+        """Redis refused these entries for a server-wide reason (full, busy, loading, a
+        failover: ``worker.redis_conditions``): not their fault. Hold them without counting an
+        attempt, report not ready, and retry with a backoff that grows while the condition
+        lasts (capped below the reclaim idle time, so the lease renewal keeps them ours)."""
+        condition = server_condition(blocked[0].detail) or ServerCondition(
+            "unreachable", blocked[0].detail
+        )
+        REDIS_CONDITIONS.labels(condition.kind).inc()
+        self._topology_stale = True  # a failover or resharding: learn where shards live now
+        self._set_ready(False)
+        self._condition_streak += 1
+        cap = min(5.0, self.settings.reclaim_idle_ms / 3000)
+        delay = min(cap, 0.2 * 2 ** min(self._condition_streak - 1, 10))
+        for outcome in blocked:
+            self.retry.hold(
+                shard, outcome.entry_id, fields[outcome.entry_id], delay, waiting=False, error=False
+            )
+        now = time.monotonic()
+        if now - self._condition_logged.get(condition.kind, -60.0) >= 10.0:  # once per 10 s
+            self._condition_logged[condition.kind] = now
+            log.warning(
+                "redis_condition",
+                condition=condition.kind,
+                advice=condition.message,
+                error=blocked[0].detail,
+                held=len(blocked),
+            )
+        self._condition = condition
+
+    def _condition_cleared(self) -> None:
+        if self._condition is not None:
+            log.debug("redis_condition_cleared", condition=self._condition.kind)
+            self._condition = None
+            now = time.monotonic()
+            for held in self.retry.held.values():
+                if held.waiting:  # a gap's clock starts once Redis serves again
+                    held.first_seen = now
+        self._condition_streak = 0
+        self._set_ready(True)
+
     def _set_ready(self, value: bool) -> None:
         if value != self.ready:
             self.ready = value
@@ -379,7 +433,10 @@ class LifecycleWorker:
                 good: list[Entry] = []
                 for entry_id, fields in claimed:
                     n = counts.get(_text(entry_id), 1)
-                    if n > self.settings.max_deliveries:
+                    # An entry this worker holds (waiting for Redis to recover, or for a seq
+                    # gap) was delivered again by its own lease lapsing, not by a crash.
+                    ours = (shard, _text(entry_id)) in self.retry.held
+                    if n > self.settings.max_deliveries and not ours:
                         await self._dead(
                             shard,
                             _text(entry_id),
@@ -435,13 +492,21 @@ class LifecycleWorker:
             try:
                 await step()
                 backoff = every
-            except _CONNECTION_ERRORS as exc:
-                self._set_ready(False)
-                self._topology_stale = True
-                backoff = min(backoff * 2, 5.0)
-                log.warning("redis_unavailable", loop=name, error=str(exc), retry_in=backoff)
-            except RedisError as exc:
-                log.error("loop_error", loop=name, error=str(exc))
+            except (*_CONNECTION_ERRORS, RedisError) as exc:
+                if (condition := server_condition(exc)) is None:
+                    log.error("loop_error", loop=name, error=str(exc))
+                else:
+                    REDIS_CONDITIONS.labels(condition.kind).inc()
+                    self._set_ready(False)
+                    self._topology_stale = True
+                    backoff = min(backoff * 2, 5.0)
+                    log.warning(
+                        "redis_unavailable",
+                        loop=name,
+                        condition=condition.kind,
+                        error=str(exc),
+                        retry_in=backoff,
+                    )
             except Exception as exc:  # a bug must not end the reclaim/retry loop for good
                 log.exception("loop_error", loop=name, error=repr(exc))
             with contextlib.suppress(TimeoutError):
@@ -477,7 +542,10 @@ class LifecycleWorker:
         # no new command arrives to prove it.
         await self.applier.ping()
         self._topology_stale = False
-        self._set_ready(True)
+        if self._condition is None or not any(
+            not held.waiting for held in self.retry.held.values()
+        ):  # nothing held back by a condition: the next command will tell
+            self._condition_cleared()
 
     async def refresh_topology(self) -> None:
         """After a failover or resharding: learn which server holds each shard again, and
@@ -536,16 +604,22 @@ class LifecycleWorker:
                 await self.applier.ensure_scripts()
                 for shard in range(self.settings.shards):
                     await self.drain_own_pending(shard)
+                await self._start_brokers()  # FastStream's XGROUP CREATE: refused when full
                 break
-            except _CONNECTION_ERRORS as exc:
+            except (*_CONNECTION_ERRORS, RedisError) as exc:
+                if not is_server_condition(exc):
+                    raise
+                for broker in self.brokers.values():
+                    await broker.stop()
+                self.brokers = {}
                 log.warning("redis_unavailable", error=str(exc), retry_in=delay)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._stopping.wait(), timeout=delay)
                 delay = min(delay * 2, 5.0)
         if self._stopping.is_set():
             return False
-        await self._start_brokers()
-        self._set_ready(True)
+        if self._condition is None:
+            self._set_ready(True)
         self._tasks = [
             asyncio.create_task(
                 self._loop(self.settings.reclaim_interval_ms / 1000, self._reclaim_all, "reclaim")

@@ -50,13 +50,22 @@ STREAM_LAG = Gauge(
 STREAM_PENDING = Gauge(
     "memworker_stream_pending", "Entries delivered but not acknowledged.", ["stream", "group"]
 )
+REDIS_CONDITIONS = Counter(
+    "memworker_redis_conditions_total",
+    "Server-wide Redis conditions met (full, busy, loading, readonly, unreachable, ...): the "
+    "entries were held and retried, never counted as failed deliveries.",
+    ["kind"],
+)
 READY = Gauge("memworker_ready", "1 when the worker can reach its servers and is consuming.")
 
 
 async def serve_http(
     port: int, is_ready: Callable[[], bool], host: str = "0.0.0.0"
 ) -> asyncio.AbstractServer:
-    """Serve /metrics, /healthz (the process is up) and /readyz (it can do its job)."""
+    """Serve /metrics, /healthz (the process is up) and /readyz (it can do its job).
+
+    ``is_ready`` is asked on every request and sets the ``memworker_ready`` gauge too, so the
+    gauge and /readyz never disagree."""
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -65,12 +74,13 @@ async def serve_http(
             path = parts[1] if len(parts) > 1 else "/"
             while (await reader.readline()) not in (b"\r\n", b"\n", b""):
                 pass
+            ok = is_ready()  # one source of truth: /readyz and memworker_ready agree
+            READY.set(1 if ok else 0)
             if path.startswith("/metrics"):
                 status, ctype, body = "200 OK", CONTENT_TYPE_LATEST, generate_latest()
             elif path.startswith("/healthz"):
                 status, ctype, body = "200 OK", "text/plain", b"ok\n"
             elif path.startswith("/readyz"):
-                ok = is_ready()
                 status = "200 OK" if ok else "503 Service Unavailable"
                 ctype, body = "text/plain", b"ready\n" if ok else b"not ready\n"
             else:

@@ -45,8 +45,12 @@ class Settings(BaseSettings):
     max_value_bytes: int = Field(default=1_048_576, ge=1)
     max_scratchpad_entries: int = Field(default=1_000, ge=1)
     max_checkpoints_per_session: int = Field(default=50, ge=1)
-    tombstone_ttl_seconds: int = Field(default=7 * 86_400, ge=1)
-    dedupe_ttl_seconds: int = Field(default=7 * 86_400, ge=1)
+    tombstone_ttl_seconds: int = Field(default=3_600, ge=1)
+    """How long a terminated session answers late commands ``already_terminated`` (README
+    "Windows": chosen so one GB of Redis sustains over 1,000 commands/s)."""
+    dedupe_ttl_seconds: int = Field(default=3_600, ge=1)
+    """How long an ``event_id`` is remembered: a finished session's records are kept in its
+    tombstone for the longer of this and the tombstone window; a live session keeps them."""
     default_project: Id = "default"
     """The project of ``WorkingMemory.for_session`` when none is given."""
     memory_fallback: bool = False
@@ -66,7 +70,8 @@ class Settings(BaseSettings):
     seq_gap_timeout_seconds: float = Field(default=60.0, gt=0)
     seq_retry_ms: int = Field(default=200, ge=10)
 
-    retention_seconds: float = Field(default=86_400.0, ge=0)
+    retention_seconds: float = Field(default=600.0, ge=0)
+    """Age of the lifecycle/results entries kept for replay once every group is done."""
     retention_interval_seconds: float = Field(default=60.0, gt=0)
 
     # Consolidator.

@@ -60,29 +60,37 @@ local function json_string_array(items)
 end
 
 -- Variables as one JSON object; stored values are already JSON text.
+-- Variables as one JSON object (stored values are already JSON text), and how many.
 local function variables_json()
   local flat = redis.call('HGETALL', K_VARS)
-  if #flat == 0 then return '{}' end
+  if #flat == 0 then return '{}', 0 end
   local parts = {}
   for i = 1, #flat, 2 do
     parts[#parts + 1] = cjson.encode(flat[i]) .. ':' .. flat[i + 1]
   end
-  return '{' .. table.concat(parts, ',') .. '}'
+  return '{' .. table.concat(parts, ',') .. '}', #parts
 end
 
 local function scratchpad_json()
   local entries = redis.call('LRANGE', K_SCRATCH, 0, -1)
-  if #entries == 0 then return '[]' end
-  return '[' .. table.concat(entries, ',') .. ']'
+  if #entries == 0 then return '[]', 0 end
+  return '[' .. table.concat(entries, ',') .. ']', #entries
 end
 
-local function snapshot_json()
-  local task = redis.call('GET', K_TASK)
-  if not task then task = 'null' end
-  return '{"variables":' .. variables_json()
+-- The session's memory as JSON, and its item count (as count_items would say).
+-- bare: the caller knows task and scratch do not exist.
+local function snapshot_json(bare)
+  local task, items = false, 0
+  if not bare then task = redis.call('GET', K_TASK) end
+  if task then items = 1 else task = 'null' end
+  local variables, n_vars = variables_json()
+  local scratchpad, n_entries = '[]', 0
+  if not bare then scratchpad, n_entries = scratchpad_json() end
+  return '{"variables":' .. variables
     .. ',"task_state":' .. task
-    .. ',"scratchpad":' .. scratchpad_json()
-    .. ',"checkpoints":' .. json_string_array(redis.call('ZRANGE', K_CPS, 0, -1)) .. '}'
+    .. ',"scratchpad":' .. scratchpad
+    .. ',"checkpoints":' .. json_string_array(redis.call('ZRANGE', K_CPS, 0, -1)) .. '}',
+    items + n_vars + n_entries
 end
 
 local function checkpoint_exists(id)
@@ -91,11 +99,15 @@ end
 
 -- Save the current variables, their expiries, the task state and the scratchpad under id,
 -- server-side (DUMP payloads), so a 1,000-key session checkpoints in one call.
+-- bare: the caller knows vexp, task and scratch do not exist (their calls are skipped).
+-- fresh: the caller knows id is no checkpoint (no parts of an earlier one to drop).
 -- Returns the number of items saved.
-local function checkpoint_create(id, description, now, now_iso)
-  purge_expired(now)
-  -- Re-using an id must not leave the previous checkpoint's parts behind.
-  redis.call('HDEL', K_CPDATA, id .. '|vars', id .. '|vexp', id .. '|scratch', id .. '|task')
+local function checkpoint_create(id, description, now, now_iso, bare, fresh)
+  if not bare then purge_expired(now) end
+  if not fresh then
+    -- Re-using an id must not leave the previous checkpoint's parts behind.
+    redis.call('HDEL', K_CPDATA, id .. '|vars', id .. '|vexp', id .. '|scratch', id .. '|task')
+  end
   local fields = {}
   local function save(suffix, key)
     local blob = redis.call('DUMP', key)
@@ -105,14 +117,19 @@ local function checkpoint_create(id, description, now, now_iso)
     end
   end
   save('vars', K_VARS)
-  save('vexp', K_VEXP)
-  save('scratch', K_SCRATCH)
-  local task = redis.call('GET', K_TASK)
-  if task then
-    fields[#fields + 1] = id .. '|task'
-    fields[#fields + 1] = task
+  local items
+  if bare then
+    items = redis.call('HLEN', K_VARS)
+  else
+    save('vexp', K_VEXP)
+    save('scratch', K_SCRATCH)
+    local task = redis.call('GET', K_TASK)
+    if task then
+      fields[#fields + 1] = id .. '|task'
+      fields[#fields + 1] = task
+    end
+    items = count_items()
   end
-  local items = count_items()
   fields[#fields + 1] = id .. '|info'
   fields[#fields + 1] = cjson.encode({
     checkpoint_id = id, description = description or '', created_at = now_iso, items = items
@@ -122,10 +139,10 @@ local function checkpoint_create(id, description, now, now_iso)
   return items
 end
 
-local function restore_key(key, blob)
+local function restore_key(key, blob, bare)
   if blob then
     redis.call('RESTORE', key, 0, blob, 'REPLACE')
-  else
+  elseif not bare then
     redis.call('DEL', key)
   end
 end
@@ -133,14 +150,16 @@ end
 -- Restore checkpoint id. With clear, the current memory is replaced; without, the
 -- checkpoint's variables are written over the current ones (others kept) and its task
 -- state, when it has one, replaces the current one; the scratchpad is kept.
--- Returns the number of items after the restore.
-local function checkpoint_restore(id, clear, now)
+-- bare: the caller knows vexp, task and scratch do not exist now.
+-- Returns the number of items after the restore, and whether vexp, task and scratch are
+-- known not to exist after it.
+local function checkpoint_restore(id, clear, now, bare)
   local blobs = redis.call('HMGET', K_CPDATA, id .. '|vars', id .. '|vexp', id .. '|scratch', id .. '|task')
   if clear then
     restore_key(K_VARS, blobs[1])
-    restore_key(K_VEXP, blobs[2])
-    restore_key(K_SCRATCH, blobs[3])
-    if blobs[4] then redis.call('SET', K_TASK, blobs[4]) else redis.call('DEL', K_TASK) end
+    restore_key(K_VEXP, blobs[2], bare)
+    restore_key(K_SCRATCH, blobs[3], bare)
+    if blobs[4] then redis.call('SET', K_TASK, blobs[4]) elseif not bare then redis.call('DEL', K_TASK) end
   else
     local tmp = K_CPDATA .. ':restore'
     if blobs[1] then
@@ -165,18 +184,14 @@ local function checkpoint_restore(id, clear, now)
     end
     if blobs[4] then redis.call('SET', K_TASK, blobs[4]) end
   end
+  if bare and clear and not (blobs[2] or blobs[3] or blobs[4]) then
+    return redis.call('HLEN', K_VARS), true  -- nothing but variables, none with an expiry
+  end
   purge_expired(now)
-  return count_items()
+  return count_items(), false
 end
 
 local function checkpoint_delete(id)
   redis.call('HDEL', K_CPDATA, id .. '|vars', id .. '|vexp', id .. '|scratch', id .. '|task', id .. '|info')
   return redis.call('ZREM', K_CPS, id)
-end
-
--- Remove the working memory and checkpoints; returns the number of items cleared.
-local function clear_data()
-  local items = count_items()
-  redis.call('DEL', unpack(DATA_KEYS))
-  return items
 end

@@ -6,6 +6,8 @@ invalid-input ones are also ``ValueError``/``TypeError`` so generic handlers sti
 
 from __future__ import annotations
 
+from worker.redis_conditions import RedisConditionError
+
 
 class WorkingMemoryError(Exception):
     """Base of every working-memory error."""
@@ -52,5 +54,8 @@ class CheckpointNotFoundError(MemoryNotFoundError):
     """A checkpoint id the session does not have."""
 
 
-class RedisUnavailableError(WorkingMemoryError, ConnectionError):
-    """Redis did not answer; the message names the URL and the reason."""
+class RedisUnavailableError(WorkingMemoryError, RedisConditionError):
+    """Redis cannot serve working memory now: unreachable, full (``maxmemory``), busy, loading
+    or failing over. ``condition.kind`` says which; the message names the server, the
+    condition and what to do. Nothing was written. Also a ``RedisConditionError`` (what
+    ``LifecycleClient`` raises) and a ``ConnectionError``."""

@@ -24,6 +24,7 @@ from worker.memory.errors import (
     SessionTerminatedError,
     WorkingMemoryError,
 )
+from worker.redis_conditions import condition_error, server_condition
 from worker.scripts import script
 from worker.settings import Settings
 
@@ -69,13 +70,19 @@ class RedisBackend:
     async def _run(self, name: str, *args: Arg) -> Any:
         try:
             return await script(name)(self.redis, self._key_list, (self._session_ttl_ms, *args))
-        except (RedisConnectionError, RedisTimeoutError) as exc:
-            raise RedisUnavailableError(
-                f"Redis at {describe_url(self.redis)} is unavailable ({exc}); "
-                "check that it is running and that REDIS_URL points at it"
-            ) from exc
-        except ResponseError as exc:
-            self._raise_for(exc)
+        except (RedisConnectionError, RedisTimeoutError, ResponseError) as exc:
+            condition = server_condition(exc)
+            if condition is None and isinstance(exc, ResponseError):
+                self._raise_for(exc)
+            where = f"Redis at {describe_url(self.redis)}"
+            if condition is None or condition.kind == "unreachable":
+                raise RedisUnavailableError(
+                    f"{where} is unavailable ({exc}); "
+                    "check that it is running and that REDIS_URL points at it",
+                    condition,
+                ) from exc
+            error = await condition_error(self.redis, condition, where)
+            raise RedisUnavailableError(str(error), condition) from exc
 
     def _raise_for(self, exc: ResponseError) -> NoReturn:
         code, _, detail = str(exc).partition(" ")

@@ -1,0 +1,345 @@
+"""Server-wide Redis conditions are never poison: a Redis the test owns is made full
+(``maxmemory``, noeviction) or busy (a long script) while a backlog waits, then released.
+Every command is applied exactly once, nothing is dead-lettered, no consumer exits, and each
+reports not ready while the condition holds."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from redis.asyncio import Redis
+from sqlalchemy import func, select
+
+from tests.faults.full_redis import run_full_redis
+from tests.faults.support import (
+    assert_exactly_once,
+    audit,
+    ensure_groups,
+    figures,
+    pending,
+    publish_many,
+    session_command,
+)
+from tests.helpers import wait_until, worker_env
+from tests.integration.results_factory import migrated_engine, terminated
+from tests.integration.results_factory import publish as publish_results
+from tests.redis_process import RedisProcess
+from worker.client import LifecycleClient
+from worker.consolidator import Consolidator
+from worker.db.models import Episode
+from worker.group_consumer import ensure_group
+from worker.keys import CONSOLIDATION_GROUP, StreamKeys, episodes_stream, shard_of
+from worker.lifecycle import LifecycleWorker
+from worker.memory import RedisUnavailableError, WorkingMemory
+from worker.metrics import REDIS_CONDITIONS
+from worker.redis_conditions import RedisConditionError
+from worker.settings import Settings
+
+pytestmark = pytest.mark.faults
+
+SESSIONS = 750  # spawn, pause, resume, terminate each: 3,000 commands
+
+
+@pytest.fixture
+def own_redis(tmp_path: Path) -> Iterator[RedisProcess]:
+    server = RedisProcess(tmp_path, persistent=False)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+async def client(own_redis: RedisProcess) -> AsyncIterator[Redis]:
+    redis = Redis.from_url(own_redis.url)
+    try:
+        yield redis
+    finally:
+        await redis.aclose()
+
+
+async def make_full(redis: Redis) -> None:
+    """Cap Redis below what it already holds: every write that may grow memory is refused."""
+    used = int((await redis.info("memory"))["used_memory"])
+    await redis.config_set("maxmemory-policy", "noeviction")
+    await redis.config_set("maxmemory", str(used // 2))
+
+
+async def publish_then_fill(redis: Redis, settings: Settings, bodies: list[Any]) -> None:
+    """XADD a backlog and cap Redis below what it then holds, in one MULTI: the worker reads
+    nothing of it before Redis is full."""
+    used = int((await redis.info("memory"))["used_memory"])
+    await redis.config_set("maxmemory-policy", "noeviction")
+    pipe = redis.pipeline(transaction=True)
+    for body in bodies:
+        shard = shard_of(body["project_id"], body["session_id"], settings.shards)
+        pipe.xadd(StreamKeys(settings.stream_prefix, shard).lifecycle, {"data": orjson.dumps(body)})
+    pipe.config_set("maxmemory", str(used))
+    await pipe.execute()
+
+
+async def uncap(redis: Redis) -> None:
+    await redis.config_set("maxmemory", "0")
+
+
+def seen(kind: str) -> float:
+    return float(REDIS_CONDITIONS.labels(kind)._value.get())
+
+
+async def test_a_backlog_held_by_a_full_redis_is_applied_exactly_once_when_memory_frees(
+    own_redis: RedisProcess, client: Redis, prefix: str
+) -> None:
+    settings = Settings(
+        redis_url=own_redis.url,
+        stream_prefix=prefix,
+        shards=2,
+        max_deliveries=2,  # a single counted redelivery too many would dead-letter
+        reclaim_idle_ms=300,  # reclaim runs often and would meet any lapsed lease
+        reclaim_interval_ms=100,
+        seq_gap_timeout_seconds=1.0,  # the condition outlasts it: the gap is not the sender's
+    )
+    await ensure_groups(client, settings)
+    for shard in range(settings.shards):  # as a worker that ran before left them
+        await ensure_group(client, StreamKeys(prefix, shard).results, CONSOLIDATION_GROUP)
+    worker = LifecycleWorker(settings)
+    stop = asyncio.Event()
+    task = asyncio.create_task(worker.run(stop))
+    await wait_until(lambda: _true(worker.ready), timeout=30)
+    full_before = seen("full")
+
+    bodies = [session_command(f"s{n}", seq) for seq in (1, 2, 3, 4) for n in range(SESSIONS)]
+    await publish_then_fill(client, settings, bodies)
+
+    async def held_a_while() -> bool:
+        assert not task.done(), "the worker must not exit"
+        return seen("full") - full_before >= 30 and len(worker.retry.held) > 0
+
+    await wait_until(held_a_while, timeout=120)
+    assert not worker.ready
+    report = await audit(client, settings)
+    assert report.results == [] and report.dead == []
+
+    await uncap(client)
+
+    async def all_applied() -> bool:
+        assert not task.done(), "the worker must not exit"
+        return len((await audit(client, settings)).results) >= len(bodies)
+
+    await wait_until(all_applied, timeout=180)
+    await wait_until(lambda: _true(worker.ready), timeout=30)
+    stop.set()
+    await asyncio.wait_for(task, 30)
+
+    report = await audit(client, settings)
+    assert_exactly_once(report, [b["event_id"] for b in bodies])
+    assert report.rejected == []  # no stale_seq, no gap: the order survived the condition
+    assert report.dead == []
+    assert await pending(client, settings) == 0
+
+
+async def test_a_backlog_held_by_a_busy_redis_is_applied_exactly_once_after_the_script_ends(
+    own_redis: RedisProcess, client: Redis, prefix: str
+) -> None:
+    settings = Settings(
+        redis_url=own_redis.url, stream_prefix=prefix, max_deliveries=1, batch_size=50
+    )
+    await client.config_set("busy-reply-threshold", "50")
+    await ensure_groups(client, settings)
+    worker = LifecycleWorker(settings)
+    stop = asyncio.Event()
+    task = asyncio.create_task(worker.run(stop))
+    await wait_until(lambda: _true(worker.ready), timeout=30)
+    busy_before = seen("busy")
+
+    bodies = [session_command(f"s{n}", 1) for n in range(10_000)]
+    await publish_many(client, settings, bodies)
+    blocker = Redis.from_url(own_redis.url)
+    busy_loop = (
+        "local t = redis.call('TIME') "
+        "while true do local n = redis.call('TIME') "
+        "if (n[1] - t[1]) * 1000000 + (n[2] - t[2]) > tonumber(ARGV[1]) then break end end "
+        "return 1"
+    )
+    try:
+        await wait_until(lambda: _results_at_least(client, settings, 50), timeout=60)
+        await blocker.eval(busy_loop, 0, 2_000_000)  # 2 s of BUSY for everyone else
+    finally:
+        await blocker.aclose()
+
+    async def all_applied() -> bool:
+        assert not task.done(), "the worker must not exit"
+        return len((await audit(client, settings)).results) >= len(bodies)
+
+    await wait_until(all_applied, timeout=120)
+    stop.set()
+    await asyncio.wait_for(task, 30)
+
+    assert seen("busy") > busy_before, "the backlog was meant to meet BUSY"
+    report = await audit(client, settings)
+    assert_exactly_once(report, [b["event_id"] for b in bodies])
+    assert report.dead == []
+    assert await pending(client, settings) == 0
+
+
+async def test_the_consolidator_holds_results_while_redis_is_full_and_announces_each_once(
+    own_redis: RedisProcess, client: Redis, prefix: str, database_url: str
+) -> None:
+    settings = Settings(
+        redis_url=own_redis.url,
+        database_url=database_url,
+        stream_prefix=prefix,
+        shards=2,
+        consolidation_max_attempts=1,  # one counted failure would dead-letter
+    )
+    results = [terminated("proj-a", f"s-{i}", i) for i in range(400)]
+    async with migrated_engine(database_url) as engine:
+        consolidator = Consolidator(
+            settings, client, engine, block_ms=50, backoff_initial_s=0.01, backoff_max_s=0.1
+        )
+        await consolidator.ensure_groups()
+        await publish_results(client, settings, results)
+        await make_full(client)
+        stop = asyncio.Event()
+        task = asyncio.create_task(consolidator.run(stop))
+
+        async def refused_a_while() -> bool:
+            assert not task.done(), "the consolidator must not exit"
+            return consolidator.loop._outages >= 10
+
+        await wait_until(refused_a_while, timeout=60)
+        assert not consolidator.is_ready()
+        assert int(await client.xlen(episodes_stream(prefix))) == 0  # XADD refused
+        assert await _dead_letters(client, settings) == 0
+
+        await uncap(client)
+
+        async def all_announced() -> bool:
+            assert not task.done()
+            return await _consolidation_pending(client, settings) == 0
+
+        await wait_until(all_announced, timeout=120)
+        await wait_until(lambda: _true(consolidator.is_ready()), timeout=30)
+        stop.set()
+        await asyncio.wait_for(task, 30)
+
+        async with engine.connect() as conn:
+            row = await conn.execute(
+                select(func.count(), func.count(Episode.announced_at)).select_from(Episode)
+            )
+            assert tuple(row.one()) == (400, 400)
+    events: Any = await client.xrange(episodes_stream(prefix))
+    announced = [orjson.loads(f[b"data"])["causation_id"] for _i, f in events]
+    assert sorted(announced) == sorted(r["event_id"] for r in results)  # each exactly once
+    assert await _dead_letters(client, settings) == 0
+
+
+async def test_an_orchestrator_publishing_to_a_full_redis_gets_one_clear_error(
+    own_redis: RedisProcess, client: Redis, prefix: str
+) -> None:
+    settings = Settings(redis_url=own_redis.url, stream_prefix=prefix)
+    await client.xadd(StreamKeys(prefix, 0).lifecycle, {"data": b"{}"})
+    await make_full(client)
+
+    lifecycle = LifecycleClient(client, settings)
+    with pytest.raises(RedisConditionError, match="Redis is full") as raised:
+        await lifecycle.spawn("p1", "s1", "agent-1", {"goal": "x"})
+    assert raised.value.condition.kind == "full"
+    assert "reached maxmemory" in str(raised.value) and "Capacity" in str(raised.value)
+    with pytest.raises(RedisConditionError, match="Redis is full"):  # without seq: plain XADD
+        await lifecycle.publish(
+            {"type": "spawn", "project_id": "p1", "session_id": "s2", "agent_instance_id": "a"},
+            assign_seq=False,
+        )
+
+    cli = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "worker.cli", "publish", "spawn", "-p", "p1", "-s", "s3"],
+        env=worker_env(settings),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert cli.returncode == 1
+    lines = cli.stderr.strip().splitlines()
+    assert len(lines) == 1, cli.stderr
+    assert lines[0].startswith("memworker: error: Redis is full: used_memory")
+    assert "raise maxmemory" in lines[0]
+
+    await uncap(client)  # and then it is accepted
+    assert await lifecycle.spawn("p1", "s1", "agent-1", {"goal": "x"})
+
+
+async def _results_at_least(redis: Redis, settings: Settings, n: int) -> bool:
+    total = 0
+    for shard in range(settings.shards):
+        total += int(await redis.xlen(StreamKeys(settings.stream_prefix, shard).results))
+    return total >= n
+
+
+async def _dead_letters(redis: Redis, settings: Settings) -> int:
+    total = 0
+    for shard in range(settings.shards):
+        total += int(await redis.xlen(StreamKeys(settings.stream_prefix, shard).dlq))
+    return total
+
+
+async def _consolidation_pending(redis: Redis, settings: Settings) -> int:
+    total = 0
+    for shard in range(settings.shards):
+        stream = StreamKeys(settings.stream_prefix, shard).results
+        total += int((await redis.xpending(stream, CONSOLIDATION_GROUP))["pending"])
+    return total
+
+
+async def _true(value: bool) -> bool:
+    return value
+
+
+async def test_working_memory_on_a_full_redis_raises_one_error_naming_the_condition(
+    own_redis: RedisProcess, client: Redis, prefix: str
+) -> None:
+    settings = Settings(redis_url=own_redis.url, stream_prefix=prefix)
+    memory = await WorkingMemory.for_session("s1", project_id="p1", redis=client, settings=settings)
+    await memory.set("before", {"n": 1})
+    await make_full(client)
+
+    with pytest.raises(RedisUnavailableError) as raised:
+        await memory.set("goal", "x" * 10_000)
+
+    assert raised.value.condition.kind == "full"
+    message = str(raised.value)
+    assert message.startswith("Redis is full: used_memory ")
+    assert "reached maxmemory" in message and "raise maxmemory" in message
+    assert "\n" not in message
+    assert await memory.get("before") == {"n": 1}  # reads still work
+    await uncap(client)
+    await memory.set("goal", "x")
+    assert await memory.get("goal") == "x"
+
+
+async def test_an_offered_load_above_what_fits_is_refused_clearly_and_nothing_accepted_is_lost(
+    own_redis: RedisProcess, client: Redis, prefix: str, database_url: str
+) -> None:
+    async with migrated_engine(database_url):
+        pass
+    used = int((await client.info("memory"))["used_memory"])
+    report = await run_full_redis(
+        own_redis.url, database_url, prefix, maxmemory=used + 4 * 2**20, sessions=1_000
+    )
+    figures("full_redis", **report.summary())
+
+    assert report.refused["full"] > 0, "the offered load was meant not to fit"
+    assert report.refusal.startswith("Redis is full: used_memory ")
+    assert "reached maxmemory" in report.refusal
+    assert not report.worker_exited and not report.consolidator_exited
+    assert len(report.accepted) == 2_000
+    assert report.missing == [] and report.duplicated == 0  # every accepted command, once
+    assert report.dead_letters == 0
