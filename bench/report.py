@@ -107,6 +107,23 @@ BENCHES = [
         quick=["--sessions", "300", "--rss-sessions", "1000"],
     ),
     Bench(
+        "recall_quality.py",
+        "Recall quality on the labeled set, and the local embedder's speed",
+        "recall@k of full-text only, vector only and hybrid recall; embeddings/s on this machine.",
+    ),
+    Bench(
+        "recall_latency.py",
+        "Recall latency at 10,000 and 100,000 episodes in one project",
+        "`EpisodeStore.recall` p50/p99, query embedding included (pgvector in embedded pgserver).",
+        quick=["--sizes", "2000", "--queries", "30"],
+    ),
+    Bench(
+        "indexer_throughput.py",
+        "Indexer episodes/s; consolidation before/after the indexer runs",
+        "Same run, rounds alternating: consolidation alone, then with `memworker index` beside it.",
+        quick=["--episodes", "500", "--rounds", "1"],
+    ),
+    Bench(
         "steady_state.py",
         "Steady state: bytes per session, Redis CPU per command, commands/s per GB",
         "An earlier commit and this checkout, each on a private Redis, default settings.",

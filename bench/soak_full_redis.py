@@ -6,7 +6,9 @@ Starts its own ``redis-server`` (never touches a shared one), caps it at its use
 ``--headroom-mb`` (noeviction), and runs the scenario of ``tests/faults/full_redis.py``:
 orchestrators publish spawn (8 KB state) + terminate as fast as Redis accepts, retrying a
 refusal with the same ``event_id``; a worker and a consolidator run in this process. When
-nothing moves for 3 s the cap is raised by a quarter, as an operator paged by the alert would.
+nothing moves for 3 s the cap is raised by a quarter, as an operator paged by the alert would;
+``cap_raises_after_stalls`` counts how often that was needed and ``stalls`` says what held the
+memory each time (the consolidator acknowledges while full, so its pending count there is 0).
 Prints the figures as JSON; exit status 1 if an accepted command was lost, doubled or
 dead-lettered, or a consumer exited.
 """

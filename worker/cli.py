@@ -14,7 +14,7 @@ import subprocess
 import sys
 from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
-from typing import Annotated, Any, NoReturn, TypeVar
+from typing import Annotated, Any, NoReturn, Protocol, TypeVar
 
 import orjson
 import typer
@@ -115,6 +115,36 @@ async def serve_metrics(settings: Settings, port: int | None, is_ready: Callable
     return await serve_http(chosen, is_ready)
 
 
+MetricsPort = Annotated[
+    int | None, typer.Option(help="Serve /metrics, /healthz, /readyz on this port.")
+]
+
+
+class GroupProcess(Protocol):
+    """A consumer-group process (``Consolidator``, ``Indexer``) as the CLI runs it."""
+
+    def is_ready(self) -> bool: ...
+
+    async def run(self, stop: asyncio.Event) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+async def serve_consumer(
+    settings: Settings, metrics_port: int | None, process: GroupProcess
+) -> None:
+    """Run ``process`` until SIGTERM/SIGINT, with /metrics, /healthz, /readyz when asked."""
+    stop = asyncio.Event()
+    install_stop_signals(stop)
+    server = await serve_metrics(settings, metrics_port, process.is_ready)
+    try:
+        await process.run(stop)
+    finally:
+        if server is not None:
+            server.close()
+        await process.close()
+
+
 @app.command()
 def run(
     workers: Annotated[int, typer.Option(min=1, max=64, help="Worker processes to run.")] = 1,
@@ -185,39 +215,27 @@ def _run_processes(workers: int, consumer: str | None, metrics_port: int | None)
 
 @app.command()
 def consolidate(
-    metrics_port: Annotated[
-        int | None, typer.Option(help="Serve /metrics, /healthz, /readyz on this port.")
-    ] = None,
+    metrics_port: MetricsPort = None,
 ) -> None:
     """Run the consolidator (group `consolidation`): results into Postgres, episodes out."""
     settings = settings_from_env()
     configure_logging(settings.log_level, settings.log_json)
 
-    async def serve() -> None:
-        from worker.consolidator import Consolidator
+    from worker.consolidator import Consolidator
 
-        consolidator = Consolidator.from_settings(settings)
-        stop = asyncio.Event()
-        install_stop_signals(stop)
-        server = await serve_metrics(settings, metrics_port, consolidator.is_ready)
-        try:
-            await consolidator.run(stop)
-        finally:
-            if server is not None:
-                server.close()
-            await consolidator.close()
-
-    run_async(serve())
+    run_async(serve_consumer(settings, metrics_port, Consolidator.from_settings(settings)))
 
 
 @app.command()
 def migrate() -> None:
     """Create or upgrade the Postgres schema (safe to run from several replicas at once)."""
     settings = settings_from_env()
-    from worker.migrate import migrate as run_migrations
+    from worker.migrate import migrate_reporting
 
-    revision = run_async(run_migrations(settings.database_url))
+    revision, vectors = run_async(migrate_reporting(settings.database_url))
     out.print(f"schema at revision {revision}")
+    if vectors is not None:
+        print(f"warning: {vectors}", file=sys.stderr)  # one line, never wrapped
 
 
 @app.command()
@@ -516,7 +534,12 @@ def schema(
 
 def _dlq_streams(settings: Settings, shard: int | None) -> list[str]:
     shards = [shard] if shard is not None else list(range(settings.shards))
-    return [StreamKeys(settings.stream_prefix, s).dlq for s in shards]
+    streams = [StreamKeys(settings.stream_prefix, s).dlq for s in shards]
+    if shard is None:  # the indexer's (P:episodes is not sharded)
+        from worker.indexer import indexer_dlq
+
+        streams.append(indexer_dlq(settings.stream_prefix))
+    return streams
 
 
 @dlq_app.command("list")
@@ -702,6 +725,134 @@ def shard(
     check_ids(project_id=project, session_id=session)
     settings = settings_from_env()
     out.print(str(shard_of(project, session, settings.shards)))
+
+
+@app.command()
+def recall(
+    query: Annotated[str, typer.Argument(help="What to recall, in your own words.")],
+    project: Annotated[str, typer.Option("--project", "-p")],
+    limit: Annotated[int, typer.Option(min=1, max=1000, help="How many episodes.")] = 10,
+    as_json: Annotated[bool, typer.Option("--json", help="JSON array, best first.")] = False,
+) -> None:
+    """Recall a project's episodes by meaning and words (hybrid: vectors + full-text)."""
+    settings = settings_from_env()
+    try:
+        validate_id(project, "project_id")
+    except InvalidIdError as exc:
+        raise typer.BadParameter(str(exc)) from exc
+    configure_logging(settings.log_level, settings.log_json)
+
+    async def go() -> list[dict[str, Any]]:
+        from worker.db.engine import create_database_engine
+        from worker.embedding import embedder_from_settings
+        from worker.episodes import EpisodeStore
+
+        engine = create_database_engine(settings.database_url, pool=False)
+        try:
+            store = EpisodeStore(engine, embedder_from_settings(settings))
+            return [hit.to_dict() for hit in await store.recall(project, query, limit)]
+        finally:
+            await engine.dispose()
+
+    hits = run_async(go())
+    if as_json:
+        print(json.dumps(hits, indent=2))
+        return
+    table = Table("score", "occurred at", "outcome", "session", "task", "lessons")
+    for hit in hits:
+        table.add_row(
+            f"{hit['score']:.3f}",
+            hit["occurred_at"][:19],
+            hit["outcome"],
+            hit["session_id"],
+            hit["task_description"] or "",
+            "; ".join(str(lesson) for lesson in hit["lessons_learned"]),
+        )
+    out.print(table)
+
+
+@app.command()
+def index(
+    metrics_port: MetricsPort = None,
+) -> None:
+    """Run the indexer (group `indexer` on P:episodes): embed every new episode."""
+    settings = settings_from_env()
+    configure_logging(settings.log_level, settings.log_json)
+    if settings.index_nice:
+        os.nice(settings.index_nice)  # embedding yields the CPU to the hot path
+
+    from worker.indexer import Indexer
+
+    run_async(serve_consumer(settings, metrics_port, Indexer.from_settings(settings)))
+
+
+@app.command()
+def reindex(
+    project: Annotated[
+        str | None, typer.Option("--project", "-p", help="Only this project.")
+    ] = None,
+) -> None:
+    """Embed episodes that have no vector, or one of another model (a backfill)."""
+    settings = settings_from_env()
+    configure_logging(settings.log_level, settings.log_json)
+
+    async def go() -> int:
+        from worker.db.engine import create_database_engine
+        from worker.embedding import embedder_from_settings
+        from worker.indexer import reindex as backfill
+
+        engine = create_database_engine(settings.database_url, pool=False)
+        try:
+            return await backfill(engine, embedder_from_settings(settings), project_id=project)
+        finally:
+            await engine.dispose()
+
+    from worker.embedding import EmbeddingError
+
+    try:
+        count = run_async(go())
+    except EmbeddingError as exc:
+        fail(str(exc))
+    out.print(f"embedded {count} episodes")
+
+
+@app.command()
+def remember(
+    project: Annotated[str, typer.Option("--project", "-p")],
+    memory_id: Annotated[str, typer.Option("--id", help="Your id: remembering twice is once.")],
+    task: Annotated[str, typer.Option("--task", help="What the episode was about.")],
+    lesson: Annotated[list[str] | None, typer.Option("--lesson", help="A lesson (repeat).")] = None,
+    outcome: Annotated[str, typer.Option(help="success, failure, partial, abandoned.")] = "success",
+    importance: Annotated[float, typer.Option(min=0.0, max=1.0)] = 0.5,
+) -> None:
+    """Write an episode directly (no session needed); it is announced and indexed."""
+    settings = settings_from_env()
+
+    async def go(redis: Redis) -> Any:
+        from worker.db.engine import create_database_engine
+        from worker.remember import remember as store
+
+        engine = create_database_engine(settings.database_url, pool=False)
+        try:
+            return await store(
+                engine,
+                redis,
+                settings.stream_prefix,
+                project,
+                memory_id,
+                task_description=task,
+                lessons_learned=lesson or [],
+                outcome=outcome,
+                importance=importance,
+            )
+        finally:
+            await engine.dispose()
+
+    try:
+        remembered = run_async(with_redis(settings, go))
+    except (ValueError, InvalidIdError) as exc:
+        fail(str(exc))
+    out.print(f"episode {remembered.episode_id}")
 
 
 def plain_help(typer_app: typer.Typer) -> None:

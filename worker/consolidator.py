@@ -5,10 +5,16 @@ Why it is shaped this way:
 - **Commit, then acknowledge.** A batch is written in one transaction (``INSERT … ON CONFLICT
   DO NOTHING``), and its entries are acknowledged only after the COMMIT. A crash anywhere leaves
   them pending; the redelivery conflicts with the rows already there and writes nothing twice.
-- **An outbox flag for ``episode.recorded``.** ``episodes.announced_at`` is null until the event
-  is published, so a crash between COMMIT and XADD publishes it on redelivery instead of never;
-  a replay of an announced episode publishes nothing. (At least once, exactly once without a
-  crash; the event's ``event_id`` is deterministic, so subscribers can drop a duplicate.)
+- **Acknowledged once committed; announced from an outbox.** ``episodes.announced_at`` is null
+  until ``episode.recorded`` is published. A batch's entries are acknowledged once its rows are
+  COMMITted, whether or not the announcement got out: a full Redis refuses XADD (``denyoom``) but
+  not XACK, so results are acknowledged, retention trims them and memory frees. Announcing is
+  tried right after the COMMIT; what is refused, or lost to a crash between COMMIT and XADD, is
+  published later by the relay (``relay``, run by the group loop's ``tick``): oldest first,
+  a bounded batch at a time, at start, every ``relay_retry_s`` while something is owed and
+  every ``relay_sweep_interval_s`` anyway (another consolidator's crash). A replay of an
+  announced episode publishes nothing. (At least once, exactly once without a crash; the
+  event's ``event_id`` is deterministic, so subscribers can drop a duplicate.)
 - **Postgres down is not a poison entry.** When a write fails, ``SELECT 1`` tells the two
   apart. Down: nothing is acknowledged and the loop backs off (capped) until it answers. Up: the
   batch is split in halves until the failing entry stands alone; it is retried with backoff and
@@ -41,6 +47,7 @@ import orjson
 from pydantic import BaseModel, TypeAdapter, ValidationError
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
+from redis.exceptions import RedisError
 from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -50,7 +57,7 @@ from schemas.results import RESULT_ADAPTER, AgentTerminated, RejectionReason, Re
 from schemas.streams import EpisodeRecorded
 from worker.connections import client_for
 from worker.context_summary import build_context_summary, summarise
-from worker.db.batch import insert_batch, mark_announced
+from worker.db.batch import insert_batch, mark_announced, owed_announcements
 from worker.db.engine import create_database_engine
 from worker.db.models import EPISODE_NAMESPACE, episode_id_for, uuid5_text
 from worker.group_consumer import (
@@ -535,10 +542,18 @@ class Consolidator:
         batch_size: int | None = None,
         probe_timeout_s: float = 5.0,
         writers: int = 2,
+        relay_batch: int = 500,
+        relay_grace_s: float = 10.0,
+        relay_retry_s: float = 1.0,
+        relay_sweep_interval_s: float = 60.0,
         **loop_options: Any,
     ) -> None:
         """``loop_options`` go to ``GroupConsumer``: ``consumer``, ``block_ms``,
-        ``reclaim_idle_ms``, ``reclaim_interval_s``, ``backoff_initial_s``, ... ."""
+        ``reclaim_idle_ms``, ``reclaim_interval_s``, ``backoff_initial_s``, ... .
+
+        The relay (``relay``) publishes up to ``relay_batch`` owed announcements per
+        transaction, of episodes recorded at least ``relay_grace_s`` ago (younger ones may be
+        in the hands of another consolidator between its COMMIT and its XADD)."""
         self.settings = settings
         self.redis = redis
         self.engine = engine
@@ -549,11 +564,21 @@ class Consolidator:
         self._dlq_of = {keys.results: keys.dlq for keys in shards}
         self._episodes_stream = episodes_stream(settings.stream_prefix)
         self._owns_clients = False
+        self.relay_batch = relay_batch
+        self.relay_grace_s = relay_grace_s
+        self.relay_retry_s = relay_retry_s
+        self.relay_sweep_interval_s = relay_sweep_interval_s
+        self._owed = False
+        """An announcement was refused: the relay runs every ``relay_retry_s``, and new
+        episodes wait for it (so they go out in order)."""
+        self._last_relay = float("-inf")
+        self._refused_at = float("-inf")
         self.loop: GroupConsumer[PreparedBatch] = GroupConsumer(
             redis,
             self,
             batch_size=batch_size or settings.consolidation_batch_size,
             max_attempts=settings.consolidation_max_attempts,
+            tick=self.relay_tick,
             **loop_options,
         )
         self.consumer = self.loop.consumer
@@ -683,9 +708,8 @@ class Consolidator:
                 return
             outcome.failed.append(self._failure(parsed[0], exc))
             return
-        await self._announce(announcements)
-        outcome.done.extend(p.entry for p in parsed)
-        outcome.episodes_announced += len(announcements)
+        outcome.done.extend(p.entry for p in parsed)  # committed: acknowledged, announced or not
+        outcome.episodes_announced += await self._announce(announcements)
 
     @staticmethod
     def _failure(parsed: PreparedResult, exc: Exception) -> Failure:
@@ -710,20 +734,96 @@ class Consolidator:
             owed = await insert_batch(conn, list(events.values()), list(episodes.values()))
         return [Announcement(*key) for key in owed]
 
-    async def _announce(self, announcements: Sequence[Announcement]) -> None:
-        """Publish ``episode.recorded``, then mark the episodes announced."""
-        if not announcements:
-            return
+    async def _announce(self, announcements: Sequence[Announcement]) -> int:
+        """Publish ``episode.recorded`` for episodes just committed, then mark them announced;
+        how many were. While the relay owes older ones, it publishes these too, after them."""
+        if not announcements or self._owed:
+            return 0
+        published = await self._publish(announcements)
+        if published:
+            try:
+                async with self.engine.begin() as conn:
+                    await mark_announced(conn, [a.episode_id for a in published])
+            except Exception as exc:
+                raise StorageUnavailableError(f"postgres cannot be used: {one_line(exc)}") from exc
+        return len(published)
+
+    async def _publish(self, announcements: Sequence[Announcement]) -> list[Announcement]:
+        """XADD each to ``P:episodes`` (one pipeline); the ones Redis accepted. A refusal (a
+        full Redis) or an unreachable Redis leaves the rest owed: the relay publishes them."""
         pipe = self.redis.pipeline(transaction=False)
         stream = self._episodes_stream
         for announcement in announcements:
             pipe.execute_command("XADD", stream, "*", "data", announcement.wire())
-        await pipe.execute()
         try:
+            replies = await pipe.execute(raise_on_error=False)
+        except (RedisError, OSError) as exc:
+            replies = [exc] * len(announcements)
+        published = [
+            a
+            for a, reply in zip(announcements, replies, strict=True)
+            if not isinstance(reply, Exception)
+        ]
+        if len(published) < len(announcements):
+            refusal = next(r for r in replies if isinstance(r, Exception))
+            if not self._owed:
+                self.log.warning(
+                    "episode.recorded refused, the relay will publish it",
+                    owed=len(announcements) - len(published),
+                    error=one_line(refusal),
+                )
+            self._owed = True
+            self._refused_at = asyncio.get_running_loop().time()
+        return published
+
+    def _refused_recently(self) -> bool:
+        """A refusal less than ``relay_grace_s`` ago: those episodes are still too young for
+        the relay to see, so it keeps coming back for them."""
+        return asyncio.get_running_loop().time() - self._refused_at < self.relay_grace_s
+
+    async def relay_tick(self) -> None:
+        """The group loop's ``tick``: ``relay`` when due; never raises but for cancellation."""
+        now = asyncio.get_running_loop().time()
+        interval = self.relay_retry_s if self._owed else self.relay_sweep_interval_s
+        if now - self._last_relay < interval:
+            return
+        self._last_relay = now
+        try:
+            await self.relay()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # Postgres unavailable: the loop meets it too; retry later
+            self._owed = True
+            self.log.warning("announcement relay failed, will retry", error=one_line(exc))
+
+    async def relay(self, max_batches: int = 10) -> int:
+        """Publish episodes still owed an ``episode.recorded`` (``announced_at IS NULL``),
+        oldest first, up to ``max_batches`` × ``relay_batch``; how many were published. Each
+        batch is one transaction: rows locked (``SKIP LOCKED``: two relays never take the
+        same), XADD, marked; a refusal ends the run and leaves the rest owed."""
+        total = 0
+        owed = True
+        for _ in range(max_batches):
             async with self.engine.begin() as conn:
-                await mark_announced(conn, [a.episode_id for a in announcements])
-        except Exception as exc:
-            raise StorageUnavailableError(f"postgres cannot be used: {one_line(exc)}") from exc
+                keys = await owed_announcements(conn, self.relay_grace_s, self.relay_batch)
+                if not keys:
+                    owed = self._refused_recently()
+                    break
+                wanted = [Announcement(*key) for key in keys]
+                published = await self._publish(wanted)
+                if published:
+                    await mark_announced(conn, [a.episode_id for a in published])
+            total += len(published)
+            if len(published) < len(wanted):
+                break
+            if len(keys) < self.relay_batch:
+                owed = self._refused_recently()
+                break
+        self._owed = owed
+        if total:
+            EPISODES_RECORDED.inc(total)
+            self.log.info("owed announcements published", count=total, still_owed=owed)
+        return total
 
     async def _storage_error(self) -> Exception | None:
         """None when Postgres answers ``SELECT 1``, else why not."""

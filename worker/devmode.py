@@ -2,7 +2,8 @@
 
 Embedded servers (a Valkey and a PostgreSQL shipped in wheels) start unless ``REDIS_URL`` /
 ``DATABASE_URL`` are set; their data lives under ``--data-dir`` and is kept between runs.
-Then the schema is migrated and the lifecycle worker and the consolidator run side by side.
+Then the schema is migrated and the lifecycle worker, the consolidator and the indexer (recall
+by meaning: ``worker.indexer``) run side by side.
 
 One ``dev`` per data dir: a lock file (``dev.lock``, holding the pid) refuses a second one
 before it touches anything; the lock is an ``flock``, so a crashed instance's lock is free
@@ -28,6 +29,7 @@ from typing import Any
 from worker.consolidator import Consolidator
 from worker.embedded import EmbeddedPostgres, EmbeddedRedis, default_data_dir
 from worker.error_messages import ActionableError
+from worker.indexer import Indexer
 from worker.lifecycle import LifecycleWorker
 from worker.logs import configure_logging
 from worker.metrics import serve_http
@@ -143,7 +145,15 @@ async def _run_locked(
 
     def ready() -> bool:
         worker, consolidator = parts.get("worker"), parts.get("consolidator")
-        return bool(worker and consolidator and worker.ready and consolidator.is_ready())
+        indexer = parts.get("indexer")
+        return bool(
+            worker
+            and consolidator
+            and indexer
+            and worker.ready
+            and consolidator.is_ready()
+            and indexer.is_ready()
+        )
 
     # Bind the metrics port first: a taken port fails at once, before any server starts.
     server = await serve_http(metrics_port, ready, host="127.0.0.1")
@@ -162,6 +172,7 @@ async def _run_locked(
         revision = await migrate(settings.database_url)
         worker = parts["worker"] = LifecycleWorker(settings)
         consolidator = parts["consolidator"] = Consolidator.from_settings(settings)
+        indexer = parts["indexer"] = Indexer.from_settings(settings)
         env_file = data_dir / ENV_FILE
         write_private(
             env_file,
@@ -172,11 +183,13 @@ async def _run_locked(
         tasks = [
             asyncio.create_task(worker.run(stop)),
             asyncio.create_task(consolidator.run(stop)),
+            asyncio.create_task(indexer.run(stop)),
         ]
         _banner(settings, revision, data_dir, metrics_port, env_file, redis_server, pg_server)
         await stop.wait()
         await asyncio.gather(*tasks, return_exceptions=True)
         await consolidator.close()
+        await indexer.close()
     finally:
         server.close()
         if pg_server is not None:
@@ -212,5 +225,6 @@ def _banner(
     _say(f"  {cmd} publish terminate -p demo -s s1 --set lessons_learned='[\"it works\"]' --wait")
     _say(f"  {cmd} tail episodes --from-start --count 1")
     _say(f"  {cmd} episodes show -p demo -s s1")
+    _say(f'  {cmd} recall -p demo "what worked"')
     _say()
     _say("Ctrl-C stops everything (data is kept).")

@@ -8,20 +8,49 @@ prefix that contains glob characters can never widen what is deleted.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import re
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from redis.asyncio import Redis
-from sqlalchemy import ColumnElement, Select, delete, desc, func, select
-from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker
+from sqlalchemy import (
+    ColumnElement,
+    Integer,
+    Select,
+    Text,
+    cast,
+    column,
+    delete,
+    desc,
+    func,
+    select,
+    table,
+    text,
+)
+from sqlalchemy.dialects.postgresql import TSQUERY
+from sqlalchemy.dialects.postgresql import UUID as PG_UUID
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, async_sessionmaker
 
 from worker.db.models import SEARCH_CONFIG, Episode, LifecycleEvent
+from worker.db.vectors import (
+    MISSING_PGVECTOR,
+    VECTOR_TABLE,
+    has_vector_table,
+    parse_vector,
+    vector_literal,
+)
+from worker.embedding import Embedder, EmbeddingError
 from worker.keys import SessionKeys, escape_glob, project_pattern, validate_id
+from worker.logs import get_logger
+from worker.recall import DEFAULT_WEIGHTS, Candidate, RecallWeights, fuse
+
+log = get_logger("worker.episodes")
+RecallMode = Literal["hybrid", "text", "vector"]
 
 SCAN_COUNT = 1_000
 _Row = TypeVar("_Row")
@@ -147,12 +176,78 @@ def _scope(
     return conditions
 
 
-class EpisodeStore:
-    """Read and forget what the consolidator stored; every method is scoped by project."""
+def _episode_filters(
+    project_id: str,
+    session_id: str | None,
+    agent_instance_id: str | None,
+    agent_type_id: str | None,
+    outcome: str | None,
+    since: datetime | None,
+    until: datetime | None,
+) -> list[ColumnElement[bool]]:
+    filters: list[ColumnElement[bool]] = [Episode.project_id == project_id]
+    if session_id is not None:
+        filters.append(Episode.session_id == session_id)
+    if agent_instance_id is not None:
+        filters.append(Episode.agent_instance_id == agent_instance_id)
+    if agent_type_id is not None:
+        filters.append(Episode.agent_type_id == agent_type_id)
+    if outcome is not None:
+        filters.append(Episode.outcome == outcome)
+    if since is not None:
+        filters.append(Episode.occurred_at >= since)
+    if until is not None:
+        filters.append(Episode.occurred_at < until)
+    return filters
 
-    def __init__(self, engine: AsyncEngine) -> None:
+
+@dataclass(frozen=True, slots=True)
+class RecallHit:
+    """An episode ``recall`` found: ``score`` orders the hits, ``relevance`` (0..1) is the
+    fused rank alone; ``vector_rank``/``text_rank`` are its places in each search (None when
+    that search did not find it)."""
+
+    episode: Episode
+    score: float
+    relevance: float
+    vector_rank: int | None
+    text_rank: int | None
+
+    def to_dict(self) -> dict[str, Any]:
+        e = self.episode
+        return {
+            "episode_id": str(e.id),
+            "project_id": e.project_id,
+            "session_id": e.session_id,
+            "task_description": e.task_description,
+            "outcome": e.outcome,
+            "lessons_learned": e.lessons_learned,
+            "occurred_at": e.occurred_at.isoformat(),
+            "importance_score": e.importance_score,
+            "score": round(self.score, 6),
+            "relevance": round(self.relevance, 6),
+            "vector_rank": self.vector_rank,
+            "text_rank": self.text_rank,
+        }
+
+
+async def _nothing() -> list[Candidate]:
+    return []
+
+
+class EpisodeStore:
+    """Read and forget what the consolidator stored; every method is scoped by project.
+
+    ``embedder`` (``worker.embedding``) is what ``recall`` embeds queries with; without one,
+    or without pgvector, ``recall`` ranks by full-text only (and says so once).
+    """
+
+    def __init__(self, engine: AsyncEngine, embedder: Embedder | None = None) -> None:
         self.engine = engine
+        self.embedder = embedder
         self._sessions = async_sessionmaker(engine, expire_on_commit=False)
+        self._vectors: bool | None = None
+        self._warned: set[str] = set()
 
     # -- reading -------------------------------------------------------------------------------
 
@@ -170,19 +265,9 @@ class EpisodeStore:
         offset: int = 0,
     ) -> list[Episode]:
         """The project's episodes, newest first, filtered by whatever is given."""
-        filters: list[ColumnElement[bool]] = [Episode.project_id == project_id]
-        if session_id is not None:
-            filters.append(Episode.session_id == session_id)
-        if agent_instance_id is not None:
-            filters.append(Episode.agent_instance_id == agent_instance_id)
-        if agent_type_id is not None:
-            filters.append(Episode.agent_type_id == agent_type_id)
-        if outcome is not None:
-            filters.append(Episode.outcome == outcome)
-        if since is not None:
-            filters.append(Episode.occurred_at >= since)
-        if until is not None:
-            filters.append(Episode.occurred_at < until)
+        filters = _episode_filters(
+            project_id, session_id, agent_instance_id, agent_type_id, outcome, since, until
+        )
         query = (
             select(Episode)
             .where(*filters)
@@ -216,6 +301,141 @@ class EpisodeStore:
             rows = (await session.execute(statement)).all()
         return [SearchHit(episode, float(score)) for episode, score in rows]
 
+    async def recall(
+        self,
+        project_id: str,
+        query: str,
+        limit: int = 10,
+        *,
+        session_id: str | None = None,
+        agent_instance_id: str | None = None,
+        agent_type_id: str | None = None,
+        outcome: str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        weights: RecallWeights = DEFAULT_WEIGHTS,
+        mode: RecallMode = "hybrid",
+    ) -> list[RecallHit]:
+        """The project's episodes most relevant to ``query``, best first (``worker.recall``
+        says how they are ranked). ``mode`` ``"text"`` or ``"vector"`` uses one search only."""
+        validate_id(project_id, "project_id")
+        filters = _episode_filters(
+            project_id, session_id, agent_instance_id, agent_type_id, outcome, since, until
+        )
+        n = max(limit, weights.candidates)
+        searches: list[Awaitable[list[Candidate]]] = []
+        if mode != "text":
+            searches.append(self._vector_candidates(project_id, query, filters, n))
+        else:
+            searches.append(_nothing())
+        if mode != "vector":
+            searches.append(self._text_candidates(query, filters, n))
+        else:
+            searches.append(_nothing())
+        found = await asyncio.gather(*searches)  # the text search runs while the query embeds
+        candidates = {c.episode_id: c for ranked in found for c in ranked}
+        lists = [[c.episode_id for c in ranked] for ranked in found]
+        best = fuse(lists, candidates, weights)[: max(0, limit)]
+        if not best:
+            return []
+        episodes = {
+            str(e.id): e
+            for e in await self._all(
+                select(Episode).where(
+                    Episode.project_id == project_id,
+                    Episode.id.in_([uuid.UUID(i) for i, _s, _r in best]),
+                )
+            )
+        }
+        vector_rank = {i: r for r, i in enumerate(lists[0], start=1)}
+        text_rank = {i: r for r, i in enumerate(lists[1], start=1)}
+        return [
+            RecallHit(episodes[i], score, relevance, vector_rank.get(i), text_rank.get(i))
+            for i, score, relevance in best
+            if i in episodes  # forgotten meanwhile
+        ]
+
+    async def _text_candidates(
+        self, query: str, filters: list[ColumnElement[bool]], n: int
+    ) -> list[Candidate]:
+        words = func.plainto_tsquery(SEARCH_CONFIG, query)  # any of the words, not all
+        tsquery = cast(func.replace(cast(words, Text), "&", "|"), TSQUERY)
+        rank = func.ts_rank(Episode.search_vector, tsquery)
+        statement = (
+            select(Episode.id, Episode.occurred_at, Episode.importance_score)
+            .where(*filters, Episode.search_vector.op("@@")(tsquery))
+            .order_by(desc(rank), desc(Episode.occurred_at), Episode.id)
+            .limit(n)
+        )
+        async with self.engine.connect() as conn:
+            return [Candidate(str(r[0]), r[1], r[2]) for r in await conn.execute(statement)]
+
+    async def _vector_candidates(
+        self, project_id: str, query: str, filters: list[ColumnElement[bool]], n: int
+    ) -> list[Candidate]:
+        if self.embedder is None:
+            self._warn_once("no_embedder", "recall has no embedder: full-text search only")
+            return []
+        if not await self._has_vectors():
+            self._warn_once("no_pgvector", MISSING_PGVECTOR)
+            return []
+        dimension = self.embedder.dimension
+        try:
+            [vector] = await self.embedder.embed([query])
+        except EmbeddingError as exc:  # an outage of the embedding server: words still work
+            self._warn_once("embedder_down", f"recall uses full-text only: {exc}")
+            return []
+        distance = text(
+            f"v.embedding::vector({int(dimension)}) <=> CAST(CAST(:q AS text) AS vector)"
+        ).bindparams(q=vector_literal(vector))
+        vectors = table(
+            VECTOR_TABLE,
+            column("episode_id", PG_UUID(as_uuid=True)),
+            column("project_id", Text),
+            column("model", Text),
+            column("dimension", Integer),
+        ).alias("v")
+        statement = (
+            select(vectors.c.episode_id, Episode.occurred_at, Episode.importance_score)
+            .join(Episode, Episode.id == vectors.c.episode_id)
+            .where(
+                vectors.c.project_id == project_id,
+                vectors.c.model == self.embedder.name,
+                vectors.c.dimension == dimension,
+                *filters,
+            )
+            .order_by(distance)
+            .limit(n)
+        )
+        async with self.engine.begin() as conn:
+            await conn.execute(text(f"SET LOCAL hnsw.ef_search = {min(1000, max(40, n))}"))
+            found = [Candidate(str(r[0]), r[1], r[2]) for r in await conn.execute(statement)]
+            if not found and not await self._project_has_vectors(conn, project_id):
+                self._warn_once(
+                    f"no_vectors:{project_id}",
+                    f"project {project_id} has no {self.embedder.name} vectors yet: recall uses"
+                    " full-text only until `memworker index` (or `memworker reindex`) embeds them",
+                )
+            return found
+
+    async def _project_has_vectors(self, conn: AsyncConnection, project_id: str) -> bool:
+        row = await conn.execute(
+            text(f"SELECT 1 FROM {VECTOR_TABLE} WHERE project_id = :p AND model = :m LIMIT 1"),
+            {"p": project_id, "m": self.embedder.name if self.embedder else ""},
+        )
+        return row.first() is not None
+
+    async def _has_vectors(self) -> bool:
+        if self._vectors is None:
+            async with self.engine.connect() as conn:
+                self._vectors = await has_vector_table(conn)
+        return self._vectors
+
+    def _warn_once(self, key: str, message: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            log.warning(message)
+
     async def session_history(self, project_id: str, session_id: str) -> list[LifecycleEvent]:
         """Every result of one session, in the order they happened."""
         return await self._all(
@@ -245,6 +465,7 @@ class EpisodeStore:
         given and ``before`` is not, its working memory in Redis. Returns real counts.
 
         ``before`` narrows only the history: working memory is live state, never "older".
+        An episode's vector (``episode_embeddings``) goes with it (``ON DELETE CASCADE``).
         A session's dedupe records live in its meta hash and go with it: replaying the
         forgotten session's commands afterwards would apply them again. The records of
         commands refused before they were applied (``evt:`` keys) expire on their own.
@@ -278,6 +499,7 @@ class EpisodeStore:
         export = ProjectExport(project_id, session_id)
         episodes = await self._all(episode_query.order_by(Episode.occurred_at, Episode.id))
         export.episodes = [e.to_dict() for e in episodes]
+        await self._attach_vectors(export.episodes)
         events = await self._all(
             event_query.order_by(LifecycleEvent.occurred_at, LifecycleEvent.event_id)
         )
@@ -292,6 +514,31 @@ class EpisodeStore:
         return export
 
     # -- internals -------------------------------------------------------------------------------
+
+    async def _attach_vectors(self, episodes: list[dict[str, Any]]) -> None:
+        """Each exported episode's vector (``embedding``: model, dimension, vector), if any."""
+        if not episodes:
+            return
+        async with self.engine.connect() as conn:
+            if not await has_vector_table(conn):
+                return
+            rows = await conn.execute(
+                text(
+                    f"SELECT episode_id::text AS id, model, dimension, embedding::text AS vector"
+                    f" FROM {VECTOR_TABLE} WHERE episode_id = ANY(CAST(:ids AS uuid[]))"
+                ),
+                {"ids": [e["id"] for e in episodes]},
+            )
+            vectors = {
+                row.id: {
+                    "model": row.model,
+                    "dimension": row.dimension,
+                    "vector": parse_vector(row.vector),
+                }
+                for row in rows
+            }
+        for episode in episodes:
+            episode["embedding"] = vectors.get(episode["id"])
 
     async def _all(self, statement: Select[_Row]) -> list[_Row]:
         async with self._sessions() as session:

@@ -31,6 +31,9 @@ what they do with a batch of entries. Everything else is here, once:
   ``storage_check_interval_s`` while idle, so a wrong password shows while nothing flows).
 - **Stop**: ``run(stop)`` finishes the batch in hand and returns; its sleeps wake at once when
   ``stop`` is set (a blocking read returns within ``block_ms``).
+- **Side work**: ``tick`` (optional) is awaited once per turn of ``run``, between batches (never
+  while one is being finished); it must be cheap when it has nothing to do and must not raise
+  for a server-wide condition: the consolidator's announcement relay is one.
 - **Metrics**: dead letters (``memworker_dead_letters_total{group,reason}``) and entries per
   batch (``memworker_batch_size{group}``); the handler counts its own work in ``finish``.
 
@@ -75,7 +78,7 @@ import contextlib
 import os
 import socket
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -211,8 +214,10 @@ class GroupConsumer(Generic[B]):
         backoff_initial_s: float = 0.1,
         backoff_max_s: float = 10.0,
         storage_check_interval_s: float = 5.0,
+        tick: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.redis = redis
+        self.tick = tick
         self.handler = handler
         self.group = handler.group
         self.streams = list(handler.streams)
@@ -263,6 +268,8 @@ class GroupConsumer(Generic[B]):
                 if now - self._last_reclaim >= self.reclaim_interval_s:
                     self._last_reclaim = now
                     await self.reclaim()
+                if self.tick is not None:
+                    await self.tick()
                 outcome = await self.process_next_batch(block_ms=self.block_ms)
                 idle = outcome is None
                 if self._outages:

@@ -97,3 +97,13 @@ async def serve_http(
             writer.close()
 
     return await asyncio.start_server(handle, host, port)
+
+
+INDEX_SECONDS = Histogram(
+    "memworker_index_batch_seconds",
+    "Time to embed and store one indexer batch.",
+    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+)
+EPISODES_INDEXED = Counter(
+    "memworker_episodes_indexed_total", "Episodes embedded and stored by the indexer."
+)

@@ -17,11 +17,14 @@ from sqlalchemy import make_url, text
 from sqlalchemy.engine import Connection
 
 from worker.db.engine import create_database_engine
+from worker.db.vectors import create_vector_schema
+from worker.embedding import LOCAL_MODEL_DIMENSION
 from worker.error_messages import ActionableError
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 MIGRATION_LOCK_KEY = zlib.crc32(b"memworker.migrate")
 """The ``pg_advisory_lock`` key every migrating replica waits on."""
+VECTORS_REVISION = "0002"
 
 
 class PostgresUnreachableError(ActionableError):
@@ -44,23 +47,33 @@ def head_revision() -> str:
     return head
 
 
-def _upgrade(connection: Connection, revision: str) -> str:
+def _upgrade(connection: Connection, revision: str) -> tuple[str, str | None]:
     command.upgrade(alembic_config(connection), revision)
     current = MigrationContext.configure(connection).get_current_revision()
     if current is None:  # pragma: no cover - upgrade to a revision always leaves one
         raise RuntimeError("the database has no alembic revision after the upgrade")
-    return current
+    vectors: str | None = "the schema is older than the episode vectors (revision 0002)"
+    if current >= VECTORS_REVISION:  # pgvector may have been installed since 0002 ran
+        vectors = create_vector_schema(connection, LOCAL_MODEL_DIMENSION)
+    return current, vectors
 
 
 async def migrate(database_url: str, revision: str = "head") -> str:
     """Upgrade the database at ``database_url`` to ``revision``; return the revision it is at."""
+    current, _vectors = await migrate_reporting(database_url, revision)
+    return current
+
+
+async def migrate_reporting(database_url: str, revision: str = "head") -> tuple[str, str | None]:
+    """``migrate``, also saying whether episode vectors (pgvector) are there: None when they
+    are, else one line saying what to install."""
     engine = create_database_engine(database_url, pool=False)
     try:
         async with engine.connect() as conn:
             await conn.execute(text("SELECT pg_advisory_lock(:key)"), {"key": MIGRATION_LOCK_KEY})
             await conn.commit()
             try:
-                current = await conn.run_sync(_upgrade, revision)
+                current, vectors = await conn.run_sync(_upgrade, revision)
                 await conn.commit()
             finally:
                 await conn.rollback()
@@ -68,7 +81,7 @@ async def migrate(database_url: str, revision: str = "head") -> str:
                     text("SELECT pg_advisory_unlock(:key)"), {"key": MIGRATION_LOCK_KEY}
                 )
                 await conn.commit()
-            return current
+            return current, vectors
     except OSError as exc:
         safe = make_url(engine.url).render_as_string(hide_password=True)
         raise PostgresUnreachableError(f"cannot reach Postgres at {safe}: {exc}") from exc

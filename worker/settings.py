@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from functools import lru_cache
+from typing import Literal
 
 from pydantic import AliasChoices, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -78,6 +79,19 @@ class Settings(BaseSettings):
     consolidation_batch_size: int = Field(default=500, ge=1, le=10_000)
     consolidation_max_attempts: int = Field(default=10, ge=1)
     context_summary_max_chars: int = Field(default=4_000, ge=200)
+
+    # Recall by meaning (worker.embedding, worker.indexer, EpisodeStore.recall).
+    embedding_provider: Literal["local", "openai"] = "local"
+    embedding_base_url: str | None = None
+    """An OpenAI-compatible API, ending in ``/v1`` (provider ``openai``)."""
+    embedding_model: str | None = None
+    embedding_dimension: int | None = Field(default=None, ge=1, le=16_000)
+    embedding_api_key: str | None = None
+    index_batch_size: int = Field(default=64, ge=1, le=2_048)
+    index_max_attempts: int = Field(default=10, ge=1)
+    index_nice: int = Field(default=10, ge=0, le=19)
+    """``memworker index`` lowers its CPU priority by this much: embedding is off the hot path,
+    so on shared cores the consolidator and the worker go first (BENCHMARKS.md)."""
 
     # Operations.
     metrics_port: int | None = Field(default=None, ge=0, le=65_535)

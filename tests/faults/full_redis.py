@@ -24,7 +24,7 @@ from redis.asyncio import Redis
 from worker.client import LifecycleClient
 from worker.consolidator import Consolidator
 from worker.db.engine import create_database_engine
-from worker.keys import StreamKeys
+from worker.keys import CONSOLIDATION_GROUP, LIFECYCLE_GROUP, StreamKeys, episodes_stream
 from worker.lifecycle import LifecycleWorker
 from worker.redis_conditions import RedisConditionError
 from worker.settings import Settings
@@ -36,6 +36,8 @@ class FullRedisReport:
     """The cap in force at the end (raised by the operator on a stall)."""
     first_cap: int = 0
     raises: int = 0
+    stalls: list[dict[str, int]] = field(default_factory=list)
+    """At each raise: what held the memory (stream lengths, pending entries, keys)."""
     peak_used: int = 0
     peak_over_cap: float = 0.0
     offered: int = 0
@@ -61,6 +63,7 @@ class FullRedisReport:
             "first_cap_mb": round(self.first_cap / 2**20, 2),
             "final_cap_mb": round(self.maxmemory / 2**20, 2),
             "cap_raises_after_stalls": self.raises,
+            "stalls": self.stalls[:3],
             "peak_used_mb": round(self.peak_used / 2**20, 2),
             "peak_used_over_cap_then": round(self.peak_over_cap, 3),
             "offered": self.offered,
@@ -118,6 +121,20 @@ async def run_full_redis(
             report.peak_over_cap = max(report.peak_over_cap, used / report.maxmemory)
             await asyncio.sleep(0.02)
 
+    async def holders() -> dict[str, int]:
+        keys = StreamKeys(prefix, 0)
+        lifecycle: Any = await admin.xpending(keys.lifecycle, LIFECYCLE_GROUP)
+        results: Any = await admin.xpending(keys.results, CONSOLIDATION_GROUP)
+        return {
+            "used": int((await admin.info("memory"))["used_memory"]),
+            "keys": int(await admin.dbsize()),
+            "lifecycle_len": int(await admin.xlen(keys.lifecycle)),
+            "lifecycle_pending": int(lifecycle["pending"]),
+            "results_len": int(await admin.xlen(keys.results)),
+            "results_pending": int(results["pending"]),
+            "episodes_len": int(await admin.xlen(episodes_stream(prefix))),
+        }
+
     async def operator() -> None:
         """When nothing moves for ``stall_s`` while work is outstanding, raise maxmemory by a
         quarter, as a person paged by the alert would."""
@@ -128,6 +145,7 @@ async def run_full_redis(
             still = still + 0.5 if now == seen else 0.0
             seen = now
             if still >= stall_s:
+                report.stalls.append(await holders())
                 report.maxmemory = int(report.maxmemory * 1.25)
                 report.raises += 1
                 await admin.config_set("maxmemory", str(report.maxmemory))

@@ -40,6 +40,7 @@ from worker.lifecycle import LifecycleWorker
 from worker.memory import RedisUnavailableError, WorkingMemory
 from worker.metrics import REDIS_CONDITIONS
 from worker.redis_conditions import RedisConditionError
+from worker.retention import trim_stream
 from worker.settings import Settings
 
 pytestmark = pytest.mark.faults
@@ -189,9 +190,11 @@ async def test_a_backlog_held_by_a_busy_redis_is_applied_exactly_once_after_the_
     assert await pending(client, settings) == 0
 
 
-async def test_the_consolidator_holds_results_while_redis_is_full_and_announces_each_once(
+async def test_results_are_acked_and_trimmed_while_redis_refuses_announcements_then_announced_once(
     own_redis: RedisProcess, client: Redis, prefix: str, database_url: str
 ) -> None:
+    """No operator action: the cap is never lifted. Acknowledged results are trimmed (by
+    retention's ``trim_stream``), memory frees below the cap, and the relay announces."""
     settings = Settings(
         redis_url=own_redis.url,
         database_url=database_url,
@@ -202,33 +205,57 @@ async def test_the_consolidator_holds_results_while_redis_is_full_and_announces_
     results = [terminated("proj-a", f"s-{i}", i) for i in range(400)]
     async with migrated_engine(database_url) as engine:
         consolidator = Consolidator(
-            settings, client, engine, block_ms=50, backoff_initial_s=0.01, backoff_max_s=0.1
+            settings,
+            client,
+            engine,
+            block_ms=50,
+            backoff_initial_s=0.01,
+            backoff_max_s=0.1,
+            relay_grace_s=0.2,
+            relay_retry_s=0.05,
         )
         await consolidator.ensure_groups()
+        empty = await _used_memory(client)
         await publish_results(client, settings, results)
-        await make_full(client)
+        backlog = await _used_memory(client)
+        cap = empty + (backlog - empty) // 2  # full now; not once the backlog is trimmed
+        await client.config_set("maxmemory-policy", "noeviction")
+        await client.config_set("maxmemory", str(cap))
+        full_before = seen("full")
         stop = asyncio.Event()
         task = asyncio.create_task(consolidator.run(stop))
 
-        async def refused_a_while() -> bool:
+        async def all_acknowledged() -> bool:
             assert not task.done(), "the consolidator must not exit"
-            return consolidator.loop._outages >= 10
+            async with engine.connect() as conn:
+                stored = (await conn.execute(select(func.count()).select_from(Episode))).scalar()
+            return stored == 400 and await _consolidation_pending(client, settings) == 0
 
-        await wait_until(refused_a_while, timeout=60)
-        assert not consolidator.is_ready()
-        assert int(await client.xlen(episodes_stream(prefix))) == 0  # XADD refused
+        await wait_until(all_acknowledged, timeout=120)
+        assert int(await client.xlen(episodes_stream(prefix))) == 0  # XADD refused: full
         assert await _dead_letters(client, settings) == 0
+        assert consolidator.is_ready()  # it consumes: a refused announcement is no outage
+        assert seen("full") == full_before
+        async with engine.connect() as conn:
+            row = await conn.execute(
+                select(func.count(), func.count(Episode.announced_at)).select_from(Episode)
+            )
+            assert tuple(row.one()) == (400, 0)
 
-        await uncap(client)
+        for shard in range(settings.shards):  # what the worker's retention loop does
+            await trim_stream(client, StreamKeys(prefix, shard).results, 0.0)
+        assert not await _results_at_least(client, settings, 1)
+        assert await _used_memory(client) < cap  # memory freed, cap unchanged
 
         async def all_announced() -> bool:
-            assert not task.done()
-            return await _consolidation_pending(client, settings) == 0
+            assert not task.done(), "the consolidator must not exit"
+            return int(await client.xlen(episodes_stream(prefix))) >= 400
 
         await wait_until(all_announced, timeout=120)
-        await wait_until(lambda: _true(consolidator.is_ready()), timeout=30)
         stop.set()
         await asyncio.wait_for(task, 30)
+        config: Any = await client.config_get("maxmemory")
+        assert int(config["maxmemory"]) == cap  # never lifted
 
         async with engine.connect() as conn:
             row = await conn.execute(
@@ -239,6 +266,10 @@ async def test_the_consolidator_holds_results_while_redis_is_full_and_announces_
     announced = [orjson.loads(f[b"data"])["causation_id"] for _i, f in events]
     assert sorted(announced) == sorted(r["event_id"] for r in results)  # each exactly once
     assert await _dead_letters(client, settings) == 0
+
+
+async def _used_memory(redis: Redis) -> int:
+    return int((await redis.info("memory"))["used_memory"])
 
 
 async def test_an_orchestrator_publishing_to_a_full_redis_gets_one_clear_error(
@@ -343,3 +374,5 @@ async def test_an_offered_load_above_what_fits_is_refused_clearly_and_nothing_ac
     assert len(report.accepted) == 2_000
     assert report.missing == [] and report.duplicated == 0  # every accepted command, once
     assert report.dead_letters == 0
+    # whatever stalled (see RELIABILITY.md), it was never results the consolidator held
+    assert [stall["results_pending"] for stall in report.stalls] == [0] * len(report.stalls)

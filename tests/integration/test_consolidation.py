@@ -187,24 +187,63 @@ async def test_episode_recorded_is_published_once_per_new_episode(
     assert len({e["event_id"] for e in events}) == 30
 
 
-async def test_a_failed_publish_is_retried_and_announced_exactly_once(
+async def test_a_refused_announcement_is_acknowledged_and_published_once_by_the_relay(
     redis: Redis, settings: Settings, engine: AsyncEngine
 ) -> None:
     stream = episodes_stream(settings.stream_prefix)
     await redis.set(stream, "not a stream")  # every XADD to it fails with WRONGTYPE
     results = [terminated("proj-a", f"s-{i}", i) for i in range(4)]
     await publish(redis, settings, results)
-    consolidator = make_consolidator(settings, redis, engine)
+    consolidator = make_consolidator(settings, redis, engine, relay_grace_s=0.0)
 
-    with pytest.raises(Exception, match="WRONGTYPE"):
-        await consolidator.run_once()
-    assert await count(engine, Episode) == 4  # committed, but not acknowledged
-    assert await pending(redis, settings) == 4
+    assert await consolidator.run_once() == 4
+    assert await count(engine, Episode) == 4  # committed and acknowledged, announcement owed
+    assert await pending(redis, settings) == 0
+    assert await dead_letters(redis, settings) == []
+    assert await consolidator.relay() == 0  # still refused: still owed
 
     await redis.delete(stream)
+    assert await consolidator.relay() == 4
+    assert await consolidator.relay() == 0
+    await publish(redis, settings, results)  # a redelivery of announced episodes
     await consolidator.run_once()
-    assert len(await recorded_events(redis, settings)) == 4
+    events = await recorded_events(redis, settings)
+    assert sorted(e["causation_id"] for e in events) == sorted(r["event_id"] for r in results)
+    async with engine.connect() as conn:
+        unannounced = (
+            select(func.count()).select_from(Episode).where(Episode.announced_at.is_(None))
+        )
+        assert (await conn.execute(unannounced)).scalar_one() == 0
+
+
+async def test_episodes_a_crashed_consolidator_left_unannounced_are_announced_once_by_the_next(
+    redis: Redis, settings: Settings, engine: AsyncEngine
+) -> None:
+    stream = episodes_stream(settings.stream_prefix)
+    await redis.set(stream, "not a stream")  # the first one's XADD never gets out
+    results = [terminated("proj-a", f"s-{i}", i) for i in range(30)]
+    await publish(redis, settings, results)
+    crashed = make_consolidator(settings, redis, engine, relay_sweep_interval_s=3600)
+    await crashed.run_once()  # committed and acknowledged, then gone before any announcement
+    await redis.delete(stream)
+
+    after = make_consolidator(settings, redis, engine, relay_grace_s=0.0, block_ms=50)
+    stop = asyncio.Event()
+    task = asyncio.create_task(after.run(stop))
+    try:
+        await wait_until(lambda: _length_at_least(redis, stream, 30), 30)
+        await asyncio.sleep(0.3)  # a few more turns of its loop: nothing more is published
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 30)
+
+    events = await recorded_events(redis, settings)
+    assert sorted(e["causation_id"] for e in events) == sorted(r["event_id"] for r in results)
     assert await pending(redis, settings) == 0
+
+
+async def _length_at_least(redis: Redis, stream: str, n: int) -> bool:
+    return int(await redis.xlen(stream)) >= n
 
 
 async def test_junk_entries_go_to_the_dlq_and_the_rest_of_the_batch_lands(

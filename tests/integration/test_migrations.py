@@ -11,11 +11,13 @@ from sqlalchemy import Connection, inspect
 
 from worker.db.engine import create_database_engine
 from worker.db.models import Base
+from worker.db.vectors import include_name
 from worker.migrate import current_revision, head_revision, migrate
 
 
 def _diffs(connection: Connection) -> list[object]:
-    context = MigrationContext.configure(connection, opts={"compare_type": True})
+    options = {"compare_type": True, "include_name": include_name}  # pgvector's table: its own
+    context = MigrationContext.configure(connection, opts=options)
     return list(compare_metadata(context, Base.metadata))
 
 

@@ -89,6 +89,16 @@ SELECT_UNANNOUNCED = (
 )
 """Of episodes that were there already, the ones a crash left unannounced."""
 
+SELECT_OWED = (
+    f"SELECT {_EPISODE_KEY} FROM episodes"
+    " WHERE announced_at IS NULL AND recorded_at <= now() - make_interval(secs => $1)"
+    " ORDER BY recorded_at LIMIT $2 FOR UPDATE SKIP LOCKED"
+)
+"""The oldest episodes still owed an announcement, recorded at least ``$1`` s ago, locked for
+this transaction (another relay skips them). Without an index on ``announced_at`` (one would
+make the outbox UPDATE a non-HOT update): a scan, run only at start, after a refused
+announcement and every ``relay_sweep_interval_s``."""
+
 MARK_ANNOUNCED = "UPDATE episodes SET announced_at = now() WHERE id = ANY($1::uuid[])"
 
 
@@ -127,6 +137,15 @@ async def insert_batch(
             (row.id, row.project_id, row.session_id, row.source_event_id) for row in unannounced
         ]
     return owed
+
+
+async def owed_announcements(
+    conn: AsyncConnection, older_than_s: float, limit: int
+) -> list[EpisodeKey]:
+    """Up to ``limit`` episodes owed an ``episode.recorded`` (oldest first), locked until the
+    transaction ends (see ``SELECT_OWED``)."""
+    rows = await conn.exec_driver_sql(SELECT_OWED, (float(older_than_s), limit))
+    return [(row.id, row.project_id, row.session_id, row.source_event_id) for row in rows]
 
 
 async def mark_announced(conn: AsyncConnection, episode_ids: Sequence[uuid.UUID]) -> None:

@@ -15,6 +15,7 @@ from sqlalchemy.engine import Connection
 
 from worker.db.engine import create_database_engine
 from worker.db.models import Base
+from worker.db.vectors import include_name
 from worker.settings import DEFAULT_DATABASE_URL
 
 config = context.config
@@ -30,7 +31,9 @@ def _url() -> str:
 
 
 def _run(connection: Connection) -> None:
-    context.configure(connection=connection, target_metadata=target_metadata)
+    context.configure(
+        connection=connection, target_metadata=target_metadata, include_name=include_name
+    )
     with context.begin_transaction():
         context.run_migrations()
 

@@ -1,0 +1,66 @@
+"""``memworker recall`` and ``memworker remember`` as a user runs them (subprocesses)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from redis.asyncio import Redis
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from tests.recall_set import load_recall_set, remember_all
+from worker.embedding import LocalEmbedder
+from worker.indexer import Indexer
+from worker.settings import Settings
+
+
+def memworker(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
+    env = dict(
+        os.environ,
+        REDIS_URL=settings.redis_url,
+        DATABASE_URL=settings.database_url,
+        MEMWORKER_STREAM_PREFIX=settings.stream_prefix,
+        MEMWORKER_LOG_LEVEL="WARNING",
+    )
+    return subprocess.run(
+        [sys.executable, "-m", "worker.cli", *args], env=env, capture_output=True, text=True
+    )
+
+
+async def test_recall_json_lists_the_projects_best_episodes_first_with_their_fields(
+    vector_engine: AsyncEngine, redis: Redis, vector_settings: Settings, embedder: LocalEmbedder
+) -> None:
+    episodes, _queries = load_recall_set()
+    await remember_all(vector_engine, redis, vector_settings.stream_prefix, "acme", episodes)
+    await remember_all(vector_engine, redis, vector_settings.stream_prefix, "other", episodes)
+    await Indexer(vector_settings, redis, vector_engine, embedder).run_once()
+    done = memworker(vector_settings, "recall", "-p", "acme", "users cannot sign in", "--json")
+    assert done.returncode == 0, done.stderr
+    hits = json.loads(done.stdout)
+    assert len(hits) == 10
+    assert hits[0]["task_description"] == "Fix the login bug in the authentication service"
+    assert {h["project_id"] for h in hits} == {"acme"}
+    scores = [h["score"] for h in hits]
+    assert scores == sorted(scores, reverse=True)
+    for key in ("episode_id", "session_id", "outcome", "lessons_learned", "occurred_at"):
+        assert key in hits[0]
+    table = memworker(
+        vector_settings, "recall", "-p", "acme", "users cannot sign in", "--limit", "2"
+    )
+    assert table.returncode == 0, table.stderr
+    assert "Fix the login bug" in table.stdout
+
+
+async def test_remember_from_the_shell_is_idempotent_and_a_bad_outcome_is_one_line(
+    vector_engine: AsyncEngine, vector_settings: Settings
+) -> None:
+    args = ("remember", "-p", "acme", "--id", "n1", "--task", "Deploy with a rollback plan")
+    first, second = memworker(vector_settings, *args), memworker(vector_settings, *args)
+    assert first.returncode == second.returncode == 0, first.stderr + second.stderr
+    assert first.stdout == second.stdout
+    bad = memworker(vector_settings, *args, "--outcome", "great")
+    assert bad.returncode == 1
+    assert bad.stderr.strip().startswith("memworker: error: outcome must be one of")
+    assert len(bad.stderr.strip().splitlines()) == 1

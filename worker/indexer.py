@@ -1,0 +1,292 @@
+"""The indexer (``memworker index``): embeds every announced episode, off the hot path.
+
+It follows ``P:episodes`` in consumer group ``indexer`` on the shared loop
+(``worker.group_consumer.GroupConsumer``: own pending first, reclaim, delivery cap, DLQ
+``P:dlq:episodes``, outages never poison). Per batch it reads the episodes' text from Postgres,
+embeds those that have no vector of the configured model yet, and upserts the vectors.
+
+Idempotent by construction: the vector row is keyed by the episode id, an episode that already
+has a vector of this model is not embedded again, and an equal vector is never rewritten. So a
+redelivery, a replay of ``P:episodes`` or a restart after a kill costs at most a re-embedding
+of the batch in hand, and never a duplicate or a lost vector.
+
+An embedding server that does not answer (provider ``openai``) is a server-wide condition like
+a Postgres outage: nothing is acknowledged, no attempt is counted, the loop backs off.
+Without pgvector (no ``episode_embeddings`` table) entries are acknowledged with one warning:
+``memworker reindex`` backfills once pgvector is there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from worker.connections import client_for
+from worker.consolidator import is_connection_error, one_line
+from worker.db.engine import create_database_engine
+from worker.db.vectors import (
+    MISSING_PGVECTOR,
+    VECTOR_TABLE,
+    ensure_dimension_index,
+    has_vector_table,
+    store_vectors,
+)
+from worker.embedding import Embedder, EmbeddingError, embedder_from_settings, episode_text
+from worker.group_consumer import (
+    BatchOutcome,
+    Failure,
+    GroupConsumer,
+    Rejection,
+    StorageUnavailableError,
+    StreamEntry,
+)
+from worker.keys import episodes_stream
+from worker.logs import get_logger
+from worker.metrics import EPISODES_INDEXED, INDEX_SECONDS, STREAM_LAG, STREAM_PENDING
+from worker.settings import Settings
+
+log = get_logger("worker.indexer")
+
+INDEXER_GROUP = "indexer"
+
+
+def indexer_dlq(prefix: str) -> str:
+    return f"{prefix}:dlq:episodes"
+
+
+@dataclass(frozen=True, slots=True)
+class Announced:
+    entry: StreamEntry
+    episode_id: str
+
+
+@dataclass(slots=True)
+class IndexBatch:
+    episodes: list[Announced] = field(default_factory=list)
+    rejected: list[Rejection] = field(default_factory=list)
+
+
+def parse_announcement(entry: StreamEntry) -> Announced:
+    """The episode an ``episode.recorded`` entry names; ValueError when it names none."""
+    raw = entry.fields.get("data", entry.fields.get(b"data"))  # type: ignore[call-overload]
+    if raw is None:
+        raise ValueError("no 'data' field")
+    event = orjson.loads(raw)
+    if not isinstance(event, dict) or event.get("type") != "episode.recorded":
+        raise ValueError("not an episode.recorded event")
+    return Announced(entry, str(uuid.UUID(str(event["episode_id"]))))
+
+
+SELECT_UNINDEXED = f"""
+SELECT e.id::text AS id, e.task_description, e.lessons_learned, e.context_summary
+FROM episodes e
+LEFT JOIN {VECTOR_TABLE} v ON v.episode_id = e.id AND v.model = :model
+WHERE e.id = ANY(CAST(:ids AS uuid[])) AND v.episode_id IS NULL
+"""
+
+
+async def embed_and_store(
+    engine: AsyncEngine, embedder: Embedder, episode_ids: Sequence[str]
+) -> int:
+    """Embed the episodes of ``episode_ids`` that have no vector of ``embedder``'s model and
+    store them; returns how many were embedded."""
+    async with engine.connect() as conn:
+        rows = (
+            await conn.execute(
+                text(SELECT_UNINDEXED), {"model": embedder.name, "ids": list(episode_ids)}
+            )
+        ).all()
+    if not rows:
+        return 0
+    texts = [
+        episode_text(r.task_description, r.lessons_learned or [], r.context_summary) for r in rows
+    ]
+    vectors = await embedder.embed(texts)
+    async with engine.begin() as conn:
+        await store_vectors(conn, embedder.name, embedder.dimension, [r.id for r in rows], vectors)
+    return len(rows)
+
+
+class Indexer:
+    """The ``GroupHandler`` of group ``indexer`` on ``P:episodes`` (``self.loop`` runs it)."""
+
+    group = INDEXER_GROUP
+    storage_errors: tuple[type[BaseException], ...] = (StorageUnavailableError,)
+    failure_reason = "index_failed"
+
+    def __init__(
+        self,
+        settings: Settings,
+        redis: Redis | RedisCluster,
+        engine: AsyncEngine,
+        embedder: Embedder | None = None,
+        **loop_options: Any,
+    ) -> None:
+        self.settings = settings
+        self.redis = redis
+        self.engine = engine
+        self.embedder = embedder or embedder_from_settings(settings)
+        self.streams = (episodes_stream(settings.stream_prefix),)
+        self._dlq = indexer_dlq(settings.stream_prefix)
+        self._vectors: bool | None = None
+        self._owns_clients = False
+        loop_options.setdefault("reclaim_idle_ms", settings.reclaim_idle_ms)
+        self.loop: GroupConsumer[IndexBatch] = GroupConsumer(
+            redis,
+            self,
+            batch_size=settings.index_batch_size,
+            max_attempts=settings.index_max_attempts,
+            **loop_options,
+        )
+
+    @classmethod
+    def from_settings(cls, settings: Settings, **options: Any) -> Indexer:
+        indexer = cls(
+            settings, client_for(settings), create_database_engine(settings.database_url), **options
+        )
+        indexer._owns_clients = True
+        return indexer
+
+    async def close(self) -> None:
+        if self._owns_clients:
+            await self.redis.aclose()
+            await self.engine.dispose()
+
+    def is_ready(self) -> bool:
+        return self.loop.is_ready()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Index until ``stop`` is set; refreshes the lag/pending gauges meanwhile."""
+        probe = asyncio.create_task(self._probe_lag_forever(stop))
+        try:
+            await self.loop.run(stop)
+        finally:
+            probe.cancel()
+
+    async def run_once(self) -> int:
+        return await self.loop.run_once()
+
+    async def probe_lag(self) -> None:
+        for stream in self.streams:
+            groups: Any = await self.redis.xinfo_groups(stream)
+            for group in groups:
+                name = group["name"]
+                name = name.decode() if isinstance(name, bytes) else str(name)
+                if name != self.group:
+                    continue
+                lag = group.get("lag")
+                STREAM_LAG.labels(stream, name).set(float(lag) if lag is not None else 0.0)
+                STREAM_PENDING.labels(stream, name).set(float(group["pending"]))
+
+    async def _probe_lag_forever(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            try:
+                await self.probe_lag()
+            except Exception as exc:  # an outage: the loop reports it
+                log.debug("lag probe failed", error=str(exc))
+            await asyncio.sleep(self.settings.lag_probe_seconds)
+
+    # -- the group handler ---------------------------------------------------------------------
+
+    def dlq_stream(self, stream: str) -> str:
+        return self._dlq
+
+    async def check_storage(self) -> None:
+        try:
+            async with asyncio.timeout(5), self.engine.begin() as conn:
+                await conn.execute(text("SELECT 1"))
+                if self._vectors is None:
+                    self._vectors = await has_vector_table(conn)
+                    if self._vectors:
+                        await ensure_dimension_index(conn, self.embedder.dimension)
+                    else:
+                        log.warning(MISSING_PGVECTOR)
+        except Exception as exc:
+            raise StorageUnavailableError(f"postgres cannot be used: {one_line(exc)}") from exc
+
+    async def prepare(self, entries: Sequence[StreamEntry]) -> IndexBatch:
+        batch = IndexBatch()
+        for entry in entries:
+            try:
+                batch.episodes.append(parse_announcement(entry))
+            except Exception as exc:
+                batch.rejected.append(Rejection(entry, "unparseable", repr(exc)))
+        return batch
+
+    async def finish(self, batch: IndexBatch) -> BatchOutcome:
+        started = time.perf_counter()
+        outcome = BatchOutcome(rejected=list(batch.rejected))
+        if not batch.episodes:
+            return outcome
+        if self._vectors is None:
+            await self.check_storage()
+        if not self._vectors:  # no pgvector: nothing to store; reindex backfills later
+            outcome.done.extend(a.entry for a in batch.episodes)
+            return outcome
+        ids = list(dict.fromkeys(a.episode_id for a in batch.episodes))
+        try:
+            embedded = await embed_and_store(self.engine, self.embedder, ids)
+        except EmbeddingError as exc:
+            raise StorageUnavailableError(f"embedder cannot be used: {exc}") from exc
+        except Exception as exc:
+            if is_connection_error(exc):
+                raise StorageUnavailableError(one_line(exc)) from exc
+            # a data error: say which entries, the loop retries them and dead-letters at the cap
+            outcome.failed.extend(
+                Failure(a.entry, one_line(exc), {"episode_id": a.episode_id})
+                for a in batch.episodes
+            )
+            return outcome
+        outcome.done.extend(a.entry for a in batch.episodes)
+        EPISODES_INDEXED.inc(embedded)
+        INDEX_SECONDS.observe(time.perf_counter() - started)
+        return outcome
+
+
+SELECT_STALE = f"""
+SELECT e.id::text AS id FROM episodes e
+LEFT JOIN {VECTOR_TABLE} v ON v.episode_id = e.id AND v.model = :model
+WHERE v.episode_id IS NULL AND (CAST(:project AS text) IS NULL OR e.project_id = :project)
+ORDER BY e.id LIMIT :limit
+"""
+
+
+async def reindex(
+    engine: AsyncEngine,
+    embedder: Embedder,
+    *,
+    project_id: str | None = None,
+    batch_size: int = 256,
+) -> int:
+    """Embed every episode (of ``project_id``, or all) that has no vector or one of another
+    model; returns how many. Safe to run next to the indexer (both upsert by episode id)."""
+    async with engine.begin() as conn:
+        if not await has_vector_table(conn):
+            raise EmbeddingError(MISSING_PGVECTOR)
+        await ensure_dimension_index(conn, embedder.dimension)
+    total = 0
+    while True:
+        async with engine.connect() as conn:
+            ids = [
+                row.id
+                for row in await conn.execute(
+                    text(SELECT_STALE),
+                    {"model": embedder.name, "project": project_id, "limit": batch_size},
+                )
+            ]
+        if not ids:
+            return total
+        done = await embed_and_store(engine, embedder, ids)
+        if done == 0:  # pragma: no cover - forgotten meanwhile
+            return total
+        total += done

@@ -1,0 +1,96 @@
+"""Remember directly: an episode written without a session's terminate (LoomFlow's ``remember``).
+
+``remember`` inserts an episode whose id is derived from the caller's ``memory_id`` (within the
+project), so calling it again with the same id changes nothing and returns the same episode.
+It then announces ``episode.recorded`` on ``P:episodes`` exactly as the consolidator does (the
+same outbox flag, ``announced_at``: a crash between the INSERT and the XADD is repaired by the
+next call with that id), so the indexer embeds it and ``EpisodeStore.recall`` finds it like any
+consolidated episode.
+
+Its ``session_id`` is ``remember:<memory_id>`` and its ``source_event_id``
+``remember:<project>/<memory_id>``: neither can collide with a session's episode.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import get_args
+
+import orjson
+from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from schemas.commands import Outcome
+from worker.consolidator import Announcement
+from worker.db.batch import insert_batch, mark_announced
+from worker.db.models import episode_id_for
+from worker.keys import episodes_stream, validate_id
+
+REMEMBERED_SESSION_PREFIX = "remember:"
+
+
+@dataclass(frozen=True, slots=True)
+class Remembered:
+    episode_id: uuid.UUID
+    announced: bool
+    """True when this call published ``episode.recorded`` (a new episode, or one a crash left
+    unannounced); False when the episode was there and announced already."""
+
+
+async def remember(
+    engine: AsyncEngine,
+    redis: Redis | RedisCluster,
+    prefix: str,
+    project_id: str,
+    memory_id: str,
+    *,
+    task_description: str,
+    lessons_learned: Sequence[str] = (),
+    outcome: str = "success",
+    context_summary: str = "",
+    importance: float = 0.5,
+    agent_instance_id: str | None = None,
+    agent_type_id: str | None = None,
+    occurred_at: datetime | None = None,
+) -> Remembered:
+    """Store (once) and announce an episode; idempotent on ``(project_id, memory_id)``."""
+    validate_id(project_id, "project_id")
+    validate_id(memory_id, "memory_id")
+    if outcome not in get_args(Outcome):
+        raise ValueError(f"outcome must be one of {', '.join(get_args(Outcome))}, not {outcome!r}")
+    if not 0.0 <= importance <= 1.0:
+        raise ValueError(f"importance must be between 0 and 1, not {importance}")
+    source_event_id = f"{REMEMBERED_SESSION_PREFIX}{project_id}/{memory_id}"
+    episode_id = episode_id_for(source_event_id)
+    when = occurred_at or datetime.now(UTC)
+    row = (
+        episode_id,
+        source_event_id,
+        project_id,
+        f"{REMEMBERED_SESSION_PREFIX}{memory_id}",
+        agent_instance_id,
+        agent_type_id,
+        task_description,
+        outcome,
+        orjson.dumps(list(lessons_learned)).decode(),
+        context_summary,
+        None,
+        None,
+        float(importance),
+        None,
+        None,
+        when,
+    )
+    async with engine.begin() as conn:
+        owed = await insert_batch(conn, [], [row])
+    if not owed:
+        return Remembered(episode_id, announced=False)
+    announcement = Announcement(*owed[0])
+    await redis.execute_command("XADD", episodes_stream(prefix), "*", "data", announcement.wire())
+    async with engine.begin() as conn:
+        await mark_announced(conn, [announcement.episode_id])
+    return Remembered(episode_id, announced=True)
