@@ -14,9 +14,10 @@ One classification, here: ``server_condition(error)`` for an exception (redis-py
 error from the worker's pipelined channel) or a reply text; None for anything else (a script
 error, a wrong type: the entry's own problem).
 
-Scripts: a Lua script refused under ``maxmemory`` fails with ``OOM`` at its first write that
-may grow memory, before anything is written (Redis lets a script finish once it has written,
-so a script is never half-applied); its error reply classifies as ``full``.
+Scripts: a script that writes carries the ``#!lua`` shebang (``worker/scripts.py``), so under
+``maxmemory`` Redis refuses it before it runs with ``-OOM command not allowed when used memory >
+'maxmemory'.``; a script without one fails with ``OOM`` at its first write that may grow
+memory, unless it wrote before (then Redis lets it finish). Either error classifies as ``full``.
 """
 
 from __future__ import annotations

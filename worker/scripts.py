@@ -3,6 +3,16 @@
 Session scripts are prefixed with the ``_session.lua`` prelude, so every script that touches a
 session shares one definition of the key layout, idle expiry and checkpoints. Scripts that
 touch no session (``STANDALONE``) are loaded as they are.
+
+A script that writes starts with the Redis 7 shebang ``#!lua`` (no flags: it may write, and
+is not ``allow-oom``). Redis then refuses it up front under ``maxmemory`` (``-OOM command not
+allowed when used memory > 'maxmemory'.``) instead of at its first write that may grow memory,
+so a full server grows no further by scripts that only ``PEXPIRE``/``HDEL`` before writing.
+The shebang must be the source's first line: it is moved ahead of the prelude. Such a script
+may only touch keys of its declared keys' hash slot (no ``allow-cross-slot-keys``). Scripts
+that only read or only delete (``wm_delete``, ``wm_clear``, ``wm_scratch_clear``,
+``wm_checkpoint_delete``) have none: on a full server they still run, so an agent can free
+memory, and reads still push the session's idle expiry (``PEXPIRE`` is no ``denyoom`` write).
 """
 
 from __future__ import annotations
@@ -41,7 +51,11 @@ class LuaScript:
     def load(cls, name: str) -> LuaScript:
         body = _read(name)
         if not name.startswith("_") and name not in STANDALONE:
-            body = _read(_PRELUDE) + "\n" + body
+            shebang = ""
+            if body.startswith("#!"):
+                shebang, body = body.split("\n", 1)
+                shebang += "\n"
+            body = shebang + _read(_PRELUDE) + "\n" + body
         return cls(name, body)
 
     async def __call__(

@@ -35,7 +35,13 @@ from worker.client import LifecycleClient
 from worker.consolidator import Consolidator
 from worker.db.models import Episode
 from worker.group_consumer import ensure_group
-from worker.keys import CONSOLIDATION_GROUP, StreamKeys, episodes_stream, shard_of
+from worker.keys import (
+    CONSOLIDATION_GROUP,
+    SessionKeys,
+    StreamKeys,
+    episodes_stream,
+    shard_of,
+)
 from worker.lifecycle import LifecycleWorker
 from worker.memory import RedisUnavailableError, WorkingMemory
 from worker.metrics import REDIS_CONDITIONS
@@ -144,6 +150,41 @@ async def test_a_backlog_held_by_a_full_redis_is_applied_exactly_once_when_memor
     assert report.rejected == []  # no stale_seq, no gap: the order survived the condition
     assert report.dead == []
     assert await pending(client, settings) == 0
+
+
+async def test_a_terminate_reaching_a_full_redis_leaves_the_session_whole_until_memory_frees(
+    own_redis: RedisProcess, client: Redis, prefix: str
+) -> None:
+    # Terminate deletes before it writes its result: a script without the `#!lua` shebang
+    # would pass Redis's OOM check with that first write and then grow a full Redis.
+    settings = Settings(redis_url=own_redis.url, stream_prefix=prefix)
+    await ensure_groups(client, settings)
+    worker = LifecycleWorker(settings)
+    stop = asyncio.Event()
+    task = asyncio.create_task(worker.run(stop))
+    await wait_until(lambda: _true(worker.ready), timeout=30)
+    await publish_many(client, settings, [session_command("s0", seq) for seq in (1, 2, 3)])
+    await wait_until(lambda: _results_at_least(client, settings, 3), timeout=30)
+    keys = SessionKeys.for_session(prefix, settings.shards, "proj", "s0")
+    full_before = seen("full")
+
+    await publish_then_fill(client, settings, [session_command("s0", 4)])
+
+    async def held_a_while() -> bool:
+        assert not task.done(), "the worker must not exit"
+        return seen("full") - full_before >= 3
+
+    await wait_until(held_a_while, timeout=60)
+    assert await client.hget(keys.meta, "state") == b"active"
+    assert await client.exists(keys.vars) == 1
+    assert len((await audit(client, settings)).results) == 3
+
+    await uncap(client)
+    await wait_until(lambda: _results_at_least(client, settings, 4), timeout=60)
+    stop.set()
+    await asyncio.wait_for(task, 30)
+    assert await client.hget(keys.meta, "state") == b"terminated"
+    assert (await audit(client, settings)).dead == []
 
 
 async def test_a_backlog_held_by_a_busy_redis_is_applied_exactly_once_after_the_script_ends(

@@ -212,6 +212,24 @@ async def test_initial_state_over_the_key_limit_is_rejected_without_effect(
     assert not await redis.exists(keys.meta, keys.vars)
 
 
+async def test_a_spawn_with_more_variables_than_one_redis_call_takes_stores_every_one(
+    redis: Redis, settings: Settings
+) -> None:
+    # Up to 500 variables go to Redis in one HSET straight from the script's arguments;
+    # more are written in chunks.
+    states = {n: {f"k{i}": {"i": i} for i in range(n)} for n in (500, 1_201)}
+    spawns = [
+        command("spawn", f"big{n}", session=f"big{n}", initial_state=state)
+        for n, state in states.items()
+    ]
+    out = await run_commands(redis, settings, spawns, expect_results=2)
+    assert sorted(r["initial_items"] for r in out) == [500, 1_201]
+    for n, state in states.items():
+        keys = SessionKeys.for_session(settings.stream_prefix, 1, "p1", f"big{n}")
+        stored: Any = await redis.hgetall(keys.vars)
+        assert {k.decode(): orjson.loads(v) for k, v in stored.items()} == state
+
+
 async def test_commands_with_seq_apply_in_seq_order_whatever_the_publish_order(
     redis: Redis, fast: Settings
 ) -> None:

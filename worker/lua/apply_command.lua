@@ -1,3 +1,4 @@
+#!lua
 -- Apply one lifecycle command atomically: dedupe, seq rule, state machine, mutation,
 -- XADD of the result, dedupe record, XACK of the command.
 -- KEYS: 1-7 session keys (prelude), 8 record of a command naming no session, 9 results stream,
@@ -21,8 +22,11 @@
 -- Fewer calls is less Redis CPU: each redis.call costs ~0.5 µs beyond the command itself.
 local K_DEDUPE, K_RESULTS, K_SOURCE = KEYS[8], KEYS[9], KEYS[10]
 local op, entry_id, group, prefix = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
-local seq = tonumber(ARGV[5])
-local now, now_iso = tonumber(ARGV[6]), ARGV[7]
+-- Numbers go back to Redis as the strings they came in as: a Lua number passed to redis.call
+-- or concatenated is formatted with printf (~0.3 µs each); arithmetic on a string converts it.
+local seq_text = ARGV[5]
+local seq = tonumber(seq_text)
+local now, now_iso = ARGV[6], ARGV[7]
 local default_ttl, dedupe_ttl, tombstone_ttl = ARGV[8], ARGV[9], ARGV[10]
 local max_checkpoints = tonumber(ARGV[12])
 local record = ARGV[13]
@@ -103,16 +107,17 @@ local function bare_now()
 end
 
 -- Idle expiry of a live session (see touch in the prelude; state and ttl are known here), of
--- meta, vars and the checkpoint keys; of OTHER_KEYS unless bare (known not to exist).
-local function touch_live(bare)
-  local cmd, ttl = 'PEXPIRE', tonumber(meta[5]) or tonumber(default_ttl)
+-- meta, vars and the checkpoint keys; of OTHER_KEYS unless bare (known not to exist); of the
+-- checkpoint zset unless new_cps (the caller just made it: it has no expiry to drop).
+local function touch_live(bare, new_cps)
+  local cmd, ttl = 'PEXPIRE', meta[5] or default_ttl
   if state == 'paused' then cmd = 'PERSIST' end
   local function apply(k)
     if cmd == 'PERSIST' then redis.call(cmd, k) else redis.call(cmd, k, ttl) end
   end
   apply(K_META)
   apply(K_VARS)
-  apply(K_CPS)
+  if not new_cps then apply(K_CPS) end
   apply(K_CPDATA)
   if not bare then
     for _, k in ipairs(OTHER_KEYS) do apply(k) end
@@ -120,7 +125,7 @@ local function touch_live(bare)
 end
 
 local function advance_seq()
-  if seq and state then update('last_seq', seq) end
+  if seq and state then update('last_seq', seq_text) end
 end
 
 local function reject(reason, detail)
@@ -166,9 +171,13 @@ if op == 'spawn' then
   local others = redis.call('EXISTS', K_VEXP, K_TASK, K_SCRATCH, K_CPS, K_CPDATA) > 0
   if others then purge_expired(now) end
   if n > 0 then
-    local pairs_ = {}
-    for i = 18, 17 + 2 * n do pairs_[#pairs_ + 1] = ARGV[i] end
-    chunked('HSET', K_VARS, pairs_)
+    if 2 * n <= CHUNK then  -- straight from ARGV: no table to build (and collect) per spawn
+      redis.call('HSET', K_VARS, unpack(ARGV, 18, 17 + 2 * n))
+    else
+      local pairs_ = {}
+      for i = 18, 17 + 2 * n do pairs_[#pairs_ + 1] = ARGV[i] end
+      chunked('HSET', K_VARS, pairs_)
+    end
     if others then
       local names = {}
       for i = 18, 17 + 2 * n, 2 do names[#names + 1] = ARGV[i] end
@@ -182,14 +191,13 @@ if op == 'spawn' then
   update('updated_at', now_iso)
   update('ttl_ms', ttl_ms)
   if agent_type_id ~= '' then update('agent_type_id', agent_type_id) end
-  if seq then update('last_seq', seq) end
+  if seq then update('last_seq', seq_text) end
   state, meta[5] = 'active', ttl_ms
-  local out = finish('applied', ',"type":"agent.spawned","initial_items":' .. n)
-  local ttl = tonumber(ttl_ms)
-  redis.call('PEXPIRE', K_META, ttl)
-  if n > 0 then redis.call('PEXPIRE', K_VARS, ttl) end
+  local out = finish('applied', ',"type":"agent.spawned","initial_items":' .. ARGV[17])
+  redis.call('PEXPIRE', K_META, ttl_ms)
+  if n > 0 then redis.call('PEXPIRE', K_VARS, ttl_ms) end
   if others then
-    for _, k in ipairs({K_VEXP, K_TASK, K_SCRATCH, K_CPS, K_CPDATA}) do redis.call('PEXPIRE', k, ttl) end
+    for _, k in ipairs({K_VEXP, K_TASK, K_SCRATCH, K_CPS, K_CPDATA}) do redis.call('PEXPIRE', k, ttl_ms) end
   end
   return out
 end
@@ -205,12 +213,14 @@ if op == 'pause' then
     return reject('invalid_transition', 'session is ' .. state .. '; pause applies only to an active session')
   end
   local checkpoint_id, description = ARGV[14], ARGV[15]
-  if checkpoint_exists(checkpoint_id) then
+  -- A session without checkpoints (the usual first pause) has no id to collide with.
+  local n_checkpoints = redis.call('ZCARD', K_CPS)
+  if n_checkpoints > 0 and checkpoint_exists(checkpoint_id) then
     advance_seq()
     return reject('already_exists', 'checkpoint ' .. checkpoint_id
       .. ' already exists in this session; use another checkpoint_id or omit it')
   end
-  if redis.call('ZCARD', K_CPS) >= max_checkpoints then
+  if n_checkpoints >= max_checkpoints then
     advance_seq()
     return reject('limit_exceeded', 'session already has ' .. max_checkpoints
       .. ' checkpoints (MEMWORKER_MAX_CHECKPOINTS_PER_SESSION); delete one first')
@@ -219,10 +229,9 @@ if op == 'pause' then
   local items = checkpoint_create(checkpoint_id, description, now, now_iso, bare, true)
   update('state', 'paused')
   update('updated_at', now_iso)
-  update('paused_checkpoint', checkpoint_id)
   advance_seq()
   state = 'paused'
-  touch_live(bare)
+  touch_live(bare, n_checkpoints == 0)
   return finish('applied', ',"type":"agent.paused","checkpoint_id":' .. cjson.encode(checkpoint_id)
     .. ',"items_saved":' .. items)
 end
@@ -249,7 +258,6 @@ if op == 'resume' then
   update('state', 'active')
   update('updated_at', now_iso)
   advance_seq()
-  redis.call('HDEL', K_META, 'paused_checkpoint')
   state = 'active'
   touch_live(bare)
   return finish('applied', ',"type":"agent.resumed","checkpoint_id":' .. cjson.encode(checkpoint_id)
@@ -303,7 +311,7 @@ if op == 'terminate' then
   body = body .. ',"items_cleared":' .. cleared .. extra
   update('state', 'terminated')
   update(PACKED, table.concat(digests))
-  if seq then update('last_seq', seq) elseif meta[2] then update('last_seq', meta[2]) end
+  if seq then update('last_seq', seq_text) elseif meta[2] then update('last_seq', meta[2]) end
   state = 'terminated'
   local out = finish('applied', body)
   redis.call('PEXPIRE', K_META, tombstone_ttl)

@@ -1,3 +1,4 @@
+#!lua
 -- WorkingMemory.create_checkpoint. ARGV: session ttl ms, id, description, now (RFC 3339),
 -- max checkpoints. Replacing an existing id does not count against the limit.
 if session_state() == 'terminated' then return redis.error_reply('WM_TERMINATED') end

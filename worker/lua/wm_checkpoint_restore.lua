@@ -1,3 +1,4 @@
+#!lua
 -- WorkingMemory.restore_checkpoint. ARGV: session ttl ms, id, clear current (1/0).
 if session_state() == 'terminated' then return redis.error_reply('WM_TERMINATED') end
 local id = ARGV[2]

@@ -1,3 +1,4 @@
+#!lua
 -- WorkingMemory.append_scratchpad. ARGV: session ttl ms, entry JSON, max entries.
 -- Returns the number of entries after the append (the oldest beyond the bound are dropped).
 if session_state() == 'terminated' then return redis.error_reply('WM_TERMINATED') end

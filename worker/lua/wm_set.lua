@@ -1,3 +1,4 @@
+#!lua
 -- WorkingMemory.set. ARGV: session ttl ms, name, value JSON, key ttl ms (0: none), max keys.
 if session_state() == 'terminated' then return redis.error_reply('WM_TERMINATED') end
 local now = now_ms()

@@ -1,3 +1,4 @@
+#!lua
 -- WorkingMemory.update_task_progress.
 -- ARGV: session ttl ms, n, the task JSON to start from when the session has none, then n
 -- pairs (field, JSON text) for the task's top level, then pairs (name, JSON text) merged
