@@ -1,3 +1,31 @@
-"""memworker: the agent-memory lifecycle worker and its working-memory library."""
+"""memworker: the agent-memory lifecycle worker and its working-memory library.
+
+``from worker import AgentLifecycleManager, LifecycleResult, LifecycleHooks, LifecycleEvent``
+gives the syndarix-shaped lifecycle API; the names are imported on first use, so importing
+any ``worker`` module stays cheap and free of import cycles.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from worker.hooks import LifecycleEvent, LifecycleHooks
+    from worker.lifecycle_manager import AgentLifecycleManager, LifecycleResult
 
 __version__ = "0.1.0"
+__all__ = ["AgentLifecycleManager", "LifecycleEvent", "LifecycleHooks", "LifecycleResult"]
+
+_LAZY = {
+    "AgentLifecycleManager": "worker.lifecycle_manager",
+    "LifecycleResult": "worker.lifecycle_manager",
+    "LifecycleEvent": "worker.hooks",
+    "LifecycleHooks": "worker.hooks",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'worker' has no attribute {name!r}")

@@ -49,7 +49,9 @@ def _percent(value: Any) -> str:
 
 
 TIMESTAMPS = frozenset({"started_at", "updated_at", "created_at"})
-_DESCRIBED = frozenset({"current_step", "total_steps", "status", "progress", "description"})
+_DESCRIBED = frozenset(
+    {"current_step", "total_steps", "status", "progress_percent", "progress", "description"}
+)
 _LEFT_OUT = _DESCRIBED | TIMESTAMPS
 _EMPTY: tuple[Any, ...] = (None, {}, [], "")
 
@@ -66,7 +68,8 @@ def describe_task_state(state: Mapping[str, Any]) -> str:
         parts.append(f"step {_as_text(step)}" + (f"/{_as_text(total)}" if total else ""))
     if (status := state.get("status")) is not None:
         parts.append(f"status {_as_text(status)}")
-    if (progress := state.get("progress")) is not None:
+    progress = state.get("progress_percent", state.get("progress"))  # `progress`: earlier versions
+    if progress is not None:
         parts.append(f"progress {_percent(progress)}")
     if description := state.get("description"):
         parts.append(f"doing {clip(_as_text(description), 160)}")

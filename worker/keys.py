@@ -9,6 +9,7 @@ different (project, session) pairs from ever naming the same key.
 from __future__ import annotations
 
 import re
+import uuid
 import zlib
 from dataclasses import dataclass
 
@@ -36,6 +37,11 @@ def validate_id(value: str, field: str = "id") -> str:
             f"got {value!r:.80}"
         )
     return value
+
+
+def id_text(value: str | uuid.UUID, field: str = "id") -> str:
+    """An id given as a string or a ``uuid.UUID`` (its canonical text), validated."""
+    return validate_id(str(value) if isinstance(value, uuid.UUID) else value, field)
 
 
 def is_valid_id(value: object) -> bool:

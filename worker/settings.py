@@ -13,6 +13,8 @@ from typing import Literal
 from pydantic import AliasChoices, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from schemas.ids import Id
+
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 DEFAULT_DATABASE_URL = "postgresql+asyncpg://postgres@127.0.0.1:5432/postgres"
 
@@ -50,6 +52,10 @@ class Settings(BaseSettings):
     dedupe_ttl_seconds: int = Field(default=3_600, ge=1)
     """How long an ``event_id`` is remembered: a finished session's records are kept in its
     tombstone for the longer of this and the tombstone window; a live session keeps them."""
+    default_project: Id = "default"
+    """The project of ``WorkingMemory.for_session`` when none is given."""
+    memory_fallback: bool = False
+    """``WorkingMemory.for_session`` opens in process memory when Redis cannot be reached."""
 
     # Events.
     max_event_bytes: int = Field(default=1_048_576, ge=1024)

@@ -256,7 +256,7 @@ async def test_an_agent_uses_its_working_memory_but_cannot_publish_or_read_resul
         assert await memory.get("goal") == "write tests"
         await memory.set("step", 2)
         await memory.append_scratchpad("tried the obvious thing")
-        await memory.set_task_state(description="write tests", progress=0.5)
+        await memory.set_task_state(description="write tests", progress_percent=0.5)
         assert sorted(await memory.list_keys()) == ["goal", "step"]
         checkpoint = await memory.create_checkpoint("before the risky part")
         await memory.set("step", 3)

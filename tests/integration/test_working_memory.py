@@ -11,18 +11,23 @@ import socket
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
+import structlog
 from redis.asyncio import Redis
 
+from tests.redis_process import RedisProcess
 from worker.keys import InvalidIdError, SessionKeys, escape_glob
 from worker.memory import (
     CheckpointNotFoundError,
     InvalidKeyError,
     InvalidValueError,
     LimitExceededError,
+    MemoryNotFoundError,
     RedisUnavailableError,
     ReservedKeyError,
     SessionTerminatedError,
@@ -45,15 +50,18 @@ class Harness:
     redis: Redis | None = None
 
     async def open(
-        self, session_id: str = "s-1", project_id: str = "p-1", **overrides: Any
+        self,
+        session_id: str | uuid.UUID = "s-1",
+        project_id: str | uuid.UUID | None = "p-1",
+        **overrides: Any,
     ) -> WorkingMemory:
         settings = self.settings.model_copy(update=overrides) if overrides else self.settings
         if self.kind == "redis":
             memory = await WorkingMemory.for_session(
-                session_id, project_id=project_id, redis=self.redis, settings=settings
+                session_id, project_id, redis=self.redis, settings=settings
             )
         else:
-            memory = WorkingMemory.in_memory(session_id, project_id=project_id, settings=settings)
+            memory = WorkingMemory.in_memory(session_id, project_id, settings=settings)
         return memory
 
     async def set_state(self, memory: WorkingMemory, state: str) -> None:
@@ -140,7 +148,7 @@ async def test_setting_a_key_again_overwrites_it(memory: WorkingMemory) -> None:
 
 
 async def test_a_key_set_with_ttl_is_gone_after_it_expires(memory: WorkingMemory) -> None:
-    await memory.set("short", "soon gone", ttl=1)
+    await memory.set("short", "soon gone", ttl_seconds=1)
     await memory.set("long", "stays")
     assert await memory.get("short") == "soon gone"
 
@@ -151,12 +159,12 @@ async def test_a_key_set_with_ttl_is_gone_after_it_expires(memory: WorkingMemory
     assert not await memory.exists("short")
     assert await memory.list_keys() == ["long"]
     assert await memory.get_all() == {"long": "stays"}
-    assert (await memory.get_stats()).keys == 1
+    assert (await memory.get_stats())["user_keys"] == 1
 
 
 async def test_an_expired_key_does_not_count_towards_the_key_limit(harness: Harness) -> None:
     memory = await harness.open(max_keys_per_session=2)
-    await memory.set("a", 1, ttl=0.2)
+    await memory.set("a", 1, ttl_seconds=0.2)
     await memory.set("b", 2)
     await asyncio.sleep(0.4)
     await memory.set("c", 3)
@@ -176,15 +184,15 @@ async def test_the_default_key_ttl_applies_when_no_ttl_is_given(harness: Harness
 async def test_setting_a_key_without_ttl_removes_its_earlier_expiry(
     memory: WorkingMemory,
 ) -> None:
-    await memory.set("a", 1, ttl=0.2)
+    await memory.set("a", 1, ttl_seconds=0.2)
     await memory.set("a", 2)
     await asyncio.sleep(0.4)
     assert await memory.get("a") == 2
 
 
 async def test_a_ttl_that_is_not_positive_is_refused(memory: WorkingMemory) -> None:
-    with pytest.raises(ValueError, match="ttl must be positive"):
-        await memory.set("a", 1, ttl=0)
+    with pytest.raises(ValueError, match="ttl_seconds must be positive"):
+        await memory.set("a", 1, ttl_seconds=0)
 
 
 async def test_an_idle_session_expires_entirely(harness: Harness) -> None:
@@ -196,12 +204,13 @@ async def test_an_idle_session_expires_entirely(harness: Harness) -> None:
     await asyncio.sleep(1.4)  # no access meanwhile: any access would push the expiry out
     assert await memory.get_all() == {}
     stats = await memory.get_stats()
-    assert (stats.keys, stats.scratchpad_entries, stats.checkpoints, stats.has_task) == (
-        0,
-        0,
-        0,
-        False,
-    )
+    assert (
+        stats["user_keys"],
+        stats["scratchpad_entries"],
+        stats["checkpoint_count"],
+        stats["has_task_state"],
+        stats["total_keys"],
+    ) == (0, 0, 0, False, 0)
 
 
 async def test_every_access_pushes_the_idle_expiry_out(harness: Harness) -> None:
@@ -217,14 +226,14 @@ async def test_a_paused_session_does_not_expire(harness: Harness) -> None:
     await memory.set("a", 1)
     await harness.set_state(memory, "paused")
     assert await memory.get("a") == 1  # the access that sees the pause persists the session
-    assert (await memory.get_stats()).ttl_seconds is None
+    assert (await memory.get_stats())["ttl_seconds"] is None
     await asyncio.sleep(1.4)
     assert await memory.get("a") == 1
     await harness.set_state(memory, "active")
     stats = await memory.get_stats()
-    assert stats.state == "active"
-    assert stats.ttl_seconds is not None
-    assert 0 < stats.ttl_seconds <= 1
+    assert stats["state"] == "active"
+    assert stats["ttl_seconds"] is not None
+    assert 0 < stats["ttl_seconds"] <= 1
 
 
 # Limits and validation.
@@ -274,7 +283,7 @@ async def test_checkpoints_beyond_the_limit_are_refused(harness: Harness) -> Non
     await memory.create_checkpoint("replaced", checkpoint_id="two")  # replacing is fine
     assert await memory.delete_checkpoint("one")
     await memory.create_checkpoint(checkpoint_id="three")
-    assert sorted(c.checkpoint_id for c in await memory.list_checkpoints()) == ["three", "two"]
+    assert sorted(c["id"] for c in await memory.list_checkpoints()) == ["three", "two"]
 
 
 @pytest.mark.parametrize("key", ["_private", "_", "__dunder__"])
@@ -309,6 +318,31 @@ async def test_invalid_session_and_project_ids_are_refused(harness: Harness) -> 
         await harness.open(session_id="has space")
     with pytest.raises(InvalidIdError, match="project_id"):
         await harness.open(project_id="a/b")
+
+
+async def test_ids_may_be_uuids_and_name_the_session_by_their_text(harness: Harness) -> None:
+    session, project = uuid.uuid4(), uuid.uuid4()
+    memory = await harness.open(session, project)
+    assert (memory.session_id, memory.project_id) == (str(session), str(project))
+    await memory.set("a", 1)
+    stats = await memory.get_stats()
+    assert (stats["scope_id"], stats["project_id"]) == (str(session), str(project))
+    if harness.kind == "redis":
+        same = await harness.open(str(session), str(project))
+        assert await same.get("a") == 1
+
+
+async def test_without_a_project_the_session_belongs_to_the_default_project(
+    harness: Harness,
+) -> None:
+    memory = await harness.open("s-default", None)
+    assert memory.project_id == "default"
+    other = await harness.open("s-default", None, default_project="team-a")
+    assert other.project_id == "team-a"
+    await memory.set("a", "in default")
+    if harness.kind == "redis":
+        assert await (await harness.open("s-default", "default")).get("a") == "in default"
+        assert await other.get("a") is None
 
 
 # Isolation.
@@ -394,7 +428,7 @@ async def test_a_checkpoint_of_1000_keys_round_trips(
     await memory.append_scratchpad("before")
     checkpoint = await memory.create_checkpoint("thousand")
     [info] = await memory.list_checkpoints()
-    assert (info.checkpoint_id, info.description, info.items) == (checkpoint, "thousand", 1002)
+    assert (info["id"], info["description"], info["items"]) == (checkpoint, "thousand", 1002)
 
     assert await memory.clear() == 1002
     assert await memory.get_all() == {}
@@ -431,7 +465,7 @@ async def test_restoring_without_clearing_keeps_current_keys_and_scratchpad(
 
 
 async def test_a_restored_key_keeps_its_ttl(memory: WorkingMemory) -> None:
-    await memory.set("brief", 1, ttl=0.5)
+    await memory.set("brief", 1, ttl_seconds=0.5)
     await memory.set("lasting", 2)
     checkpoint = await memory.create_checkpoint()
     await asyncio.sleep(0.7)
@@ -439,26 +473,39 @@ async def test_a_restored_key_keeps_its_ttl(memory: WorkingMemory) -> None:
     assert await memory.get_all() == {"lasting": 2}
 
 
-async def test_restoring_an_unknown_checkpoint_raises(memory: WorkingMemory) -> None:
-    with pytest.raises(CheckpointNotFoundError, match="no checkpoint 'nope'"):
+async def test_restoring_an_unknown_checkpoint_raises_memory_not_found(
+    memory: WorkingMemory,
+) -> None:
+    with pytest.raises(MemoryNotFoundError, match="no checkpoint 'nope'") as raised:
         await memory.restore_checkpoint("nope")
+    assert isinstance(raised.value, CheckpointNotFoundError)
     with pytest.raises(InvalidKeyError, match="checkpoint_id"):
         await memory.restore_checkpoint("bad|id")
 
 
-async def test_checkpoints_are_listed_newest_first(memory: WorkingMemory) -> None:
+async def test_checkpoints_are_listed_oldest_first_as_dicts(memory: WorkingMemory) -> None:
     ids = []
     for n in range(3):
         await memory.set("n", n)
         ids.append(await memory.create_checkpoint(f"number {n}"))
         await asyncio.sleep(0.01)
     listed = await memory.list_checkpoints()
-    assert [c.checkpoint_id for c in listed] == ids[::-1]
-    assert [c.description for c in listed] == ["number 2", "number 1", "number 0"]
-    assert all(c.items == 1 for c in listed)
+    assert [c["id"] for c in listed] == ids
+    assert [c["description"] for c in listed] == ["number 0", "number 1", "number 2"]
+    assert all(c["items"] == 1 for c in listed)
+    created = [datetime.fromisoformat(c["created_at"]) for c in listed]
+    assert created == sorted(created)
+    assert all(moment.utcoffset() == timedelta(0) for moment in created)
     assert await memory.delete_checkpoint(ids[1]) is True
     assert await memory.delete_checkpoint(ids[1]) is False
-    assert [c.checkpoint_id for c in await memory.list_checkpoints()] == [ids[2], ids[0]]
+    assert [c["id"] for c in await memory.list_checkpoints()] == [ids[0], ids[2]]
+
+
+async def test_checkpoints_made_in_the_same_millisecond_are_listed_in_creation_order(
+    memory: WorkingMemory,
+) -> None:
+    ids = [await memory.create_checkpoint(f"quick {n}") for n in range(6)]
+    assert [c["id"] for c in await memory.list_checkpoints()] == ids
 
 
 async def test_a_generated_checkpoint_id_is_a_uuid4(memory: WorkingMemory) -> None:
@@ -482,7 +529,7 @@ async def test_reusing_a_checkpoint_id_replaces_it_entirely(memory: WorkingMemor
     assert await memory.get_task_state() is None
     assert await memory.get_scratchpad() == []
     [info] = await memory.list_checkpoints()
-    assert info.description == "second"
+    assert info["description"] == "second"
 
 
 async def test_clear_keeps_checkpoints(memory: WorkingMemory) -> None:
@@ -492,7 +539,7 @@ async def test_clear_keeps_checkpoints(memory: WorkingMemory) -> None:
     checkpoint = await memory.create_checkpoint()
     assert await memory.clear() == 3
     assert await memory.clear() == 0
-    assert [c.checkpoint_id for c in await memory.list_checkpoints()] == [checkpoint]
+    assert [c["id"] for c in await memory.list_checkpoints()] == [checkpoint]
 
 
 # Session state.
@@ -510,7 +557,7 @@ async def test_a_terminated_session_refuses_writes_but_allows_reads(
         lambda: memory.delete("a"),
         lambda: memory.clear(),
         lambda: memory.set_task_state(description="x"),
-        lambda: memory.update_task_progress(progress=5),
+        lambda: memory.update_task_progress(progress_percent=5),
         lambda: memory.append_scratchpad("x"),
         lambda: memory.clear_scratchpad(),
         lambda: memory.create_checkpoint(),
@@ -521,24 +568,40 @@ async def test_a_terminated_session_refuses_writes_but_allows_reads(
         with pytest.raises(SessionTerminatedError, match="terminated"):
             await write()
     assert await memory.get_all() == {"a": 1}
-    assert (await memory.get_stats()).state == "terminated"
+    assert (await memory.get_stats())["state"] == "terminated"
 
 
 # Task state.
 
 
 async def test_task_progress_is_clamped_to_0_100(memory: WorkingMemory) -> None:
-    assert await memory.update_task_progress(progress=10) is None  # no task yet
-    await memory.set_task_state(description="work", total_steps=4, progress=250)
+    await memory.set_task_state(description="work", total_steps=4, progress_percent=250)
     task = await memory.get_task_state()
     assert task is not None
-    assert task.progress == 100.0
-    task = await memory.update_task_progress(progress=-3)
-    assert task is not None
-    assert task.progress == 0.0
-    task = await memory.update_task_progress(current_step=2, progress=50.5, status="in_progress")
-    assert task is not None
-    assert (task.current_step, task.progress, task.status) == (2, 50.5, "in_progress")
+    assert task.progress_percent == 100.0
+    task = await memory.update_task_progress(progress_percent=-3)
+    assert task.progress_percent == 0.0
+    task = await memory.update_task_progress(2, 50.5, "in_progress")
+    assert (task.current_step, task.progress_percent, task.status) == (2, 50.5, "in_progress")
+    assert TaskState(progress_percent=40).progress_percent == 40.0
+
+
+async def test_updating_progress_without_a_task_state_creates_one(memory: WorkingMemory) -> None:
+    assert await memory.get_task_state() is None
+    created = await memory.update_task_progress(current_step=1, progress_percent=33)
+    assert (created.current_step, created.progress_percent) == (1, 33.0)
+    assert (created.description, created.status, created.total_steps) == ("", "pending", 0)
+    assert await memory.get_task_state() == created
+    later = await memory.update_task_progress(status="in_progress")
+    assert (later.current_step, later.progress_percent, later.status) == (1, 33.0, "in_progress")
+    assert later.started_at == created.started_at
+    stats = await memory.get_stats()
+    assert stats["has_task_state"] is True
+
+
+async def test_a_task_state_stored_with_the_old_progress_name_reads_as_progress_percent() -> None:
+    stored = b'{"description": "old", "progress": 60, "status": "in_progress"}'
+    assert TaskState.model_validate_json(stored).progress_percent == 60.0
 
 
 async def test_a_task_update_changes_only_what_it_names(memory: WorkingMemory) -> None:
@@ -551,7 +614,6 @@ async def test_a_task_update_changes_only_what_it_names(memory: WorkingMemory) -
     updated = await memory.update_task_progress(
         current_step=1, status="in_progress", data={"sources": ["a"], "added": True}
     )
-    assert updated is not None
     assert updated.description == "write report"
     assert updated.total_steps == 3
     assert updated.started_at == original.started_at
@@ -565,7 +627,6 @@ async def test_a_task_update_changes_only_what_it_names(memory: WorkingMemory) -
     again = await memory.update_task_progress(
         total_steps=5, description='new words "quoted" \\ {}', status="completed"
     )
-    assert again is not None
     assert (again.total_steps, again.description, again.status) == (
         5,
         'new words "quoted" \\ {}',
@@ -601,13 +662,27 @@ async def test_the_scratchpad_returns_the_newest_entries_oldest_first(
     assert await memory.get_scratchpad(limit=2) == ["note 3", "note 4"]
     assert await memory.get_scratchpad(limit=0) == []
     entries = await memory.get_scratchpad_with_timestamps()
-    assert [e.content for e in entries] == [f"note {n}" for n in range(5)]
-    assert all(e.timestamp.utcoffset() is not None for e in entries)
-    assert entries == sorted(entries, key=lambda e: e.timestamp)
+    assert [e["content"] for e in entries] == [f"note {n}" for n in range(5)]
+    assert all(set(e) == {"content", "timestamp"} for e in entries)
+    moments = [datetime.fromisoformat(e["timestamp"]) for e in entries]
+    assert all(moment.utcoffset() == timedelta(0) for moment in moments)
+    assert moments == sorted(moments)
     with pytest.raises(ValueError, match="limit"):
         await memory.get_scratchpad(limit=-1)
     assert await memory.clear_scratchpad() == 5
     assert await memory.get_scratchpad() == []
+
+
+SEED_STATS_KEYS = (
+    "scope_type",
+    "scope_id",
+    "using_fallback",
+    "total_keys",
+    "user_keys",
+    "checkpoint_count",
+    "scratchpad_entries",
+    "has_task_state",
+)
 
 
 async def test_stats_count_everything_in_the_session(memory: WorkingMemory) -> None:
@@ -617,16 +692,20 @@ async def test_stats_count_everything_in_the_session(memory: WorkingMemory) -> N
     await memory.set_task_state(description="t")
     await memory.create_checkpoint()
     stats = await memory.get_stats()
-    assert (stats.keys, stats.scratchpad_entries, stats.checkpoints, stats.has_task) == (
-        2,
-        1,
-        1,
-        True,
-    )
-    assert stats.approximate_bytes > 100
-    assert stats.ttl_seconds is not None
-    assert 0 < stats.ttl_seconds <= memory.settings.session_ttl_seconds
-    assert (stats.project_id, stats.session_id) == ("p-1", "s-1")
+    assert {k: v for k, v in stats.items() if k in SEED_STATS_KEYS} == {
+        "scope_type": "session",
+        "scope_id": "s-1",
+        "using_fallback": False,
+        "total_keys": 5,  # 2 keys + task state + scratchpad + 1 checkpoint
+        "user_keys": 2,
+        "checkpoint_count": 1,
+        "scratchpad_entries": 1,
+        "has_task_state": True,
+    }
+    assert stats["approximate_bytes"] > 100
+    assert stats["ttl_seconds"] is not None
+    assert 0 < stats["ttl_seconds"] <= memory.settings.session_ttl_seconds
+    assert (stats["project_id"], stats["session_id"]) == ("p-1", "s-1")
 
 
 async def test_a_working_store_is_healthy(memory: WorkingMemory) -> None:
@@ -688,7 +767,7 @@ async def test_memory_is_stored_in_the_workers_key_layout(
 ) -> None:
     memory = await harness.open("s-layout", "p-layout")
     await memory.set("answer", {"n": 42})
-    await memory.set("brief", "x", ttl=60)
+    await memory.set("brief", "x", ttl_seconds=60)
     await memory.set_task_state(description="t", current_step=1)
     await memory.append_scratchpad({"thought": "hm"})
     checkpoint = await memory.create_checkpoint("d")
@@ -718,7 +797,7 @@ async def test_an_expired_key_is_removed_from_redis_not_just_hidden(
     harness: Harness, redis: Redis
 ) -> None:
     memory = await harness.open()
-    await memory.set("gone", 1, ttl=0.1)
+    await memory.set("gone", 1, ttl_seconds=0.1)
     await asyncio.sleep(0.2)
     assert await memory.list_keys() == []
     assert isinstance(memory.backend, RedisBackend)
@@ -743,9 +822,9 @@ async def test_a_client_with_decoded_responses_works_too(
         assert await memory.get_all() == {"a": [1]}
         assert await memory.get_scratchpad() == ["n"]
         assert await memory.get_task_state() is not None
-        assert await memory.update_task_progress(progress=3) is not None
-        assert [c.checkpoint_id for c in await memory.list_checkpoints()] == [checkpoint]
-        assert (await memory.get_stats()).keys == 1
+        assert (await memory.update_task_progress(progress_percent=3)).progress_percent == 3
+        assert [c["id"] for c in await memory.list_checkpoints()] == [checkpoint]
+        assert (await memory.get_stats())["user_keys"] == 1
         await memory.close()
         assert await client.ping()
     finally:
@@ -754,3 +833,102 @@ async def test_a_client_with_decoded_responses_works_too(
         ).all():
             await client.delete(key)
         await client.aclose()
+
+
+# The opt-in fallback to process memory.
+
+
+def unreachable(settings: Settings, **update: Any) -> Settings:
+    """``settings`` pointing at a port nothing listens on."""
+    return settings.model_copy(
+        update={"redis_url": f"redis://127.0.0.1:{closed_port()}/0", **update}
+    )
+
+
+async def test_with_fallback_opted_in_an_unreachable_redis_runs_in_memory_with_one_warning(
+    settings: Settings,
+) -> None:
+    nowhere = unreachable(settings)
+    with structlog.testing.capture_logs() as logs:
+        memory = await WorkingMemory.for_session(
+            "s", "p", "agent-1", settings=nowhere, fallback_to_memory=True
+        )
+        await memory.set("a", 1, ttl_seconds=60)
+        await memory.append_scratchpad("note")
+        checkpoint = await memory.create_checkpoint("cp")
+        await memory.restore_checkpoint(checkpoint)
+        assert await memory.get("a") == 1
+        stats = await memory.get_stats()
+    assert memory.is_using_fallback
+    assert (stats["using_fallback"], stats["backend"], stats["user_keys"]) == (True, "memory", 1)
+    warnings = [line for line in logs if line["log_level"] == "warning"]
+    assert [w["event"] for w in warnings] == ["working_memory_fallback"]
+    assert nowhere.redis_url in warnings[0]["redis"]
+    assert "this process only" in warnings[0]["detail"]
+
+
+async def test_the_fallback_can_be_opted_in_by_setting_and_opted_out_per_call(
+    settings: Settings,
+) -> None:
+    nowhere = unreachable(settings, memory_fallback=True)
+    by_setting = await WorkingMemory.for_session("s", "p", settings=nowhere)
+    assert by_setting.is_using_fallback
+    refused = await WorkingMemory.for_session("s", "p", settings=nowhere, fallback_to_memory=False)
+    assert not refused.is_using_fallback
+    with pytest.raises(RedisUnavailableError, match="REDIS_URL"):
+        await refused.set("a", 1)
+    await refused.close()
+
+
+async def test_without_the_opt_in_an_unreachable_redis_never_falls_back(
+    settings: Settings,
+) -> None:
+    with structlog.testing.capture_logs() as logs:
+        memory = await WorkingMemory.for_session("s", "p", settings=unreachable(settings))
+        with pytest.raises(RedisUnavailableError):
+            await memory.set("a", 1)
+    assert not memory.is_using_fallback
+    assert logs == []
+    await memory.close()
+
+
+async def test_with_fallback_opted_in_a_reachable_redis_is_used(
+    settings: Settings, redis: Redis
+) -> None:
+    async with await WorkingMemory.for_session(
+        "s-reachable", "p", settings=settings, fallback_to_memory=True
+    ) as memory:
+        await memory.set("a", 1)
+        assert not memory.is_using_fallback
+        assert (await memory.get_stats())["backend"] == "redis"
+    keys = SessionKeys.for_session(settings.stream_prefix, settings.shards, "p", "s-reachable")
+    assert await redis.hexists(keys.vars, "a")
+
+
+async def test_a_fallen_back_session_stays_in_memory_and_a_redis_one_never_falls_back(
+    settings: Settings, tmp_path: Path
+) -> None:
+    server = RedisProcess(tmp_path, persistent=False)
+    later = settings.model_copy(update={"redis_url": server.url})
+    fallen = await WorkingMemory.for_session("s", "p", settings=later, fallback_to_memory=True)
+    assert fallen.is_using_fallback
+    server.start()
+    try:
+        await fallen.set("a", "process only")  # Redis is up now: still in memory, not split
+        client = Redis.from_url(server.url)
+        try:
+            assert await client.dbsize() == 0
+            on_redis = await WorkingMemory.for_session(
+                "s", "p", redis=client, settings=later, fallback_to_memory=True
+            )
+            assert not on_redis.is_using_fallback
+            await on_redis.set("b", "in redis")
+            server.stop()
+            with pytest.raises(RedisUnavailableError):  # an outage later is an error, not a switch
+                await on_redis.get("b")
+            assert not on_redis.is_using_fallback
+        finally:
+            await client.aclose()
+        assert await fallen.get_all() == {"a": "process only"}
+    finally:
+        server.stop()

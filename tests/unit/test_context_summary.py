@@ -29,7 +29,12 @@ def result(**fields: Any) -> AgentTerminated:
 
 SNAPSHOT = {
     "variables": {"total": 12, "vendor": {"name": "ACME"}},
-    "task_state": {"current_step": 2, "total_steps": 4, "status": "in_progress", "progress": 50},
+    "task_state": {
+        "current_step": 2,
+        "total_steps": 4,
+        "status": "in_progress",
+        "progress_percent": 50,
+    },
     "scratchpad": [{"content": f"note {i}", "timestamp": "t"} for i in range(9)],
     "checkpoints": ["cp-1"],
 }
@@ -44,6 +49,11 @@ def test_the_summary_names_task_outcome_state_steps_variables_and_lessons() -> N
     assert "note 3" not in text  # only the last few steps
     assert '- vendor = {"name":"ACME"}' in text
     assert "- ask for the currency" in text
+
+
+def test_a_task_state_stored_with_the_old_progress_name_still_shows_its_progress() -> None:
+    old = {**SNAPSHOT, "task_state": {"current_step": 1, "status": "in_progress", "progress": 25}}
+    assert "step 1, status in_progress, progress 25%" in build_context_summary(result(), old, 4_000)
 
 
 def test_the_summary_never_exceeds_its_bound() -> None:

@@ -1,8 +1,8 @@
 #!lua
 -- WorkingMemory.update_task_progress.
--- ARGV: session ttl ms, n, then n pairs (field, JSON text) for the task's top level, then
--- pairs (name, JSON text) merged into its `data` object. Returns the new task JSON, or nil
--- when the session has no task state.
+-- ARGV: session ttl ms, n, the task JSON to start from when the session has none, then n
+-- pairs (field, JSON text) for the task's top level, then pairs (name, JSON text) merged
+-- into its `data` object. Returns the new task JSON.
 -- The task is patched as text: untouched members keep their exact JSON (cjson would turn
 -- [] into {} and round big integers), so only the patched members are re-encoded.
 if session_state() == 'terminated' then return redis.error_reply('WM_TERMINATED') end
@@ -87,15 +87,11 @@ local function patch_object(s, patch)
   return '{' .. table.concat(parts, ',') .. '}'
 end
 
-local task = redis.call('GET', K_TASK)
-if not task then
-  touch(ARGV[1])
-  return false
-end
+local task = redis.call('GET', K_TASK) or ARGV[3]
 local n = tonumber(ARGV[2])
 local top, data = {}, {}
-local last = 2 + 2 * n
-for i = 3, last, 2 do top[#top + 1] = {ARGV[i], ARGV[i + 1]} end
+local last = 3 + 2 * n
+for i = 4, last, 2 do top[#top + 1] = {ARGV[i], ARGV[i + 1]} end
 for i = last + 1, #ARGV, 2 do data[#data + 1] = {ARGV[i], ARGV[i + 1]} end
 if #data > 0 then
   local current_data = nil

@@ -5,6 +5,11 @@ same Lua prelude, so a pause, resume or terminate issued on the streams and a ``
 here see one consistent session. Names and values are checked here, before anything is sent;
 what must be atomic with the write (limits, expiry, the terminated check) happens in the
 backend, in Redis inside the script.
+
+Names, argument order and returned shapes are those of the syndarix / LoomFlow working memory
+(``for_session(session_id, project_id, agent_instance_id)``, ``set(key, value,
+ttl_seconds)``, dicts from ``list_checkpoints`` and ``get_stats``), so code written against
+it runs unchanged.
 """
 
 from __future__ import annotations
@@ -12,14 +17,17 @@ from __future__ import annotations
 import re
 import uuid
 from collections.abc import Mapping
-from datetime import timedelta
+from datetime import datetime, timedelta
 from types import TracebackType
 from typing import Any, Self, get_args
 
 import orjson
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from worker.connections import AnyRedis, client_for
-from worker.keys import InvalidIdError, SessionKeys, validate_id
+from worker.keys import InvalidIdError, SessionKeys, id_text, validate_id
+from worker.logs import get_logger
 from worker.memory.backend import JsonMember, MemoryBackend
 from worker.memory.errors import (
     InvalidKeyError,
@@ -38,8 +46,10 @@ from worker.memory.models import (
     rfc3339,
     utc_now,
 )
-from worker.memory.redis_backend import RedisBackend
+from worker.memory.redis_backend import RedisBackend, describe_url
 from worker.settings import Settings, get_settings
+
+log = get_logger(__name__)
 
 MAX_KEY_LENGTH = 256
 RESERVED_PREFIX = "_"
@@ -47,6 +57,7 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 _STATUSES = frozenset(get_args(TaskStatus))
 
 Ttl = float | timedelta
+AnyId = str | uuid.UUID
 
 
 def validate_key(key: str) -> str:
@@ -72,7 +83,7 @@ def _ttl_ms(ttl: Ttl | None) -> int | None:
         return None
     seconds = ttl.total_seconds() if isinstance(ttl, timedelta) else float(ttl)
     if seconds <= 0:
-        raise ValueError(f"ttl must be positive seconds; got {ttl!r}")
+        raise ValueError(f"ttl_seconds must be positive seconds; got {ttl!r}")
     return max(1, round(seconds * 1000))
 
 
@@ -87,55 +98,91 @@ class WorkingMemory:
         session_id: str,
         settings: Settings,
         agent_instance_id: str | None = None,
+        using_fallback: bool = False,
     ) -> None:
         self.backend = backend
         self.agent_instance_id = agent_instance_id
         self.project_id = project_id
         self.session_id = session_id
         self.settings = settings
+        self._using_fallback = using_fallback
 
     @classmethod
     async def for_session(
         cls,
-        session_id: str,
+        session_id: AnyId,
+        project_id: AnyId | None = None,
+        agent_instance_id: AnyId | None = None,
         *,
-        project_id: str,
-        agent_instance_id: str | None = None,
         redis: AnyRedis | None = None,
         settings: Settings | None = None,
+        fallback_to_memory: bool | None = None,
     ) -> WorkingMemory:
         """Open a session's working memory in Redis.
 
-        Without ``redis``, a client for ``settings.redis_url`` is created and closed by
-        :meth:`close`; a client passed in stays the caller's.
+        Ids may be strings or ``uuid.UUID``; without ``project_id`` the session belongs to
+        the project ``default_project`` (``MEMWORKER_DEFAULT_PROJECT``). Without ``redis``, a
+        client for ``settings.redis_url`` is created and closed by :meth:`close`; a client
+        passed in stays the caller's.
+
+        ``fallback_to_memory`` (default: ``memory_fallback``, ``MEMWORKER_MEMORY_FALLBACK``)
+        opts in to the seeds' graceful fallback: Redis is pinged now, and if it cannot be
+        reached the session lives in this process's memory only (``is_using_fallback`` is
+        true, a warning is logged); it stays there, it never moves back to Redis. Without the
+        opt-in nothing is sent now, and an unreachable Redis raises ``RedisUnavailableError``
+        from the first call.
         """
         settings = settings or get_settings()
-        keys = SessionKeys.for_session(
-            settings.stream_prefix, settings.shards, project_id, session_id
+        project, session = _scope(settings, project_id, session_id)
+        agent = (
+            None if agent_instance_id is None else id_text(agent_instance_id, "agent_instance_id")
         )
-        if agent_instance_id is not None:
-            validate_id(agent_instance_id, "agent_instance_id")
+        keys = SessionKeys.for_session(settings.stream_prefix, settings.shards, project, session)
         owns = redis is None
         client = redis if redis is not None else client_for(settings)
-        backend = RedisBackend(client, keys, settings, owns_client=owns)
+        backend: MemoryBackend = RedisBackend(client, keys, settings, owns_client=owns)
+        fallback = settings.memory_fallback if fallback_to_memory is None else fallback_to_memory
+        if fallback and (reason := await _unreachable(client)) is not None:
+            where = describe_url(client)
+            if owns:
+                await client.aclose()
+            log.warning(
+                "working_memory_fallback",
+                project_id=project,
+                session_id=session,
+                redis=where,
+                reason=reason,
+                detail="Redis cannot be reached: this session's working memory lives in this "
+                "process only, is lost when it exits, and is not seen by the lifecycle worker",
+            )
+            backend = InMemoryBackend(project, session, settings)
         return cls(
             backend,
-            project_id=project_id,
-            session_id=session_id,
+            project_id=project,
+            session_id=session,
             settings=settings,
-            agent_instance_id=agent_instance_id,
+            agent_instance_id=agent,
+            using_fallback=isinstance(backend, InMemoryBackend),
         )
 
     @classmethod
     def in_memory(
-        cls, session_id: str, *, project_id: str, settings: Settings | None = None
+        cls,
+        session_id: AnyId,
+        project_id: AnyId | None = None,
+        *,
+        settings: Settings | None = None,
     ) -> WorkingMemory:
-        """Working memory held in this process only: for tests, never a fallback for Redis."""
-        validate_id(project_id, "project_id")
-        validate_id(session_id, "session_id")
+        """Working memory held in this process only, for tests; see also ``fallback_to_memory``."""
         settings = settings or get_settings()
-        backend = InMemoryBackend(project_id, session_id, settings)
-        return cls(backend, project_id=project_id, session_id=session_id, settings=settings)
+        project, session = _scope(settings, project_id, session_id)
+        backend = InMemoryBackend(project, session, settings)
+        return cls(backend, project_id=project, session_id=session, settings=settings)
+
+    @property
+    def is_using_fallback(self) -> bool:
+        """Whether this session fell back to process memory at open (see ``for_session``)."""
+        return self._using_fallback
 
     async def __aenter__(self) -> Self:
         return self
@@ -168,15 +215,16 @@ class WorkingMemory:
 
     # Variables.
 
-    async def set(self, key: str, value: Any, ttl: Ttl | None = None) -> None:
+    async def set(self, key: str, value: Any, ttl_seconds: Ttl | None = None) -> None:
         """Store ``value`` (any JSON value) under ``key``.
 
-        ``ttl`` (seconds) makes the key alone expire; it defaults to
-        ``default_key_ttl_seconds`` (none: the key lives as long as the session).
+        ``ttl_seconds`` (a number or a ``timedelta``) makes the key alone expire; it defaults
+        to ``default_key_ttl_seconds`` (none: the key lives as long as the session).
         """
         validate_key(key)
         text = self._encode(value, f"the value of key {key!r:.80}")
-        ttl_ms = _ttl_ms(ttl if ttl is not None else self.settings.default_key_ttl_seconds)
+        default = self.settings.default_key_ttl_seconds
+        ttl_ms = _ttl_ms(ttl_seconds if ttl_seconds is not None else default)
         await self.backend.set(key, text, ttl_ms)
 
     async def get(self, key: str, default: Any = None) -> Any:
@@ -220,7 +268,7 @@ class WorkingMemory:
         current_step: int = 0,
         total_steps: int = 0,
         status: TaskStatus = "pending",
-        progress: float = 0.0,
+        progress_percent: float = 0.0,
         data: Mapping[str, Any] | None = None,
     ) -> TaskState:
         """Replace the task state, given as a ``TaskState`` or as its fields."""
@@ -231,7 +279,7 @@ class WorkingMemory:
                 current_step=current_step,
                 total_steps=total_steps,
                 status=status,
-                progress=progress,
+                progress_percent=progress_percent,
                 started_at=now,
                 updated_at=now,
                 data=dict(data or {}),
@@ -249,38 +297,41 @@ class WorkingMemory:
     async def update_task_progress(
         self,
         current_step: int | None = None,
-        progress: float | None = None,
+        progress_percent: float | None = None,
         status: TaskStatus | None = None,
         *,
         total_steps: int | None = None,
         description: str | None = None,
         data: Mapping[str, Any] | None = None,
-    ) -> TaskState | None:
-        """Change some fields of the task state in place; ``None`` if there is none.
+    ) -> TaskState:
+        """Change the named fields of the task state in place; the task state after.
 
-        ``progress`` is clamped to 0-100; ``data`` is merged into the task's data (keys
-        given replace, others stay); ``updated_at`` is set to now.
+        A session without a task state gets one: ``TaskState``'s defaults with the fields
+        given (``started_at`` now), so progress reported before any ``set_task_state`` is
+        never lost. ``progress_percent`` is clamped to 0-100; ``data`` is merged into the
+        task's data (keys given replace, others stay); ``updated_at`` is set to now.
         """
+        now = utc_now()
         fields: list[JsonMember] = []
         if current_step is not None:
             fields.append(("current_step", self._encode(_count(current_step, "current_step"), "")))
         if total_steps is not None:
             fields.append(("total_steps", self._encode(_count(total_steps, "total_steps"), "")))
-        if progress is not None:
-            fields.append(("progress", orjson.dumps(clamp_progress(progress))))
+        if progress_percent is not None:
+            fields.append(("progress_percent", orjson.dumps(clamp_progress(progress_percent))))
         if status is not None:
             if status not in _STATUSES:
                 raise ValueError(f"status must be one of {sorted(_STATUSES)}; got {status!r}")
             fields.append(("status", orjson.dumps(status)))
         if description is not None:
             fields.append(("description", self._encode(description, "the task description")))
-        fields.append(("updated_at", orjson.dumps(rfc3339(utc_now()))))
+        fields.append(("updated_at", orjson.dumps(rfc3339(now))))
         members = [
             (str(name), self._encode(value, f"task data {name!r:.80}"))
             for name, value in (data or {}).items()
         ]
-        found = await self.backend.update_task(fields, members)
-        return None if found is None else TaskState.model_validate_json(found)
+        fresh = orjson.dumps(TaskState(started_at=now, updated_at=now).model_dump(mode="json"))
+        return TaskState.model_validate_json(await self.backend.update_task(fields, members, fresh))
 
     # Scratchpad.
 
@@ -296,16 +347,20 @@ class WorkingMemory:
             raise ValueError(f"limit must be None or >= 0; got {limit}")
         if limit == 0:
             return []
-        raw = await self.backend.get_scratchpad(limit)
-        return [ScratchpadEntry.model_validate_json(entry) for entry in raw]
+        entries: list[ScratchpadEntry] = [
+            orjson.loads(entry) for entry in await self.backend.get_scratchpad(limit)
+        ]
+        return entries
 
     async def get_scratchpad(self, limit: int | None = None) -> list[Any]:
         """The contents of the newest ``limit`` entries (all when ``None``), oldest first."""
-        return [entry.content for entry in await self._entries(limit)]
+        return [entry["content"] for entry in await self._entries(limit)]
 
     async def get_scratchpad_with_timestamps(
         self, limit: int | None = None
     ) -> list[ScratchpadEntry]:
+        """The newest ``limit`` entries as ``{"content", "timestamp"}`` (RFC 3339, UTC),
+        oldest first."""
         return await self._entries(limit)
 
     async def clear_scratchpad(self) -> int:
@@ -330,7 +385,8 @@ class WorkingMemory:
         return checkpoint_id
 
     async def restore_checkpoint(self, checkpoint_id: str, clear_current: bool = True) -> int:
-        """Bring a checkpoint back; the number of items afterwards.
+        """Bring a checkpoint back; the number of items afterwards. An unknown id raises
+        ``CheckpointNotFoundError``, a ``MemoryNotFoundError``.
 
         With ``clear_current`` the current keys, task state and scratchpad are replaced;
         without, the checkpoint's keys are written over the current ones (others kept), its
@@ -339,10 +395,24 @@ class WorkingMemory:
         return await self.backend.restore_checkpoint(_checkpoint_id(checkpoint_id), clear_current)
 
     async def list_checkpoints(self) -> list[CheckpointInfo]:
-        """The session's checkpoints, newest first."""
-        return [
-            CheckpointInfo.model_validate_json(i) for i in await self.backend.list_checkpoints()
-        ]
+        """The session's checkpoints, oldest first: dicts with ``id``, ``description``,
+        ``created_at`` (RFC 3339, UTC) and ``items``."""
+        listed: list[CheckpointInfo] = []
+        for raw in await self.backend.list_checkpoints():
+            info = orjson.loads(raw)
+            listed.append(
+                {
+                    "id": info["checkpoint_id"],
+                    "description": info.get("description") or "",
+                    "created_at": info["created_at"],
+                    "items": int(info.get("items", 0)),
+                }
+            )
+        # The store orders by millisecond; two made in the same one are ordered by the
+        # microseconds of created_at (a stable sort keeps the store's order on a tie).
+        listed.reverse()
+        listed.sort(key=lambda c: datetime.fromisoformat(c["created_at"]))
+        return listed
 
     async def delete_checkpoint(self, checkpoint_id: str) -> bool:
         return await self.backend.delete_checkpoint(_checkpoint_id(checkpoint_id))
@@ -350,18 +420,25 @@ class WorkingMemory:
     # Operations.
 
     async def get_stats(self) -> MemoryStats:
+        """What the session holds, under the seeds' keys plus ours (see ``MemoryStats``)."""
         raw = await self.backend.stats()
-        return MemoryStats(
-            project_id=self.project_id,
-            session_id=self.session_id,
-            state=raw.state,
-            keys=raw.keys,
-            scratchpad_entries=raw.scratchpad_entries,
-            checkpoints=raw.checkpoints,
-            has_task=raw.has_task,
-            approximate_bytes=raw.approximate_bytes,
-            ttl_seconds=None if raw.ttl_ms is None else raw.ttl_ms / 1000,
-        )
+        return {
+            "scope_type": "session",
+            "scope_id": self.session_id,
+            "using_fallback": self._using_fallback,
+            "total_keys": raw.keys + raw.has_task + (raw.scratchpad_entries > 0) + raw.checkpoints,
+            "user_keys": raw.keys,
+            "checkpoint_count": raw.checkpoints,
+            "scratchpad_entries": raw.scratchpad_entries,
+            "has_task_state": raw.has_task,
+            "project_id": self.project_id,
+            "session_id": self.session_id,
+            "agent_instance_id": self.agent_instance_id,
+            "backend": "redis" if isinstance(self.backend, RedisBackend) else "memory",
+            "state": raw.state,
+            "approximate_bytes": raw.approximate_bytes,
+            "ttl_seconds": None if raw.ttl_ms is None else raw.ttl_ms / 1000,
+        }
 
     async def is_healthy(self) -> bool:
         """Whether the store answers (never raises)."""
@@ -376,6 +453,22 @@ def _count(value: int, name: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError(f"{name} must be an integer >= 0; got {value!r}")
     return value
+
+
+def _scope(settings: Settings, project_id: AnyId | None, session_id: AnyId) -> tuple[str, str]:
+    """The (project, session) ids as text; no project is the configured default project."""
+    if project_id is None:
+        return settings.default_project, id_text(session_id, "session_id")
+    return id_text(project_id, "project_id"), id_text(session_id, "session_id")
+
+
+async def _unreachable(client: AnyRedis) -> str | None:
+    """Why ``client``'s server cannot be reached, or ``None`` when it answers a PING."""
+    try:
+        await client.ping()
+    except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+        return str(exc) or type(exc).__name__
+    return None
 
 
 def _checkpoint_id(checkpoint_id: str) -> str:

@@ -55,9 +55,10 @@ class MemoryBackend(Protocol):
     async def get_task(self) -> bytes | None: ...
 
     async def update_task(
-        self, fields: Sequence[JsonMember], data: Sequence[JsonMember]
-    ) -> bytes | None:
-        """Overwrite top-level ``fields`` and members of ``data``; ``None`` without a task."""
+        self, fields: Sequence[JsonMember], data: Sequence[JsonMember], fresh: bytes
+    ) -> bytes:
+        """Overwrite top-level ``fields`` and members of ``data`` of the task state, starting
+        from ``fresh`` when the session has none; the task state after."""
         ...
 
     async def append_scratchpad(self, entry: bytes) -> int:

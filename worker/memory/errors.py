@@ -43,11 +43,15 @@ class SessionTerminatedError(WorkingMemoryError):
     """A write to a session the lifecycle worker has terminated."""
 
 
-class CheckpointNotFoundError(WorkingMemoryError, KeyError):
-    """A checkpoint id the session does not have."""
+class MemoryNotFoundError(WorkingMemoryError, KeyError):
+    """Something asked for by name that the session does not have (the seeds' name for it)."""
 
     def __str__(self) -> str:  # KeyError would repr() the message
         return str(self.args[0]) if self.args else ""
+
+
+class CheckpointNotFoundError(MemoryNotFoundError):
+    """A checkpoint id the session does not have."""
 
 
 class RedisUnavailableError(WorkingMemoryError, RedisConditionError):

@@ -2,8 +2,9 @@
 
 It mirrors the Redis backend's behaviour: per-key and idle expiry by a clock, the limits,
 checkpoints, the scratchpad bound and Redis's glob dialect. It is only ever used when asked
-for (``WorkingMemory.in_memory``): a Redis outage never falls back to it, because that would
-fork the session's state into one process.
+for: ``WorkingMemory.in_memory``, or ``for_session(..., fallback_to_memory=True)`` when Redis
+cannot be reached at open. A Redis outage never switches to it silently, because that forks
+the session's state into one process.
 """
 
 from __future__ import annotations
@@ -162,13 +163,11 @@ class InMemoryBackend:
         return self._data.task
 
     async def update_task(
-        self, fields: Sequence[JsonMember], data: Sequence[JsonMember]
-    ) -> bytes | None:
+        self, fields: Sequence[JsonMember], data: Sequence[JsonMember], fresh: bytes
+    ) -> bytes:
         self._begin_write()
         self._touch()
-        if self._data.task is None:
-            return None
-        task = orjson.loads(self._data.task)
+        task = orjson.loads(self._data.task if self._data.task is not None else fresh)
         task.update((name, orjson.loads(text)) for name, text in fields)
         if data:
             current = task.get("data")

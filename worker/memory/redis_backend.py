@@ -141,13 +141,12 @@ class RedisBackend:
         return None if found is None else _bytes(found)
 
     async def update_task(
-        self, fields: Sequence[JsonMember], data: Sequence[JsonMember]
-    ) -> bytes | None:
-        args: list[Arg] = [len(fields)]
+        self, fields: Sequence[JsonMember], data: Sequence[JsonMember], fresh: bytes
+    ) -> bytes:
+        args: list[Arg] = [len(fields), fresh]
         for name, text in (*fields, *data):
             args += [name, text]
-        found = await self._run("wm_task_update.lua", *args)
-        return None if found is None else _bytes(found)
+        return _bytes(await self._run("wm_task_update.lua", *args))
 
     async def append_scratchpad(self, entry: bytes) -> int:
         return int(await self._run("wm_scratch_append.lua", entry, self._max_scratch))
