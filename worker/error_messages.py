@@ -97,6 +97,36 @@ def _redis(exc: BaseException) -> str | None:
     return None
 
 
+def _raised_in_asyncpg(exc: BaseException) -> bool:
+    tb = exc.__traceback__
+    while tb is not None:
+        if str(tb.tb_frame.f_globals.get("__name__", "")).startswith("asyncpg"):
+            return True
+        tb = tb.tb_next
+    return False
+
+
+def _postgres_unreachable(exc: BaseException) -> str | None:
+    """A connection asyncpg could not open (refused, unknown host, no socket, timed out)."""
+    if not isinstance(exc, OSError) or not _raised_in_asyncpg(exc):
+        return None
+    from sqlalchemy import make_url
+
+    from worker.db.engine import asyncpg_url
+    from worker.settings import DEFAULT_DATABASE_URL
+
+    url = asyncpg_url(
+        os.environ.get("DATABASE_URL")
+        or os.environ.get("MEMWORKER_DATABASE_URL")
+        or DEFAULT_DATABASE_URL
+    )
+    url = make_url(url).render_as_string(hide_password=True)  # validated before connecting
+    return (
+        f"cannot reach Postgres at {url}: {_first_line(str(exc)) or type(exc).__name__}; "
+        "start it or fix DATABASE_URL"
+    )
+
+
 def _port_in_use(exc: BaseException) -> str | None:
     if not isinstance(exc, OSError) or exc.errno != errno.EADDRINUSE:
         return None
@@ -113,6 +143,7 @@ KNOWN: list[Callable[[BaseException], str | None]] = [
     _postgres,
     _redis,
     _port_in_use,
+    _postgres_unreachable,
 ]
 """Translators, tried on the exception and everything it wraps, first answer wins."""
 

@@ -153,3 +153,10 @@ def test_shard_rejects_ids_every_other_command_rejects() -> None:
     assert proc.returncode == 2, proc.stderr
     assert "project_id must be" in proc.stderr
     assert memworker("shard", "-p", "my-project", "-s", "s1").stdout.strip().isdigit()
+
+
+def test_reading_episodes_from_an_unreachable_postgres_names_it_without_its_password() -> None:
+    url = f"postgresql://postgres:secret@127.0.0.1:{free_port()}/postgres"
+    line = one_error_line(memworker("episodes", "list", "-p", "demo", DATABASE_URL=url))
+    assert line.startswith("cannot reach Postgres at postgresql+asyncpg://postgres:***@"), line
+    assert "DATABASE_URL" in line and "secret" not in line
