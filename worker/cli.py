@@ -886,7 +886,9 @@ def episodes_show(
     ] = None,
 ) -> None:
     """One episode in full (JSON): lessons, context summary, snapshot of working memory."""
-    if (session is None) == (episode_id is None):
+    if session is None and episode_id is None:
+        raise typer.BadParameter("give an EPISODE_ID or --session (`episodes list` shows both)")
+    if session is not None and episode_id is not None:
         raise typer.BadParameter("give an EPISODE_ID or --session, not both")
     check_ids(project_id=project, **({"session_id": session} if session else {}))
     settings = settings_from_env()

@@ -160,3 +160,12 @@ def test_reading_episodes_from_an_unreachable_postgres_names_it_without_its_pass
     line = one_error_line(memworker("episodes", "list", "-p", "demo", DATABASE_URL=url))
     assert line.startswith("cannot reach Postgres at postgresql+asyncpg://postgres:***@"), line
     assert "DATABASE_URL" in line and "secret" not in line
+
+
+def test_episodes_show_without_an_id_or_a_session_asks_for_one_of_them() -> None:
+    proc = memworker("episodes", "show", "-p", "demo")
+    assert proc.returncode == 2, proc.stderr
+    assert "give an EPISODE_ID or --session" in proc.stderr, proc.stderr
+    assert "not both" not in proc.stderr
+    both = memworker("episodes", "show", "-p", "demo", "-s", "s1", "some-id")
+    assert both.returncode == 2 and "not both" in both.stderr, both.stderr
