@@ -258,3 +258,27 @@ def stream_ms(entry_id: bytes | str) -> int:
     """The millisecond timestamp in a stream entry id."""
     raw = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
     return int(raw.split("-", 1)[0])
+
+
+@contextlib.contextmanager
+def earlier_checkout(commit: str) -> Iterator[Path]:
+    """A temporary git worktree of this repository at ``commit`` (removed afterwards), for
+    running an earlier version of the worker beside this checkout in one run."""
+    import tempfile
+
+    root = Path(__file__).resolve().parent.parent
+    with tempfile.TemporaryDirectory(prefix="memworker-before-") as tmp:
+        tree = Path(tmp) / "tree"
+        subprocess.run(
+            ["git", "-C", str(root), "worktree", "add", "--detach", str(tree), commit],
+            check=True,
+            capture_output=True,
+        )
+        try:
+            yield tree
+        finally:
+            subprocess.run(
+                ["git", "-C", str(root), "worktree", "remove", "--force", str(tree)],
+                check=False,
+                capture_output=True,
+            )

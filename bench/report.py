@@ -130,6 +130,13 @@ BENCHES = [
         quick=["--sessions", "1000", "--rounds", "1"],
     ),
     Bench(
+        "redis_instructions.py",
+        "Redis instructions per command (callgrind)",
+        "An earlier commit and this checkout on one `redis-server` binary under valgrind: "
+        "a count that does not move with the machine's load.",
+        quick=["--sessions", "100"],
+    ),
+    Bench(
         "capacity_figures.py",
         "Capacity: bytes per session, per record and per entry; what one GB sustains",
         "`memworker stats` on a known workload, the capacity gauges' cost, time until full.",

@@ -39,10 +39,17 @@ async def main() -> int:
     parser.add_argument("--sessions", type=int, default=5_000)
     parser.add_argument("--headroom-mb", type=float, default=4.0)
     parser.add_argument("--publishers", type=int, default=8)
+    parser.add_argument(
+        "--server",
+        choices=("valkey", "redis"),
+        default=None,
+        help="valkey: the embedded valkey-server; redis: redis-server from PATH "
+        "(default: valkey if installed)",
+    )
     args = parser.parse_args()
     configure_logging("ERROR", False)  # the consumers warn on every refusal; the JSON is the point
     with tempfile.TemporaryDirectory() as data:
-        server = RedisProcess(Path(data), persistent=False)
+        server = RedisProcess(Path(data), persistent=False, server=args.server)
         server.start()
         try:
             async with fresh_database(args.database_url) as url:
@@ -59,6 +66,7 @@ async def main() -> int:
                 )
         finally:
             server.stop()
+    print(f"server: {server.binary}", file=sys.stderr)
     print(orjson.dumps(report.summary(), option=orjson.OPT_INDENT_2).decode())
     bad = report.missing or report.duplicated or report.dead_letters
     return 1 if bad or report.worker_exited or report.consolidator_exited else 0

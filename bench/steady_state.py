@@ -17,7 +17,8 @@ sized by what stays, not by one big wave's live keys). Per phase it reads:
 
 - **Redis µs per command**: ``INFO cpu`` (``used_cpu_sys`` + ``used_cpu_user``) delta ÷
   commands, everything the server did (reads, scripts, replies, the network); and
-  ``INFO commandstats`` ``cmdstat_evalsha`` ``usec`` delta ÷ calls, the script alone.
+  ``INFO commandstats`` ``cmdstat_fcall`` (``cmdstat_evalsha`` for a version that applied by
+  script) ``usec`` delta ÷ calls, the apply call alone.
 - **worker commands/s**: results ÷ the time between the phase's first and last result
   (stream ids), so the worker's start-up is left out.
 - **bytes per stream entry**: ``MEMORY USAGE`` of the lifecycle and results streams ÷ entries;
@@ -42,11 +43,10 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
-from harness import invocation, markdown_table
+from harness import earlier_checkout, invocation, markdown_table
 from memory_footprint import private_server, server_binary
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -131,7 +131,7 @@ def per_command(runs):
             calls.setdefault(name, [0, 0])
             calls[name][0] += done
             calls[name][1] += usec
-    ev = calls["evalsha"]
+    ev = calls.get("fcall") or calls["evalsha"]  # a function since FCALL, a script before
     return {
         "calls": {name: [done / count, usec / count] for name, (done, usec) in calls.items()},
         "cpu_us": sum(r["cpu"] for r in runs) * 1e6 / count,
@@ -297,7 +297,7 @@ def report(args: argparse.Namespace, before: dict[str, Any], after: dict[str, An
         "command",
         "Redis CPU µs/cmd before",
         "after",
-        "EVALSHA µs/call before",
+        "apply call µs before",
         "after",
         "worker cmd/s before",
         "after",
@@ -390,29 +390,43 @@ async def server_cpu(redis: Any) -> float:
 
 
 async def script_costs(binary: str, sessions: int) -> list[tuple[str, float]]:
-    """Redis CPU per call (``INFO cpu`` Δ ÷ calls) of this checkout's spawn script cut short at
-    successive points, with the real KEYS/ARGV of ``sessions`` spawns (4 small variables),
-    pipelined 500 at a time from one client: what the call itself, the prelude's definitions,
-    the script's own set-up, and its work each cost."""
+    """Redis CPU per call (``INFO cpu`` Δ ÷ calls) of this checkout's apply function cut short
+    at successive points, with the real KEYS/ARGV of ``sessions`` spawns (4 small variables),
+    pipelined 500 at a time from one client: what the call itself, binding its keys and
+    arguments, the set-up and the work each cost; and the same code run as an ``EVALSHA``
+    script (the previous form: every definition re-made on every call)."""
     import orjson
     from redis.asyncio import Redis
 
     from worker.applier import CommandApplier
-    from worker.scripts import script
+    from worker.scripts import function
     from worker.settings import Settings
 
-    source = script("apply_command.lua").source
+    apply = function("apply_command.lua")
+    source = apply.source
+
+    def cut(marker: str) -> str:
+        return source.replace(marker, "if op then return 1 end\n  " + marker, 1)
+
+    returns_1 = (
+        f"#!lua name={apply.function}\n"
+        f"redis.register_function('{apply.function}', function() return 1 end)"
+    )
+    as_script = source.split("\n", 1)[1].replace(
+        f"redis.register_function{{function_name = '{apply.function}', callback = apply}}",
+        "return apply(KEYS, ARGV)",
+    )
     cuts = [
-        ("EVALSHA of `return 1` with the same KEYS and ARGV", "return 1"),
-        ("+ the prelude's definitions (`_session.lua`)", source[: source.index("local K_DEDUPE")]),
+        ("FCALL of a function returning 1, with the same KEYS and ARGV", returns_1, "fcall"),
+        ("+ binding its keys and arguments", cut("meta = redis.call('HMGET'"), "fcall"),
         (
-            "+ the script's set-up: one HMGET (state, seq, the record), its functions, seq rule",
-            source.replace(
-                "\nif op == 'reject' then", "\nif op then return 1 end\nif op == 'reject' then", 1
-            ),
+            "+ the set-up: one HMGET (state, seq, the record), dedupe check, seq rule",
+            cut("if op == 'reject' then"),
+            "fcall",
         ),
-        ("+ its work: the whole spawn of a new session", source),
-        ("the same spawns again (duplicates: HMGET, XACK)", source),
+        ("+ its work: the whole spawn of a new session", source, "fcall"),
+        ("the same spawns again (duplicates: HMGET, XACK)", source, "fcall"),
+        ("the same code as an EVALSHA script, new sessions (the previous form)", as_script, "eval"),
     ]
     out: list[tuple[str, float]] = []
     async with private_server(binary) as url:
@@ -420,27 +434,36 @@ async def script_costs(binary: str, sessions: int) -> list[tuple[str, float]]:
         try:
             settings = Settings(redis_url=url, stream_prefix="costs")
             applier = CommandApplier(redis, settings)
-            entries = []
-            for n in range(sessions):
-                body = {
-                    "type": "spawn",
-                    "event_id": f"s{n}-1",
-                    "project_id": "bench",
-                    "session_id": f"s{n}",
-                    "agent_instance_id": "a",
-                    "seq": 1,
-                    "initial_state": {f"k{i}": {"v": i, "note": "x" * 20} for i in range(4)},
-                }
-                entries.append((f"{n + 1}-0", {b"data": orjson.dumps(body)}))
-            calls = [c[2:] for c in applier.plan(0, entries).commands]  # numkeys, keys, argv
-            # The first pass of a big script runs while Lua's heap (and its GC pace) is still
+
+            def spawns(tag: str) -> list[list[Any]]:
+                entries = []
+                for n in range(sessions):
+                    body = {
+                        "type": "spawn",
+                        "event_id": f"{tag}{n}-1",
+                        "project_id": "bench",
+                        "session_id": f"{tag}{n}",
+                        "agent_instance_id": "a",
+                        "seq": 1,
+                        "initial_state": {f"k{i}": {"v": i, "note": "x" * 20} for i in range(4)},
+                    }
+                    entries.append((f"{n + 1}-0", {b"data": orjson.dumps(body)}))
+                return [c[2:] for c in applier.plan(0, entries).commands]  # numkeys, keys, argv
+
+            calls = spawns("s")
+            # The first pass of a big library runs while Lua's heap (and its GC pace) is still
             # growing: warm it with an unmeasured pass of the set-up cut.
-            for label, body_source in [cuts[2], *cuts]:
-                sha = await redis.script_load(body_source)
+            for n, (label, body_source, kind) in enumerate([cuts[2], *cuts]):
+                name = f"costs_{n}"
+                if kind == "fcall":
+                    await redis.function_load(body_source.replace(apply.function, name))
+                else:
+                    name = await redis.script_load(body_source)
+                    calls = spawns("e")  # new sessions, as the full fcall spawn had
                 started = await server_cpu(redis)
                 pipe = redis.pipeline(transaction=False)
                 for call in calls:
-                    pipe.evalsha(sha, *call)
+                    pipe.execute_command("FCALL" if kind == "fcall" else "EVALSHA", name, *call)
                     if len(pipe) >= 500:
                         await pipe.execute()
                 await pipe.execute()
@@ -462,27 +485,14 @@ async def main() -> None:
     binary = server_binary(args.server_binary)
     befores: list[dict[str, Any]] = []
     afters: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory(prefix="memworker-before-") as tmp:
-        tree = Path(tmp) / "tree"
-        subprocess.run(
-            ["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree), args.before],
-            check=True,
-            capture_output=True,
-        )
-        try:
-            for _ in range(args.rounds):  # alternate, so noise hits both alike
-                befores.append(await one_round(binary, tree, args.sessions, args.waves))
-                afters.append(await one_round(binary, ROOT, args.sessions, args.waves))
-        finally:
-            subprocess.run(
-                ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)],
-                check=False,
-                capture_output=True,
-            )
+    with earlier_checkout(args.before) as tree:
+        for _ in range(args.rounds):  # alternate, so noise hits both alike
+            befores.append(await one_round(binary, tree, args.sessions, args.waves))
+            afters.append(await one_round(binary, ROOT, args.sessions, args.waves))
     costs = await script_costs(binary, args.sessions)
     report(args, combine(befores), combine(afters))
     print(
-        "Where a spawn's script time goes (this checkout, same private server kind, "
+        "Where a spawn's Redis time goes (this checkout, same private server kind, "
         f"{args.sessions:,} calls per row, `INFO cpu` Δ ÷ calls; no worker: one pipelining "
         "client):"
     )
@@ -492,7 +502,7 @@ async def main() -> None:
         added = f"{cost - last:+.1f}" if 0 < n < 4 else ""
         rows.append([label, f"{cost:.1f}", added])
         last = cost
-    print(markdown_table(["script", "Redis CPU µs/call", "adds"], rows, "lrr"))
+    print(markdown_table(["call", "Redis CPU µs/call", "adds"], rows, "lrr"))
 
 
 if __name__ == "__main__":

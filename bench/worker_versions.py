@@ -14,10 +14,9 @@ import asyncio
 import os
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
-from harness import DEFAULT_REDIS_URL
+from harness import DEFAULT_REDIS_URL, earlier_checkout
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -89,25 +88,12 @@ async def main() -> None:
     parser.add_argument("--sessions", type=int, default=5000)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="memworker-before-") as tmp:
-        tree = Path(tmp) / "tree"
-        subprocess.run(
-            ["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree), args.before],
-            check=True,
-            capture_output=True,
-        )
-        try:
-            before: list[float] = []
-            after: list[float] = []
-            for _ in range(args.rounds):  # alternate, so noise hits both alike
-                before.append(await asyncio.to_thread(measure, tree, args.redis_url, args.sessions))
-                after.append(await asyncio.to_thread(measure, ROOT, args.redis_url, args.sessions))
-        finally:
-            subprocess.run(
-                ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)],
-                check=False,
-                capture_output=True,
-            )
+    with earlier_checkout(args.before) as tree:
+        before: list[float] = []
+        after: list[float] = []
+        for _ in range(args.rounds):  # alternate, so noise hits both alike
+            before.append(await asyncio.to_thread(measure, tree, args.redis_url, args.sessions))
+            after.append(await asyncio.to_thread(measure, ROOT, args.redis_url, args.sessions))
     b, a = sorted(before)[len(before) // 2], sorted(after)[len(after) // 2]
     print(
         f"{args.sessions * 4:,} commands (spawn with 10 keys), median of {args.rounds} "

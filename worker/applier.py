@@ -1,6 +1,7 @@
-"""Applying a batch of lifecycle entries: one Lua script per entry, one pipeline per batch.
+"""Applying a batch of lifecycle entries: one call of the apply function (``FCALL``) per entry,
+one pipeline per batch.
 
-The script does the dedupe check, the seq rule, the state transition, the mutation, the XADD
+The function does the dedupe check, the seq rule, the state transition, the mutation, the XADD
 of the result and the XACK of the command atomically, so a crash leaves each entry either
 untouched (still pending, redelivered later) or completely done.
 """
@@ -31,7 +32,7 @@ from worker.intake import Accepted, Refused, Unusable, fits_in_result, parse_ent
 from worker.keys import LIFECYCLE_GROUP, SessionKeys, StreamKeys, is_valid_id, shard_of
 from worker.redis_conditions import is_server_condition
 from worker.script_channel import ScriptChannel
-from worker.scripts import script
+from worker.scripts import function, script
 from worker.settings import Settings
 
 RESULT_NAMESPACE = uuid.UUID("6f1e4c1a-8b2d-5c3e-9a47-2d0f6b8e1c55")
@@ -39,7 +40,7 @@ CHECKPOINT_NAMESPACE = uuid.UUID("0b7d3e29-4f6a-5e18-8c92-7a1d5e3f9b04")
 _PLACEHOLDER = "!"
 """Stands for an id that failed validation; '!' is no id character, so it names no session."""
 
-APPLY = script("apply_command.lua")
+APPLY = function("apply_command.lua")
 DEAD_LETTER = script("dead_letter.lua")
 
 
@@ -161,6 +162,25 @@ class CommandApplier:
         self._urls: dict[int, str] = dict.fromkeys(range(settings.shards), settings.redis_url)
         self._resolved = not (settings.redis_cluster or settings.redis_sentinel_service)
         self._channels: dict[str, ScriptChannel] = {}
+        self._settings_arg: tuple[Settings, str] | None = None
+
+    def settings_arg(self) -> str:
+        """The settings every apply call carries, as one argument (the function splits it once
+        and keeps it: see ``settings_of`` in apply_command.lua): group, default session TTL,
+        dedupe TTL, tombstone TTL (in ms) and max checkpoints, one per line."""
+        cached = self._settings_arg
+        if cached is None or cached[0] is not self.settings:
+            s = self.settings
+            values = (
+                self.group,
+                s.session_ttl_seconds * 1000,
+                s.dedupe_ttl_seconds * 1000,
+                # The tombstone holds the session's dedupe records: it lasts both windows.
+                max(s.tombstone_ttl_seconds, s.dedupe_ttl_seconds) * 1000,
+                s.max_checkpoints_per_session,
+            )
+            cached = self._settings_arg = (s, "\n".join(str(v) for v in values))
+        return cached[1]
 
     async def resolve(self) -> None:
         """Learn which server holds each shard (a cluster node, the Sentinel's master)."""
@@ -194,8 +214,10 @@ class CommandApplier:
         if not self._resolved:
             await self.resolve()
         for shard in {url: s for s, url in self._urls.items()}.values():
-            for lua in (APPLY, DEAD_LETTER):
-                await self.channel_for(shard).execute([["SCRIPT", "LOAD", lua.source]])
+            loaded, _ = await self.channel_for(shard).execute(
+                [APPLY.load_command(), ["SCRIPT", "LOAD", DEAD_LETTER.source]]
+            )
+            APPLY.loaded(loaded)  # e.g. OOM on a full server: a condition the caller holds on
 
     async def close(self) -> None:
         for channel in self._channels.values():
@@ -288,8 +310,12 @@ class CommandApplier:
         return plan
 
     def finish(self, plan: Plan, replies: Sequence[Any]) -> list[Outcome] | None:
-        """Outcomes from a plan's replies; None when the server lacked a script (reload, redo)."""
-        if any(isinstance(r, ResponseError) and str(r).startswith("NOSCRIPT") for r in replies):
+        """Outcomes from a plan's replies; None when the server lacked a script or the apply
+        function (restarted without persistence, flushed): load them, and redo the plan."""
+        if any(
+            isinstance(r, ResponseError) and (str(r).startswith("NOSCRIPT") or APPLY.is_missing(r))
+            for r in replies
+        ):
             return None
         it = iter(replies)
         return [
@@ -314,7 +340,9 @@ class CommandApplier:
             if outcomes is not None:
                 return outcomes
             await self.ensure_scripts()
-        raise RuntimeError("the server keeps forgetting memworker's scripts (SCRIPT FLUSH?)")
+        raise RuntimeError(
+            "the server keeps forgetting memworker's scripts (SCRIPT FLUSH or FUNCTION FLUSH?)"
+        )
 
     @staticmethod
     def _outcome(planned: Outcome, reply: Any) -> Outcome:
@@ -399,31 +427,22 @@ class CommandApplier:
             session = SessionKeys(settings.stream_prefix, shard, project_id, session_id)
         else:
             session = SessionKeys(settings.stream_prefix, shard, _PLACEHOLDER, _PLACEHOLDER)
-        keys = [
-            *session.all(),
-            streams.dedupe(project_id or _PLACEHOLDER, event_id),
-            streams.results,
-            streams.lifecycle,
-        ]
+        keys = [*session.all(), streams.results, streams.lifecycle]
         prefix = _prefix(result_id, event_id, command_type, copied, now_iso, duration_ms)
         argv: list[str | bytes | int] = [
             "",
             entry_id,
-            self.group,
+            self.settings_arg(),
             prefix,
             seq if seq is not None else "",
             now_ms,
             now_iso,
-            settings.session_ttl_seconds * 1000,
-            settings.dedupe_ttl_seconds * 1000,
-            # The tombstone holds the session's dedupe records: it lasts both windows.
-            max(settings.tombstone_ttl_seconds, settings.dedupe_ttl_seconds) * 1000,
             intake.traceparent or "",
-            settings.max_checkpoints_per_session,
             record,
         ]
-        if isinstance(intake, Refused):  # its record gets a key of its own (see the script)
-            argv[12] = b""
+        if isinstance(intake, Refused):  # its record gets a key of its own (see the function)
+            keys.append(streams.dedupe(project_id or _PLACEHOLDER, event_id))
+            argv[8] = b""
             argv[0] = "reject"
             argv += [intake.reason, intake.detail]
         else:

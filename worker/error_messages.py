@@ -73,6 +73,12 @@ def _postgres(exc: BaseException) -> str | None:
             f"Postgres: {message}; create it (createdb NAME) or name an existing database in "
             "DATABASE_URL"
         )
+    if sqlstate == "42P01":  # undefined table: a database memworker never migrated
+        return (
+            f"Postgres: {message}: the database in DATABASE_URL has no memworker schema; run "
+            "`memworker migrate`, or point DATABASE_URL at memworker's database (after "
+            "`memworker dev`: source ~/.local/share/memworker/dev.env)"
+        )
     return f"Postgres error {sqlstate}: {message}"
 
 
@@ -89,6 +95,12 @@ def _redis(exc: BaseException) -> str | None:
             return (
                 "not a stream entry id: ids look like 1712345678901-0 "
                 "(`memworker dlq list` shows the ids)"
+            )
+        if text.startswith("NOPERM"):  # e.g. an ACL file from before the apply function
+            return (
+                f"Redis refused the command: {text}; give the user in REDIS_URL what "
+                "deploy/redis/users.acl gives its role (the lifecycle worker needs +fcall "
+                "+function|load since it applies commands with a Redis function)"
             )
         return f"Redis refused the command: {text}"
     if isinstance(exc, RedisConnectionError):

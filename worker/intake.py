@@ -1,4 +1,4 @@
-"""Turning a raw stream entry into something the apply script can take.
+"""Turning a raw stream entry into something the apply function can take.
 
 Every entry becomes exactly one of: a valid command (``Accepted``), a command to reject with a
 reason (``Refused``: it has a usable ``event_id``, so it gets a ``command.rejected`` result), or

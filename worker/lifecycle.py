@@ -1,8 +1,8 @@
 """The lifecycle worker: a FastStream app reading ``P:lifecycle:{i}`` in group ``lifecycle``.
 
-FastStream's batch subscriber (manual acknowledgement) reads new entries; the apply script
+FastStream's batch subscriber (manual acknowledgement) reads new entries; the apply function
 acknowledges each entry atomically with its effect. Around it this module fills FastStream's
-gaps on Redis streams (DESIGN.md): the consumer's own pending entries are drained on start, a
+gaps on Redis streams: the consumer's own pending entries are drained on start, a
 reclaim loop (XAUTOCLAIM) takes over entries of dead consumers, a delivery cap moves poison to
 the DLQ, and entries whose ``seq`` is ahead wait in a retry book whose leases are renewed.
 """
@@ -212,8 +212,7 @@ class LifecycleWorker:
             self._unreachable(plan.shard, plan.entries, exc)
             return
         outcomes = self.applier.finish(plan, replies)
-        if outcomes is None:  # the server lost our scripts (restart, SCRIPT FLUSH): redo
-            await self.applier.ensure_scripts()
+        if outcomes is None:  # the server lost our scripts or function (restart, FLUSH): redo
             await self._apply(plan.shard, plan.entries)
             return
         await self._record(plan.shard, plan.entries, outcomes, plan.received)
@@ -244,7 +243,11 @@ class LifecycleWorker:
         started = time.perf_counter()
         try:
             outcomes = await self.applier.apply(shard, entries, started)
-        except _CONNECTION_ERRORS as exc:
+        except (*_CONNECTION_ERRORS, RedisError) as exc:
+            # e.g. FUNCTION LOAD refused by a full server that lost the library (restarted
+            # without persistence): a server-wide condition like any other; hold the batch.
+            if not isinstance(exc, _CONNECTION_ERRORS) and not is_server_condition(exc):
+                raise
             self._unreachable(shard, entries, exc)
             return []
         await self._record(shard, entries, outcomes, started)

@@ -1,6 +1,6 @@
 """``ScriptChannel``: one Redis connection that pipelines batches of commands in order.
 
-The worker's hot path sends a whole batch of apply scripts, and while Redis executes it the
+The worker's hot path sends a whole batch of apply calls, and while Redis executes it the
 worker parses the next batch: two batches can be in flight on one connection. Redis runs a
 connection's commands in the order they arrive, so commands of one session keep their order
 across batches. Replies are parsed by hiredis in C and matched to batches first-in, first-out.

@@ -13,6 +13,17 @@ may only touch keys of its declared keys' hash slot (no ``allow-cross-slot-keys`
 that only read or only delete (``wm_delete``, ``wm_clear``, ``wm_scratch_clear``,
 ``wm_checkpoint_delete``) have none: on a full server they still run, so an agent can free
 memory, and reads still push the session's idle expiry (``PEXPIRE`` is no ``denyoom`` write).
+
+The lifecycle worker's hot path, ``apply_command.lua``, is a Redis *function* instead
+(``LuaFunction``): a library loaded once with ``FUNCTION LOAD`` and run with ``FCALL``, so the
+prelude's and the script's functions are defined once per load, not on every call (an
+``EVALSHA`` re-runs the script's whole body, closures and tables included: ~3 µs of Redis CPU
+per command; BENCHMARKS.md). Library and function are named after the source's SHA-1, so
+workers of two versions can share a server during a rolling upgrade. A function that may write
+(no ``no-writes`` flag) and is not ``allow-oom`` is refused under ``maxmemory`` before it runs,
+as the shebang does for a script. Functions are kept in RDB/AOF and replicated, so they survive
+a failover; a server restarted without persistence (or ``FUNCTION FLUSH``) answers ``ERR
+Function not found``, and the caller loads the library again and retries (``is_missing``).
 """
 
 from __future__ import annotations
@@ -26,10 +37,12 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
 from redis.asyncio.cluster import RedisCluster
-from redis.exceptions import NoScriptError
+from redis.exceptions import NoScriptError, ResponseError
 
 _PRELUDE = "_session.lua"
 STANDALONE = frozenset({"dead_letter.lua", "publish_command.lua", "delete_idle_consumer.lua"})
+# Session scripts bind their keys first (the prelude only declares them): see _session.lua.
+_BIND = "bind_session(KEYS)\n"
 
 
 def _read(name: str) -> str:
@@ -55,7 +68,7 @@ class LuaScript:
             if body.startswith("#!"):
                 shebang, body = body.split("\n", 1)
                 shebang += "\n"
-            body = shebang + _read(_PRELUDE) + "\n" + body
+            body = shebang + _read(_PRELUDE) + "\n" + _BIND + body
         return cls(name, body)
 
     async def __call__(
@@ -87,7 +100,64 @@ class LuaScript:
             await redis.script_load(self.source)
 
 
+@dataclass(slots=True)
+class LuaFunction:
+    """A Redis function: ``worker/lua/<name>`` after the prelude, as a library of its own.
+
+    The file defines its callback and ends with ``redis.register_function`` of
+    ``FUNCTION_NAME``, which this class sets (``memworker_<stem>_<sha>``: a new version of
+    the source is a new library beside the old one, never a replacement of it).
+    """
+
+    name: str
+    source: str
+    function: str
+    library: str
+
+    @classmethod
+    def load(cls, name: str) -> LuaFunction:
+        body = _read(_PRELUDE) + "\n" + _read(name)
+        stem = name.removesuffix(".lua")
+        digest = hashlib.sha1(body.encode()).hexdigest()[:16]
+        library = f"memworker_{stem}_{digest}"
+        function = library
+        if body.count("FUNCTION_NAME") != 1:
+            raise ValueError(f"{name} must register its callback as FUNCTION_NAME, once")
+        source = f"#!lua name={library}\n" + body.replace("FUNCTION_NAME", f"'{function}'")
+        return cls(name, source, function, library)
+
+    def command(self, keys: Sequence[str], args: Sequence[str | int | float | bytes]) -> list[Any]:
+        """The FCALL command as a list, for a ``ScriptChannel`` batch."""
+        return ["FCALL", self.function, len(keys), *keys, *args]
+
+    def load_command(self) -> list[Any]:
+        """``FUNCTION LOAD`` of the library; check its reply with ``loaded``."""
+        return ["FUNCTION", "LOAD", self.source]
+
+    @staticmethod
+    def loaded(reply: Any) -> None:
+        """Raise the error in a ``FUNCTION LOAD`` reply, unless it says the library is there
+        already (another worker loaded it first)."""
+        if isinstance(reply, Exception) and "already exists" not in str(reply):
+            raise reply
+
+    @staticmethod
+    def is_missing(reply: Any) -> bool:
+        """Whether an ``FCALL`` reply says the server does not have the function."""
+        text = str(reply).removeprefix("ERR ")  # hiredis keeps the prefix, redis-py drops it
+        return isinstance(reply, ResponseError) and text.startswith("Function not found")
+
+
 _CACHE: dict[str, LuaScript] = {}
+_FUNCTIONS: dict[str, LuaFunction] = {}
+
+
+def function(name: str) -> LuaFunction:
+    """The function library of ``worker/lua/<name>``, read once per process."""
+    found = _FUNCTIONS.get(name)
+    if found is None:
+        found = _FUNCTIONS[name] = LuaFunction.load(name)
+    return found
 
 
 def script(name: str) -> LuaScript:

@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 import pytest
 from redis.asyncio import Redis
-from redis.exceptions import AuthenticationError, NoPermissionError
+from redis.exceptions import AuthenticationError, NoPermissionError, ResponseError
 
 from tests.deploy.acl_redis import AclRedis
 from tests.helpers import running_worker, wait_until
@@ -358,3 +358,36 @@ async def test_the_healthcheck_user_may_only_ping(clients: dict[str, Redis]) -> 
     assert await health.ping()
     await refused(health.get(f"{PREFIX}:anything"))
     await refused(health.xlen(StreamKeys(PREFIX, 0).lifecycle))
+
+
+async def test_a_worker_user_from_an_acl_file_without_the_apply_function_is_told_what_to_add(
+    acl_server: AclRedis, admin: Redis
+) -> None:
+    """An ACL file written before the apply function became one (no FCALL, no FUNCTION LOAD):
+    the worker does not start, and says which permissions its user lacks and where they are."""
+    from worker.error_messages import one_line
+    from worker.lifecycle import LifecycleWorker
+
+    rules = shipped_rules("lifecycle-worker")
+    old = [r for r in rules if r not in ("+fcall", "+function|load") and not r.startswith("#")]
+    await admin.execute_command("ACL", "SETUSER", "old-worker", "reset", ">old", *old)  # type: ignore[no-untyped-call]
+    settings = settings_for(acl_server, "lifecycle-worker").model_copy(
+        update={"redis_url": acl_server.url("old-worker", "old")}
+    )
+    worker = LifecycleWorker(settings)
+    with pytest.raises(ResponseError) as refused:
+        await worker.start()
+    await worker.stop()
+    message = one_line(refused.value)
+    assert "NOPERM" in message and "function|load" in message
+    assert "deploy/redis/users.acl" in message and "+fcall +function|load" in message
+
+
+def shipped_rules(user: str) -> list[str]:
+    """The rules deploy/redis/users.acl gives ``user``, one per item (a selector "(…)" is one)."""
+    import re
+    from pathlib import Path
+
+    acl = Path(__file__).resolve().parents[2] / "deploy" / "redis" / "users.acl"
+    line = next(row for row in acl.read_text().splitlines() if f" {user} " in row)
+    return re.findall(r"\([^)]*\)|\S+", line)[2:]

@@ -40,12 +40,23 @@ class FullRedisReport:
     """At each raise: what held the memory (stream lengths, pending entries, keys)."""
     peak_used: int = 0
     peak_over_cap: float = 0.0
+    """Raw ``used_memory`` over the cap read in the same INFO reply."""
+    peak_counted_over_cap: float = 0.0
+    """What Redis compares with ``maxmemory`` (``used_memory - mem_not_counted_for_evict``)
+    over the cap, both from one INFO reply."""
+    peak_data_over_cap: int = 0
+    """Bytes by which data (what Redis counts, less clients' buffers) passed the cap, at most."""
+    at_peak: dict[str, Any] = field(default_factory=dict)
+    """One pipeline at the sample with the highest counted ratio: memory figures, stream
+    lengths, pending entries, keys, streams' MEMORY USAGE, commands run since the last sample."""
+    samples: int = 0
     offered: int = 0
     accepted: list[str] = field(default_factory=list)
     refused: Counter[str] = field(default_factory=Counter)
     refusal: str = ""
     results: Counter[str] = field(default_factory=Counter)
     dead_letters: int = 0
+    dead_letter_reasons: list[dict[str, str]] = field(default_factory=list)
     worker_exited: bool = False
     consolidator_exited: bool = False
     seconds: float = 0.0
@@ -66,6 +77,10 @@ class FullRedisReport:
             "stalls": self.stalls[:3],
             "peak_used_mb": round(self.peak_used / 2**20, 2),
             "peak_used_over_cap_then": round(self.peak_over_cap, 3),
+            "peak_counted_over_cap_then": round(self.peak_counted_over_cap, 4),
+            "peak_data_over_cap_bytes": self.peak_data_over_cap,
+            "at_peak": self.at_peak,
+            "samples": self.samples,
             "offered": self.offered,
             "accepted": len(self.accepted),
             "refused": dict(self.refused),
@@ -73,6 +88,7 @@ class FullRedisReport:
             "missing": len(self.missing),
             "duplicated": self.duplicated,
             "dead_letters": self.dead_letters,
+            "dead_letter_reasons": self.dead_letter_reasons,
             "worker_exited": self.worker_exited,
             "consolidator_exited": self.consolidator_exited,
             "seconds": round(self.seconds, 1),
@@ -114,12 +130,67 @@ async def run_full_redis(
         tail_results(Redis.from_url(redis_url), settings, report, tail_done)
     )
 
+    keys0 = StreamKeys(prefix, 0)
+    watched = {
+        "lifecycle": keys0.lifecycle,
+        "results": keys0.results,
+        "episodes": episodes_stream(prefix),
+    }
+
+    async def snapshot() -> dict[str, Any]:
+        """Memory as Redis counts it, and what holds it, in one pipeline (not a MULTI: a full
+        Redis refuses to queue commands in a MULTI; INFO memory is one reply either way)."""
+        pipe = admin.pipeline(transaction=False)
+        pipe.info("memory")
+        pipe.info("commandstats")
+        pipe.dbsize()
+        for stream in watched.values():
+            pipe.xlen(stream)
+            pipe.memory_usage(stream, samples=0)
+        pipe.xpending(keys0.lifecycle, LIFECYCLE_GROUP)
+        pipe.xpending(keys0.results, CONSOLIDATION_GROUP)
+        replies: list[Any] = await pipe.execute(raise_on_error=False)
+        info, stats, keys = replies[0], replies[1], replies[2]
+        out: dict[str, Any] = {
+            "used": int(info["used_memory"]),
+            "maxmemory": int(info["maxmemory"]),
+            "not_counted": int(info.get("mem_not_counted_for_evict", 0)),
+            "clients_normal": int(info.get("mem_clients_normal", 0)),
+            "keys": int(keys),
+            "calls": {k: int(v["calls"]) for k, v in stats.items() if isinstance(v, dict)},
+        }
+        for n, name in enumerate(watched):
+            length, usage = replies[3 + 2 * n], replies[4 + 2 * n]
+            out[f"{name}_len"] = int(length) if isinstance(length, int) else 0
+            out[f"{name}_bytes"] = int(usage) if isinstance(usage, int) else 0
+        for name, reply in zip(("lifecycle", "results"), replies[-2:], strict=True):
+            out[f"{name}_pending"] = int(reply["pending"]) if isinstance(reply, dict) else 0
+        return out
+
     async def sample() -> None:
+        calls: dict[str, int] = {}
         while not sampling.is_set():
-            used = int((await admin.info("memory"))["used_memory"])
+            now = await snapshot()
+            report.samples += 1
+            used, cap = now["used"], now["maxmemory"] or report.maxmemory
+            counted = used - now["not_counted"]
             report.peak_used = max(report.peak_used, used)
-            report.peak_over_cap = max(report.peak_over_cap, used / report.maxmemory)
-            await asyncio.sleep(0.02)
+            report.peak_over_cap = max(report.peak_over_cap, used / cap)
+            data = counted - now["clients_normal"]
+            report.peak_data_over_cap = max(report.peak_data_over_cap, data - cap)
+            if counted / cap > report.peak_counted_over_cap:
+                report.peak_counted_over_cap = counted / cap
+                since = {
+                    k.removeprefix("cmdstat_"): v - calls.get(k, 0)
+                    for k, v in now["calls"].items()
+                    if v > calls.get(k, 0)
+                }
+                report.at_peak = {
+                    **{k: v for k, v in now.items() if k != "calls"},
+                    "calls_since_last_sample": since,
+                }
+            calls = now["calls"]
+            await asyncio.sleep(0.01)
 
     async def holders() -> dict[str, int]:
         keys = StreamKeys(prefix, 0)
@@ -210,6 +281,11 @@ async def run_full_redis(
         await tailer
         dlq = StreamKeys(prefix, 0).dlq
         report.dead_letters = int(await admin.xlen(dlq))
+        letters: Any = await admin.xrange(dlq, count=5)
+        for _id, fields in letters:
+            report.dead_letter_reasons.append(
+                {k.decode(): v.decode()[:300] for k, v in fields.items() if k != b"data"}
+            )
         await admin.config_set("maxmemory", "0")
         await engine.dispose()
         await admin.aclose()

@@ -98,6 +98,17 @@ def test_a_missing_database_says_so_and_how_to_create_it(postgres_url: str) -> N
     assert "createdb" in line and "DATABASE_URL" in line
 
 
+def test_a_database_without_memworker_s_schema_says_to_migrate(database_url: str) -> None:
+    # A fresh, empty database: what the default DATABASE_URL names on a new machine.
+    line = one_error_line(
+        memworker(
+            "replay", "results", "--source", "postgres", "--since", "1d", DATABASE_URL=database_url
+        )
+    )
+    assert 'relation "lifecycle_events" does not exist' in line, line
+    assert "no memworker schema" in line and "memworker migrate" in line and "dev.env" in line
+
+
 def test_an_unreachable_postgres_names_the_url_without_its_password() -> None:
     url = f"postgresql://postgres:secret@127.0.0.1:{free_port()}/postgres"
     line = one_error_line(memworker("migrate", DATABASE_URL=url))

@@ -552,3 +552,53 @@ async def test_a_rejected_command_at_its_seq_does_not_hold_up_the_next_one(
         ("q3", "invalid_transition"),
         ("q4", None),
     ]
+
+
+async def test_a_server_that_lost_the_apply_function_gets_it_back_and_applies_nothing_twice(
+    tmp_path: Any, prefix: str
+) -> None:
+    """The apply function lives in the server (FUNCTION LOAD): a server that forgot it (here
+    FUNCTION FLUSH, as a restart without persistence does) answers ``Function not found``; the
+    worker loads it again and redoes the batch, with no command lost, doubled or dead-lettered."""
+    from tests.redis_process import RedisProcess
+    from worker.applier import APPLY
+
+    server = RedisProcess(tmp_path, persistent=False)
+    server.start()
+    try:
+        settings = Settings(redis_url=server.url, stream_prefix=prefix)
+        client = Redis.from_url(server.url)
+        streams = StreamKeys(prefix, 0)
+
+        async def libraries() -> list[str]:
+            listed: Any = await client.function_list()  # each library: a flat name/value list
+            return [
+                dict(zip(row[::2], row[1::2], strict=True))[b"library_name"].decode()
+                for row in listed
+            ]
+
+        async with running_worker(settings):
+            for n in range(50):
+                await publish(client, settings, command("spawn", f"spawn-{n}", session=f"s{n}"))
+            await stream_len_at_least(client, streams.results, 50)
+            assert await libraries() == [APPLY.library]
+            await client.function_flush()
+            for n in range(50):
+                await publish(client, settings, command("pause", f"pause-{n}", session=f"s{n}"))
+            # and a redelivered spawn: still a duplicate, not a second session
+            await publish(client, settings, command("spawn", "spawn-7", session="s7"))
+            await stream_len_at_least(client, streams.results, 100)
+
+            async def all_done() -> bool:  # every command read and acknowledged
+                groups: Any = await client.xinfo_groups(streams.lifecycle)
+                return bool(groups[0]["pending"] == 0 and groups[0]["lag"] == 0)
+
+            await wait_until(all_done)
+            assert await libraries() == [APPLY.library]
+        rows = await results(client, settings)
+        assert sorted(r["type"] for r in rows) == ["agent.paused"] * 50 + ["agent.spawned"] * 50
+        assert len({r["event_id"] for r in rows}) == 100
+        assert await dead_letters(client, settings) == []
+        await client.aclose()
+    finally:
+        server.stop()

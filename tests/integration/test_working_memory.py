@@ -784,7 +784,7 @@ async def test_memory_is_stored_in_the_workers_key_layout(
     assert 0 < await redis.pttl(keys.vars) <= settings.session_ttl_seconds * 1000
 
     # The worker's own snapshot (the prelude's snapshot_json) sees the same data.
-    snapshot_script = _read("_session.lua") + "\nreturn snapshot_json()"
+    snapshot_script = _read("_session.lua") + "\nbind_session(KEYS)\nreturn snapshot_json()"
     snapshot = orjson.loads(await redis.eval(snapshot_script, 7, *keys.all()))
     assert snapshot["variables"] == {"answer": {"n": 42}, "brief": "x"}
     assert snapshot["task_state"]["description"] == "t"

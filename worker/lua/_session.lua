@@ -1,10 +1,20 @@
--- Prelude shared by every session script (prepended by worker/scripts.py).
--- KEYS[1..7] are always the session's keys, in SessionKeys.all() order.
-local K_META, K_VARS, K_VEXP, K_TASK, K_SCRATCH, K_CPS, K_CPDATA =
-  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
-local SESSION_KEYS = {K_META, K_VARS, K_VEXP, K_TASK, K_SCRATCH, K_CPS, K_CPDATA}
-local DATA_KEYS = {K_VARS, K_VEXP, K_TASK, K_SCRATCH, K_CPS, K_CPDATA}
+-- Prelude shared by every session script and by the apply library (prepended by
+-- worker/scripts.py). A call's first 7 keys are always the session's keys, in SessionKeys.all()
+-- order; bind_session(keys) binds them to the names below before anything else runs (an EVAL
+-- script gets `bind_session(KEYS)` after this prelude; the apply function calls it itself).
+-- In a function library this prelude's definitions are made once, at FUNCTION LOAD, not on
+-- every call.
+local K_META, K_VARS, K_VEXP, K_TASK, K_SCRATCH, K_CPS, K_CPDATA
 local CHUNK = 1000
+
+local function bind_session(keys)
+  K_META, K_VARS, K_VEXP, K_TASK, K_SCRATCH, K_CPS, K_CPDATA =
+    keys[1], keys[2], keys[3], keys[4], keys[5], keys[6], keys[7]
+end
+
+local function session_keys()
+  return {K_META, K_VARS, K_VEXP, K_TASK, K_SCRATCH, K_CPS, K_CPDATA}
+end
 
 local function now_ms()
   local t = redis.call('TIME')
@@ -39,11 +49,11 @@ local function touch(default_ttl_ms)
   local state = fields[1]
   if state == 'terminated' then return end
   if state == 'paused' then
-    for _, k in ipairs(SESSION_KEYS) do redis.call('PERSIST', k) end
+    for _, k in ipairs(session_keys()) do redis.call('PERSIST', k) end
     return
   end
   local ttl = tonumber(fields[2]) or tonumber(default_ttl_ms)
-  for _, k in ipairs(SESSION_KEYS) do redis.call('PEXPIRE', k, ttl) end
+  for _, k in ipairs(session_keys()) do redis.call('PEXPIRE', k, ttl) end
 end
 
 local function count_items()
@@ -102,6 +112,15 @@ end
 -- bare: the caller knows vexp, task and scratch do not exist (their calls are skipped).
 -- fresh: the caller knows id is no checkpoint (no parts of an earlier one to drop).
 -- Returns the number of items saved.
+-- Append key's DUMP payload to fields as id|suffix, if key exists.
+local function checkpoint_save(fields, id, suffix, key)
+  local blob = redis.call('DUMP', key)
+  if blob then
+    fields[#fields + 1] = id .. '|' .. suffix
+    fields[#fields + 1] = blob
+  end
+end
+
 local function checkpoint_create(id, description, now, now_iso, bare, fresh)
   if not bare then purge_expired(now) end
   if not fresh then
@@ -109,20 +128,13 @@ local function checkpoint_create(id, description, now, now_iso, bare, fresh)
     redis.call('HDEL', K_CPDATA, id .. '|vars', id .. '|vexp', id .. '|scratch', id .. '|task')
   end
   local fields = {}
-  local function save(suffix, key)
-    local blob = redis.call('DUMP', key)
-    if blob then
-      fields[#fields + 1] = id .. '|' .. suffix
-      fields[#fields + 1] = blob
-    end
-  end
-  save('vars', K_VARS)
+  checkpoint_save(fields, id, 'vars', K_VARS)
   local items
   if bare then
     items = redis.call('HLEN', K_VARS)
   else
-    save('vexp', K_VEXP)
-    save('scratch', K_SCRATCH)
+    checkpoint_save(fields, id, 'vexp', K_VEXP)
+    checkpoint_save(fields, id, 'scratch', K_SCRATCH)
     local task = redis.call('GET', K_TASK)
     if task then
       fields[#fields + 1] = id .. '|task'

@@ -1,44 +1,71 @@
-#!lua
 -- Apply one lifecycle command atomically: dedupe, seq rule, state machine, mutation,
 -- XADD of the result, dedupe record, XACK of the command.
--- KEYS: 1-7 session keys (prelude), 8 record of a command naming no session, 9 results stream,
---       10 source stream.
--- ARGV: 1 op (spawn|pause|resume|terminate|reject), 2 source entry id, 3 group,
---       4 result JSON without its closing brace (fields every result shares),
---       5 seq ('' if none), 6 now ms, 7 now RFC 3339, 8 default session TTL ms,
---       9 dedupe TTL ms, 10 tombstone TTL ms, 11 traceparent ('' if none), 12 max checkpoints,
---       13 the command's dedupe field ('@' .. 8 bytes of SHA-1 of project/event_id), 14.. per op.
+--
+-- A Redis function (FUNCTION LOAD once, FCALL per command; worker/scripts.py builds the
+-- library: a `#!lua name=…` line, the _session.lua prelude, then this file, whose last line
+-- gets the function's name). Everything below is defined once when the library loads; a
+-- call only binds its keys and arguments to the upvalues below and runs. An EVAL script
+-- instead re-creates every function (closure) and table it defines on every call.
+-- One call at a time runs in Redis, so these upvalues never hold two calls' values at once;
+-- each call sets every one of them before reading it.
+--
+-- KEYS: 1-7 session keys (prelude), 8 results stream, 9 source stream, 10 (op 'reject' only)
+--       the record of a command naming no session.
+-- ARGV: 1 op (spawn|pause|resume|terminate|reject), 2 source entry id, 3 the worker's settings
+--       (see settings_of), 4 result JSON without its closing brace (fields every result
+--       shares), 5 seq ('' if none), 6 now ms, 7 now RFC 3339, 8 traceparent ('' if none),
+--       9 the command's dedupe field ('@' .. 8 bytes of SHA-1 of project/event_id), 10.. per op.
 -- Returns {status, result stream id (a duplicate: its record, often empty) or next expected seq,
 -- reason}: status is applied | rejected | duplicate | wait.
 --
--- Dedupe records live with their session: field ARGV[13] of the session's meta hash (an empty
+-- Dedupe records live with their session: field ARGV[9] of the session's meta hash (an empty
 -- value, 11 bytes of listpack; no key and no TTL of its own). At terminate the meta hash
 -- is folded into a compact tombstone: the state, last_seq and these records' digests packed
 -- into one field (PACKED), nothing else.
 -- A command for a session that does not exist (yet) leaves its record in a meta hash without
 -- 'state' (records only: no session), kept for the dedupe window. A command the worker refused
--- before running this script (ARGV[13] is ''; op 'reject') has its record at KEYS[8], a key of
+-- before running this script (ARGV[9] is ''; op 'reject') has its record at KEYS[10], a key of
 -- its own with the dedupe TTL: such commands are rare, and need not name a usable session.
 -- Fewer calls is less Redis CPU: each redis.call costs ~0.5 µs beyond the command itself.
-local K_DEDUPE, K_RESULTS, K_SOURCE = KEYS[8], KEYS[9], KEYS[10]
-local op, entry_id, group, prefix = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
--- Numbers go back to Redis as the strings they came in as: a Lua number passed to redis.call
--- or concatenated is formatted with printf (~0.3 µs each); arithmetic on a string converts it.
-local seq_text = ARGV[5]
-local seq = tonumber(seq_text)
-local now, now_iso = ARGV[6], ARGV[7]
-local default_ttl, dedupe_ttl, tombstone_ttl = ARGV[8], ARGV[9], ARGV[10]
-local max_checkpoints = tonumber(ARGV[12])
-local record = ARGV[13]
-local traceparent = ARGV[11]
+
 -- The field of a tombstone that packs its records: their 8-byte digests end to end (a hash
 -- keeps a field of up to 64 bytes in its listpack, so a tombstone of up to 8 commands
 -- is one small allocation: state, last_seq and this field).
 local PACKED = '@'
 
-local meta = redis.call('HMGET', K_META, 'state', 'last_seq', 'started_ms', 'started_at', 'ttl_ms',
-  record, PACKED)
-local state, last_seq = meta[1], tonumber(meta[2]) or 0
+-- This call's keys and arguments (bound by apply).
+local K_DEDUPE, K_RESULTS, K_SOURCE
+local args, op, entry_id, group, prefix  -- args: the call's ARGV
+local settings  -- the worker's settings (ARGV[3], split; see settings_of)
+-- Numbers go back to Redis as the strings they came in as: a Lua number passed to redis.call
+-- or concatenated is formatted with printf (~0.3 µs each); arithmetic on a string converts it.
+local seq_text, seq, now, now_iso, default_ttl, dedupe_ttl, tombstone_ttl
+local record, traceparent
+-- The session as the call found it (and its state as the call changes it): meta holds the
+-- fields below, then the command's record and PACKED; meta_flat the whole hash (terminate).
+local meta, meta_flat, state
+local META_FIELDS = {state = 1, last_seq = 2, started_ms = 3, started_at = 4, ttl_ms = 5}
+META_FIELDS[PACKED] = 7
+-- Fields of the meta hash to write with the command's record, in one HSET at the end:
+-- updates[1..n_updates] (the table is reused across calls; entries past n_updates are stale).
+local updates, n_updates = {}, 0
+
+-- The worker's settings arrive as one argument (group, default session TTL ms, dedupe TTL
+-- ms, tombstone TTL ms, max checkpoints, one per line), the same in every call a worker
+-- makes: split once and kept here, so each call passes 1 argument for them, not 5 (each
+-- argument costs ~1.1k instructions: bench/redis_instructions.py). A few workers with other
+-- settings share a server at most; the cache is emptied past 16 entries all the same.
+local SETTINGS, n_settings = {}, 0
+local function settings_of(text)
+  local found = SETTINGS[text]
+  if not found then
+    found = {}
+    for part in string.gmatch(text, '[^\n]+') do found[#found + 1] = part end
+    if n_settings >= 16 then SETTINGS, n_settings = {}, 0 end
+    SETTINGS[text], n_settings = found, n_settings + 1
+  end
+  return found
+end
 
 -- Whether the 8-byte digest d is one of those packed in blob (at a multiple of 8).
 local function packed_in(blob, d)
@@ -51,42 +78,29 @@ local function packed_in(blob, d)
   end
 end
 
--- A record in a meta hash is an empty value: its field is the whole record (the result's
--- event_id already follows from the command's); a tombstone packs its records' digests into
--- one field; a record key holds the result's stream id.
-local previous
-if record == '' then
-  previous = redis.call('GET', K_DEDUPE)
-else
-  previous = meta[6]
-  if not previous and meta[7] and packed_in(meta[7], string.sub(record, 2)) then previous = '' end
-end
-if previous then
-  redis.call('XACK', K_SOURCE, group, entry_id)
-  return {'duplicate', previous}
-end
-
--- Fields of the meta hash to write with the command's record, in one HSET at the end.
-local updates = {}
 local function update(field, value)
-  updates[#updates + 1] = field
-  updates[#updates + 1] = value
+  updates[n_updates + 1] = field
+  updates[n_updates + 2] = value
+  n_updates = n_updates + 2
 end
 
-local function finish(status, body)
+-- Publish the result: prefix .. body .. '}' (or data, the whole result, when given: one string
+-- less to build), write the meta hash's updates and the record, and acknowledge the command.
+local function finish(status, body, data)
   local id
+  data = data or (prefix .. body .. '}')
   if traceparent ~= '' then
-    id = redis.call('XADD', K_RESULTS, '*', 'data', prefix .. body .. '}', 'traceparent', traceparent)
+    id = redis.call('XADD', K_RESULTS, '*', 'data', data, 'traceparent', traceparent)
   else
-    id = redis.call('XADD', K_RESULTS, '*', 'data', prefix .. body .. '}')
+    id = redis.call('XADD', K_RESULTS, '*', 'data', data)
   end
   if record == '' then
     redis.call('SET', K_DEDUPE, id, 'PX', dedupe_ttl)
   elseif op ~= 'terminate' or status ~= 'applied' then  -- terminate packs its own record
     update(record, '')
   end
-  if #updates > 0 then
-    redis.call('HSET', K_META, unpack(updates))
+  if n_updates > 0 then
+    redis.call('HSET', K_META, unpack(updates, 1, n_updates))
     if not state then
       -- No session: the hash holds records only (no 'state'); keep it the dedupe window.
       if redis.call('PTTL', K_META) < tonumber(dedupe_ttl) then
@@ -101,26 +115,28 @@ end
 -- Keys only an agent's WorkingMemory makes (per-variable expiries, task state, scratchpad).
 -- Many sessions have none of them: one EXISTS then spares a call per key (each redis.call
 -- costs ~0.5 µs beyond the command itself).
-local OTHER_KEYS = {K_VEXP, K_TASK, K_SCRATCH}
 local function bare_now()
   return redis.call('EXISTS', K_VEXP, K_TASK, K_SCRATCH) == 0
 end
 
+-- PERSIST k (a paused session never expires), else PEXPIRE k ttl.
+local function expire(k, ttl)
+  if state == 'paused' then redis.call('PERSIST', k) else redis.call('PEXPIRE', k, ttl) end
+end
+
 -- Idle expiry of a live session (see touch in the prelude; state and ttl are known here), of
--- meta, vars and the checkpoint keys; of OTHER_KEYS unless bare (known not to exist); of the
--- checkpoint zset unless new_cps (the caller just made it: it has no expiry to drop).
+-- meta, vars and the checkpoint keys; of vexp, task and scratch unless bare (known not to
+-- exist); of the checkpoint zset unless new_cps (the caller just made it: no expiry to drop).
 local function touch_live(bare, new_cps)
-  local cmd, ttl = 'PEXPIRE', meta[5] or default_ttl
-  if state == 'paused' then cmd = 'PERSIST' end
-  local function apply(k)
-    if cmd == 'PERSIST' then redis.call(cmd, k) else redis.call(cmd, k, ttl) end
-  end
-  apply(K_META)
-  apply(K_VARS)
-  if not new_cps then apply(K_CPS) end
-  apply(K_CPDATA)
+  local ttl = meta[5] or default_ttl
+  expire(K_META, ttl)
+  expire(K_VARS, ttl)
+  if not new_cps then expire(K_CPS, ttl) end
+  expire(K_CPDATA, ttl)
   if not bare then
-    for _, k in ipairs(OTHER_KEYS) do apply(k) end
+    expire(K_VEXP, ttl)
+    expire(K_TASK, ttl)
+    expire(K_SCRATCH, ttl)
   end
 end
 
@@ -135,52 +151,28 @@ local function reject(reason, detail)
   return out
 end
 
--- A terminated session answers every command, whatever its seq, with already_terminated.
-if state == 'terminated' and op ~= 'reject' then
-  if op == 'spawn' then
-    return reject('already_terminated', 'session was terminated; spawn a new session_id')
-  end
-  return reject('already_terminated', 'session was terminated; ' .. op .. ' cannot apply to it')
-end
-
--- Ordering: with seq, apply only the next expected one; wait for a gap to fill.
-if seq then
-  if seq <= last_seq then
-    return reject('stale_seq', 'seq ' .. seq .. ' was already applied to this session (last applied seq is '
-      .. last_seq .. '); publish the command with seq ' .. (last_seq + 1) .. ' or omit seq')
-  end
-  if seq > last_seq + 1 then
-    return {'wait', tostring(last_seq + 1)}
-  end
-end
-
-if op == 'reject' then
-  advance_seq()
-  return reject(ARGV[14], ARGV[15])
-end
-
-if op == 'spawn' then
+local function spawn()
   if state then
     advance_seq()
     return reject('already_exists', 'session already exists and is ' .. state
       .. '; spawn a new session_id, or resume/terminate this one')
   end
-  local agent_instance_id, agent_type_id, ttl_ms = ARGV[14], ARGV[15], ARGV[16]
-  local n = tonumber(ARGV[17])
+  local agent_instance_id, agent_type_id, ttl_ms = args[10], args[11], args[12]
+  local n = tonumber(args[13])
   -- A new session: only an agent's WorkingMemory may have written keys before it (seldom).
   local others = redis.call('EXISTS', K_VEXP, K_TASK, K_SCRATCH, K_CPS, K_CPDATA) > 0
   if others then purge_expired(now) end
   if n > 0 then
-    if 2 * n <= CHUNK then  -- straight from ARGV: no table to build (and collect) per spawn
-      redis.call('HSET', K_VARS, unpack(ARGV, 18, 17 + 2 * n))
+    if 2 * n <= CHUNK then  -- straight from args: no table to build (and collect) per spawn
+      redis.call('HSET', K_VARS, unpack(args, 14, 13 + 2 * n))
     else
       local pairs_ = {}
-      for i = 18, 17 + 2 * n do pairs_[#pairs_ + 1] = ARGV[i] end
+      for i = 14, 13 + 2 * n do pairs_[#pairs_ + 1] = args[i] end
       chunked('HSET', K_VARS, pairs_)
     end
     if others then
       local names = {}
-      for i = 18, 17 + 2 * n, 2 do names[#names + 1] = ARGV[i] end
+      for i = 14, 13 + 2 * n, 2 do names[#names + 1] = args[i] end
       chunked('ZREM', K_VEXP, names)
     end
   end
@@ -193,7 +185,7 @@ if op == 'spawn' then
   if agent_type_id ~= '' then update('agent_type_id', agent_type_id) end
   if seq then update('last_seq', seq_text) end
   state, meta[5] = 'active', ttl_ms
-  local out = finish('applied', ',"type":"agent.spawned","initial_items":' .. ARGV[17])
+  local out = finish('applied', ',"type":"agent.spawned","initial_items":' .. args[13])
   redis.call('PEXPIRE', K_META, ttl_ms)
   if n > 0 then redis.call('PEXPIRE', K_VARS, ttl_ms) end
   if others then
@@ -202,17 +194,12 @@ if op == 'spawn' then
   return out
 end
 
-if not state then
-  return reject('unknown_session', 'no session with this project_id and session_id exists '
-    .. '(never spawned, or expired after its idle TTL); spawn it first')
-end
-
-if op == 'pause' then
+local function pause()
   if state ~= 'active' then
     advance_seq()
     return reject('invalid_transition', 'session is ' .. state .. '; pause applies only to an active session')
   end
-  local checkpoint_id, description = ARGV[14], ARGV[15]
+  local checkpoint_id, description = args[10], args[11]
   -- A session without checkpoints (the usual first pause) has no id to collide with.
   local n_checkpoints = redis.call('ZCARD', K_CPS)
   if n_checkpoints > 0 and checkpoint_exists(checkpoint_id) then
@@ -220,6 +207,7 @@ if op == 'pause' then
     return reject('already_exists', 'checkpoint ' .. checkpoint_id
       .. ' already exists in this session; use another checkpoint_id or omit it')
   end
+  local max_checkpoints = tonumber(settings[5])
   if n_checkpoints >= max_checkpoints then
     advance_seq()
     return reject('limit_exceeded', 'session already has ' .. max_checkpoints
@@ -236,12 +224,12 @@ if op == 'pause' then
     .. ',"items_saved":' .. items)
 end
 
-if op == 'resume' then
+local function resume()
   if state ~= 'paused' then
     advance_seq()
     return reject('invalid_transition', 'session is ' .. state .. '; resume applies only to a paused session')
   end
-  local checkpoint_id, clear = ARGV[14], ARGV[15] == '1'
+  local checkpoint_id, clear = args[10], args[11] == '1'
   if checkpoint_id == '' then
     local newest = redis.call('ZREVRANGE', K_CPS, 0, 0)
     if #newest == 0 then
@@ -264,32 +252,19 @@ if op == 'resume' then
     .. ',"items_restored":' .. items)
 end
 
-if op == 'terminate' then
-  local outcome, consolidate, cleanup, extra = ARGV[14], ARGV[15] == '1', ARGV[16] == '1', ARGV[17]
-  local body = ',"type":"agent.terminated","outcome":' .. cjson.encode(outcome)
+local function terminate()
+  local outcome, consolidate, cleanup, extra = args[10], args[11] == '1', args[12] == '1', args[13]
+  local started_at, duration = 'null', 'null'
+  if meta[4] then started_at = cjson.encode(meta[4]) end
   local started_ms = tonumber(meta[3])
-  if meta[4] then
-    body = body .. ',"started_at":' .. cjson.encode(meta[4])
-  else
-    body = body .. ',"started_at":null'
-  end
-  if started_ms then
-    body = body .. ',"duration_seconds":' .. string.format('%.3f', (now - started_ms) / 1000)
-  else
-    body = body .. ',"duration_seconds":null'
-  end
+  if started_ms then duration = string.format('%.3f', (now - started_ms) / 1000) end
   local bare = bare_now()
   if not bare then purge_expired(now) end
   local items
-  if consolidate then
-    local snapshot
-    snapshot, items = snapshot_json(bare)
-    body = body .. ',"consolidate":true,"snapshot":' .. snapshot
-  else
-    body = body .. ',"consolidate":false'
-  end
+  local snapshot = false
+  if consolidate then snapshot, items = snapshot_json(bare) end
   -- Fold the meta hash into the compact tombstone: state, last_seq and the records, packed.
-  local flat = redis.call('HGETALL', K_META)
+  local flat = meta_flat
   local digests = {}
   for i = 1, #flat, 2 do
     local name = flat[i]
@@ -303,19 +278,114 @@ if op == 'terminate' then
   local cleared = 0
   if cleanup then  -- the working memory, checkpoints and the meta hash in one DEL
     cleared = items or count_items()
-    redis.call('DEL', K_META, unpack(DATA_KEYS))
+    redis.call('DEL', K_META, K_VARS, K_VEXP, K_TASK, K_SCRATCH, K_CPS, K_CPDATA)
   else
-    for _, k in ipairs(DATA_KEYS) do redis.call('PEXPIRE', k, tombstone_ttl) end
+    for _, k in ipairs({K_VARS, K_VEXP, K_TASK, K_SCRATCH, K_CPS, K_CPDATA}) do
+      redis.call('PEXPIRE', k, tombstone_ttl)
+    end
     redis.call('DEL', K_META)
   end
-  body = body .. ',"items_cleared":' .. cleared .. extra
+  -- The result in one concatenation (each intermediate string of ~1 KB is work for Lua's
+  -- allocator and collector).
+  local data
+  if snapshot then
+    data = prefix .. ',"type":"agent.terminated","outcome":' .. cjson.encode(outcome)
+      .. ',"started_at":' .. started_at .. ',"duration_seconds":' .. duration
+      .. ',"consolidate":true,"snapshot":' .. snapshot
+      .. ',"items_cleared":' .. cleared .. extra .. '}'
+  else
+    data = prefix .. ',"type":"agent.terminated","outcome":' .. cjson.encode(outcome)
+      .. ',"started_at":' .. started_at .. ',"duration_seconds":' .. duration
+      .. ',"consolidate":false,"items_cleared":' .. cleared .. extra .. '}'
+  end
   update('state', 'terminated')
   update(PACKED, table.concat(digests))
   if seq then update('last_seq', seq_text) elseif meta[2] then update('last_seq', meta[2]) end
   state = 'terminated'
-  local out = finish('applied', body)
+  local out = finish('applied', nil, data)
   redis.call('PEXPIRE', K_META, tombstone_ttl)
   return out
 end
 
-return redis.error_reply('memworker: unknown op ' .. tostring(op))
+local function apply(keys, argv)
+  bind_session(keys)
+  K_RESULTS, K_SOURCE, K_DEDUPE = keys[8], keys[9], keys[10]
+  args, op, entry_id, prefix = argv, argv[1], argv[2], argv[4]
+  settings = settings_of(argv[3])
+  group, default_ttl, dedupe_ttl, tombstone_ttl = settings[1], settings[2], settings[3], settings[4]
+  seq_text = argv[5]
+  seq = tonumber(seq_text)
+  now, now_iso = argv[6], argv[7]
+  traceparent = argv[8]
+  record = argv[9]
+  n_updates = 0
+
+  if op == 'terminate' then
+    -- Terminate reads the whole meta hash anyway (to fold it into the tombstone): one call.
+    meta_flat = redis.call('HGETALL', K_META)
+    meta = {false, false, false, false, false, false, false}
+    for i = 1, #meta_flat, 2 do
+      local at = META_FIELDS[meta_flat[i]]
+      if at then
+        meta[at] = meta_flat[i + 1]
+      elseif meta_flat[i] == record then
+        meta[6] = meta_flat[i + 1]
+      end
+    end
+  else
+    meta = redis.call('HMGET', K_META, 'state', 'last_seq', 'started_ms', 'started_at', 'ttl_ms',
+      record, PACKED)
+  end
+  state = meta[1]
+
+  -- A record in a meta hash is an empty value: its field is the whole record (the result's
+  -- event_id already follows from the command's); a tombstone packs its records' digests into
+  -- one field; a record key holds the result's stream id.
+  local previous
+  if record == '' then
+    previous = redis.call('GET', K_DEDUPE)
+  else
+    previous = meta[6]
+    if not previous and meta[7] and packed_in(meta[7], string.sub(record, 2)) then previous = '' end
+  end
+  if previous then
+    redis.call('XACK', K_SOURCE, group, entry_id)
+    return {'duplicate', previous}
+  end
+
+  -- A terminated session answers every command, whatever its seq, with already_terminated.
+  if state == 'terminated' and op ~= 'reject' then
+    if op == 'spawn' then
+      return reject('already_terminated', 'session was terminated; spawn a new session_id')
+    end
+    return reject('already_terminated', 'session was terminated; ' .. op .. ' cannot apply to it')
+  end
+
+  -- Ordering: with seq, apply only the next expected one; wait for a gap to fill.
+  if seq then
+    local last_seq = tonumber(meta[2]) or 0
+    if seq <= last_seq then
+      return reject('stale_seq', 'seq ' .. seq .. ' was already applied to this session (last applied seq is '
+        .. last_seq .. '); publish the command with seq ' .. (last_seq + 1) .. ' or omit seq')
+    end
+    if seq > last_seq + 1 then
+      return {'wait', tostring(last_seq + 1)}
+    end
+  end
+
+  if op == 'reject' then
+    advance_seq()
+    return reject(args[10], args[11])
+  end
+  if op == 'spawn' then return spawn() end
+  if not state then
+    return reject('unknown_session', 'no session with this project_id and session_id exists '
+      .. '(never spawned, or expired after its idle TTL); spawn it first')
+  end
+  if op == 'pause' then return pause() end
+  if op == 'resume' then return resume() end
+  if op == 'terminate' then return terminate() end
+  return redis.error_reply('memworker: unknown op ' .. tostring(op))
+end
+
+redis.register_function{function_name = FUNCTION_NAME, callback = apply}

@@ -4,7 +4,7 @@ purge_expired(now_ms())
 touch(ARGV[1])
 local bytes = 0
 local ttl = -1
-for _, key in ipairs(SESSION_KEYS) do
+for _, key in ipairs(session_keys()) do
   local used = redis.call('MEMORY', 'USAGE', key)
   if used then bytes = bytes + used end
   local left = redis.call('PTTL', key)
