@@ -69,10 +69,12 @@ class Held:
 
     shard: int
     fields: Mapping[bytes, bytes]
-    first_seen: float
     due: float
     attempts: int = 0
     waiting: bool = False
+    #: When the seq-gap clock started: the first time Redis, serving, answered that this
+    #: entry's predecessor has not been applied. Never the time a condition first held it.
+    waiting_since: float | None = None
 
 
 @dataclass
@@ -94,7 +96,7 @@ class RetryBook:
         now = time.monotonic()
         item = self.held.get((shard, entry_id))
         if item is None:
-            item = self.held[(shard, entry_id)] = Held(shard, fields, now, now + delay)
+            item = self.held[(shard, entry_id)] = Held(shard, fields, now + delay)
         item.due = now + delay
         item.waiting = waiting
         if error:
@@ -282,11 +284,13 @@ class LifecycleWorker:
                 waiting=True,
                 error=False,
             )
-            if self._condition is not None:
-                # Its predecessor may be held by the condition: the gap is Redis's, not the
-                # orchestrator's; the gap's clock starts again once Redis serves.
-                held.first_seen = time.monotonic()
-            elif time.monotonic() - held.first_seen > self.settings.seq_gap_timeout_seconds:
+            now = time.monotonic()
+            if self._condition is not None or held.waiting_since is None:
+                # The clock starts at the first wait Redis answers while it serves. Its
+                # predecessor may still be held by a condition (or retried later than it): the
+                # gap is Redis's, not the orchestrator's, until the predecessor had its chance.
+                held.waiting_since = now
+            elif now - held.waiting_since > self.settings.seq_gap_timeout_seconds:
                 self.retry.release(shard, outcome.entry_id)
                 await self._dead(
                     shard,
@@ -389,8 +393,10 @@ class LifecycleWorker:
             self._condition = None
             now = time.monotonic()
             for held in self.retry.held.values():
-                if held.waiting:  # a gap's clock starts once Redis serves again
-                    held.first_seen = now
+                if held.waiting_since is not None:  # a gap's clock starts once Redis serves
+                    held.waiting_since = now
+                if not held.waiting:  # what the condition held goes first, not after its backoff
+                    held.due = min(held.due, now)
         self._condition_streak = 0
         self._set_ready(True)
 

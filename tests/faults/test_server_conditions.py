@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -150,6 +151,47 @@ async def test_a_backlog_held_by_a_full_redis_is_applied_exactly_once_when_memor
     assert report.rejected == []  # no stale_seq, no gap: the order survived the condition
     assert report.dead == []
     assert await pending(client, settings) == 0
+
+
+async def test_a_successor_retried_before_its_held_predecessor_is_not_dead_lettered_as_a_gap(
+    own_redis: RedisProcess, client: Redis, prefix: str
+) -> None:
+    # Held entries are retried as their backoffs fall due, not in stream order: once Redis
+    # serves again, a seq 3 can be applied before its seq 2. Its gap clock starts then, not
+    # when the condition first held it (which, in CI, dead-lettered 500 good commands).
+    settings = Settings(
+        redis_url=own_redis.url,
+        stream_prefix=prefix,
+        shards=1,
+        seq_gap_timeout_seconds=1.0,
+        reclaim_idle_ms=3000,  # condition backoff capped at 1 s
+    )
+    await ensure_groups(client, settings)
+    worker = LifecycleWorker(settings)
+    stop = asyncio.Event()
+    task = asyncio.create_task(worker.run(stop))
+    await wait_until(lambda: _true(worker.ready), timeout=30)
+    await publish_many(client, settings, [session_command(s, 1) for s in ("s0", "s1")])
+    await wait_until(lambda: _results_at_least(client, settings, 2), timeout=30)
+
+    later = [session_command("s0", 2), session_command("s0", 3), session_command("s1", 2)]
+    await publish_then_fill(client, settings, later)
+    await wait_until(lambda: _true(len(worker.retry.held) == 3), timeout=30)
+    await asyncio.sleep(2 * settings.seq_gap_timeout_seconds)  # held longer than the gap timeout
+    assert not worker.ready
+    (predecessor,) = [
+        held for held in worker.retry.held.values() if b'"s0-2"' in held.fields[b"data"]
+    ]
+    predecessor.due = time.monotonic() + 3.0  # its backoff falls due after its successor's
+    await uncap(client)
+
+    await wait_until(lambda: _results_at_least(client, settings, 5), timeout=60)
+    stop.set()
+    await asyncio.wait_for(task, 30)
+    report = await audit(client, settings)
+    assert report.dead == []
+    assert_exactly_once(report, [f"{s}-1" for s in ("s0", "s1")] + [b["event_id"] for b in later])
+    assert report.rejected == []
 
 
 async def test_a_terminate_reaching_a_full_redis_leaves_the_session_whole_until_memory_frees(
