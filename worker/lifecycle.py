@@ -39,6 +39,7 @@ from worker.metrics import (
     REDIS_CONDITIONS,
     STREAM_LAG,
     STREAM_PENDING,
+    TRIMMED_WHILE_FULL,
 )
 from worker.redis_conditions import ServerCondition, is_server_condition, server_condition
 from worker.retention import trim_stream
@@ -135,6 +136,7 @@ class LifecycleWorker:
         self._condition: ServerCondition | None = None
         self._condition_streak = 0
         self._condition_logged: dict[str, float] = {}
+        self._trimming_while_full: asyncio.Task[None] | None = None
         self.brokers: dict[str, RedisBroker] = {}
 
     def streams(self, shard: int) -> StreamKeys:
@@ -169,7 +171,17 @@ class LifecycleWorker:
     async def dispatch(self, shard: int, entries: Sequence[Entry]) -> None:
         """Send a batch and return before its replies arrive, so the next batch is read and
         parsed while Redis runs this one. At most ``IN_FLIGHT`` batches are outstanding; they
-        share one connection, so Redis applies them in the order they were read."""
+        share one connection, so Redis applies them in the order they were read.
+
+        While Redis is full this batch is held like the others and reading stops until Redis
+        serves again: each entry read grows the group's pending list, a write Redis allows
+        past ``maxmemory``."""
+        if self._full():
+            for entry_id, fields in entries:
+                self.retry.hold(shard, _text(entry_id), fields, 0.0, waiting=False, error=False)
+            while self._full() and not self._stopping.is_set():
+                await asyncio.sleep(0.05)
+            return
         await self._window.acquire()
         started = time.perf_counter()
         try:
@@ -386,6 +398,36 @@ class LifecycleWorker:
                 held=len(blocked),
             )
         self._condition = condition
+        trimming = self._trimming_while_full
+        if (condition.kind == "full" and self.settings.trim_when_full) and (
+            trimming is None or trimming.done()
+        ):
+            self._trimming_while_full = asyncio.create_task(self._trim_while_full())
+
+    def _full(self) -> bool:
+        return self._condition is not None and self._condition.kind == "full"
+
+    async def _trim_while_full(self) -> None:
+        """Redis is full and accepted commands wait for memory to be applied: trim what every
+        group has finished with now, not when the replay window ends (results stay replayable
+        from Postgres: ``memworker replay results --source postgres``). Once a second at most."""
+        removed = 0
+        try:
+            for shard in range(self.settings.shards):
+                streams = self.streams(shard)
+                for stream in (streams.lifecycle, streams.results):
+                    removed += await trim_stream(self.redis, stream, 0)
+        except (*_CONNECTION_ERRORS, RedisError) as exc:
+            log.warning("trim_while_full_failed", error=str(exc))
+        if removed:
+            TRIMMED_WHILE_FULL.inc(removed)
+            log.warning(
+                "trimmed_while_full",
+                removed=removed,
+                advice="Redis is full: entries every group had finished with were trimmed "
+                "before their replay window ended; raise maxmemory or lower the offered rate",
+            )
+        await asyncio.sleep(1.0)
 
     def _condition_cleared(self) -> None:
         if self._condition is not None:
@@ -663,6 +705,8 @@ class LifecycleWorker:
         self._stopping.set()
         for broker in self.brokers.values():
             await broker.stop()
+        if self._trimming_while_full is not None:
+            self._trimming_while_full.cancel()
         for task in getattr(self, "_tasks", []):
             task.cancel()
         await asyncio.gather(*getattr(self, "_tasks", []), return_exceptions=True)

@@ -56,6 +56,11 @@ REDIS_CONDITIONS = Counter(
     "entries were held and retried, never counted as failed deliveries.",
     ["kind"],
 )
+TRIMMED_WHILE_FULL = Counter(
+    "memworker_trimmed_while_full_total",
+    "Stream entries every group had finished with, trimmed before their replay window ended "
+    "because Redis was full (MEMWORKER_TRIM_WHEN_FULL).",
+)
 READY = Gauge("memworker_ready", "1 when the worker can reach its servers and is consuming.")
 
 

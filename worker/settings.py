@@ -74,6 +74,10 @@ class Settings(BaseSettings):
     retention_seconds: float = Field(default=600.0, ge=0)
     """Age of the lifecycle/results entries kept for replay once every group is done."""
     retention_interval_seconds: float = Field(default=60.0, gt=0)
+    trim_when_full: bool = True
+    """While Redis refuses writes for lack of memory, trim the lifecycle and results entries
+    every group has finished with at once, replay window or not: commands already accepted
+    need that memory to be applied (results stay replayable from Postgres)."""
 
     # Consolidator.
     consolidation_batch_size: int = Field(default=500, ge=1, le=10_000)

@@ -45,7 +45,7 @@ from worker.keys import (
 )
 from worker.lifecycle import LifecycleWorker
 from worker.memory import RedisUnavailableError, WorkingMemory
-from worker.metrics import REDIS_CONDITIONS
+from worker.metrics import REDIS_CONDITIONS, TRIMMED_WHILE_FULL
 from worker.redis_conditions import RedisConditionError
 from worker.retention import trim_stream
 from worker.settings import Settings
@@ -192,6 +192,44 @@ async def test_a_successor_retried_before_its_held_predecessor_is_not_dead_lette
     assert report.dead == []
     assert_exactly_once(report, [f"{s}-1" for s in ("s0", "s1")] + [b["event_id"] for b in later])
     assert report.rejected == []
+
+
+async def test_a_redis_full_of_finished_entries_trims_them_and_applies_the_backlog_by_itself(
+    own_redis: RedisProcess, client: Redis, prefix: str
+) -> None:
+    # Commands already applied are kept for the replay window (10 min): on a full Redis they
+    # would hold back the accepted backlog until it passed. The worker trims what every group
+    # has finished with at once, and the backlog is applied with nobody raising maxmemory.
+    settings = Settings(redis_url=own_redis.url, stream_prefix=prefix, shards=1)
+    await ensure_groups(client, settings)
+    worker = LifecycleWorker(settings)
+    stop = asyncio.Event()
+    task = asyncio.create_task(worker.run(stop))
+    await wait_until(lambda: _true(worker.ready), timeout=30)
+    bulky = {"notes": "x" * 2_000}
+    finished = [dict(session_command(f"s{n}", 1), initial_state=bulky) for n in range(300)]
+    await publish_many(client, settings, finished)
+    await wait_until(lambda: _results_at_least(client, settings, len(finished)), timeout=60)
+    trimmed_before = TRIMMED_WHILE_FULL._value.get()
+    lifecycle = StreamKeys(prefix, 0).lifecycle
+
+    backlog = [session_command(f"b{n}", 1) for n in range(300)]
+    await publish_then_fill(client, settings, backlog)
+    cap = int((await client.config_get("maxmemory"))["maxmemory"])
+
+    async def all_applied() -> bool:
+        assert not task.done(), "the worker must not exit"
+        return len((await audit(client, settings)).results) >= len(finished) + len(backlog)
+
+    await wait_until(all_applied, timeout=120)
+    stop.set()
+    await asyncio.wait_for(task, 30)
+    assert int((await client.config_get("maxmemory"))["maxmemory"]) == cap  # nobody raised it
+    assert TRIMMED_WHILE_FULL._value.get() - trimmed_before >= len(finished) // 2
+    assert await client.xlen(lifecycle) <= len(backlog)  # the finished commands are gone
+    report = await audit(client, settings)
+    assert_exactly_once(report, [b["event_id"] for b in finished + backlog])
+    assert report.dead == []
 
 
 async def test_a_terminate_reaching_a_full_redis_leaves_the_session_whole_until_memory_frees(
