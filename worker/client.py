@@ -105,33 +105,26 @@ class LifecycleClient:
             start = _text(info["last-generated-id"])
         except ResponseError:  # no results stream yet
             pass
-        if assign_seq and "seq" not in body:
-            settings = self.settings
-            # After a terminate the counter is needed only as long as the tombstone is kept.
-            tombstone = max(settings.tombstone_ttl_seconds, settings.dedupe_ttl_seconds)
-            if body["type"] == "terminate":
-                ttl_ms = tombstone * 1000
-            else:
-                ttl_ms = (settings.session_ttl_seconds + tombstone) * 1000
-            await PUBLISH(
-                self.redis,
-                [
-                    seq_key(settings.stream_prefix, keys.shard, project_id, session_id),
-                    streams.lifecycle,
-                ],
-                [
-                    orjson.dumps(body),
-                    "1" if body["type"] == "spawn" else "0",
-                    ttl_ms,
-                    traceparent or "",
-                ],
-            )
-            self._sent[event_id] = (keys.shard, start)
-            return str(event_id)
-        fields: dict[str, bytes | str] = {"data": orjson.dumps(body)}
-        if traceparent:
-            fields["traceparent"] = traceparent
-        await self.redis.xadd(streams.lifecycle, fields)  # type: ignore[arg-type]
+        settings = self.settings
+        # After a terminate the counter is needed only as long as the tombstone is kept.
+        tombstone = max(settings.tombstone_ttl_seconds, settings.dedupe_ttl_seconds)
+        if body["type"] == "terminate":
+            ttl_ms = tombstone * 1000
+        else:
+            ttl_ms = (settings.session_ttl_seconds + tombstone) * 1000
+        if not (assign_seq and "seq" not in body):
+            mode = "-"  # as it is: the caller's seq, or none
+        else:
+            mode = "1" if body["type"] == "spawn" else "0"
+        await PUBLISH(
+            self.redis,
+            [
+                seq_key(settings.stream_prefix, keys.shard, project_id, session_id),
+                streams.lifecycle,
+                streams.admission,
+            ],
+            [orjson.dumps(body), mode, ttl_ms, traceparent or ""],
+        )
         self._sent[event_id] = (keys.shard, start)
         return str(event_id)
 

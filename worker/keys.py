@@ -76,6 +76,12 @@ class StreamKeys:
     def dlq(self) -> str:
         return f"{self.prefix}:{DLQ}:{tag(self.shard)}"
 
+    @property
+    def admission(self) -> str:
+        """Present (with the reason) while the worker refuses new publishes: Redis is past
+        maxmemory less MEMWORKER_ADMISSION_RESERVE (see ``LifecycleWorker.admission_once``)."""
+        return f"{self.prefix}:admission:{tag(self.shard)}"
+
     def dedupe(self, project_id: str, event_id: str) -> str:
         """The record that a command was applied (or rejected): its result's stream id."""
         return f"{self.prefix}:{tag(self.shard)}:evt:{project_id}/{event_id}"

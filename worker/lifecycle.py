@@ -31,6 +31,7 @@ from worker.group_consumer import ensure_group as ensure_group
 from worker.keys import CONSOLIDATION_GROUP, LIFECYCLE_GROUP, StreamKeys
 from worker.logs import get_logger
 from worker.metrics import (
+    ADMISSION_CLOSED,
     APPLY_SECONDS,
     BATCH_SIZE,
     COMMANDS,
@@ -137,6 +138,7 @@ class LifecycleWorker:
         self._condition_streak = 0
         self._condition_logged: dict[str, float] = {}
         self._trimming_while_full: asyncio.Task[None] | None = None
+        self._admission_closed = False
         self.brokers: dict[str, RedisBroker] = {}
 
     def streams(self, shard: int) -> StreamKeys:
@@ -638,6 +640,42 @@ class LifecycleWorker:
                 removed += await trim_stream(self.redis, stream, self.settings.retention_seconds)
         return removed
 
+    async def admission_once(self) -> None:
+        """Refuse new publishes (``LifecycleClient``, ``memworker publish``) while Redis is past
+        maxmemory less ``admission_reserve``: the commands already accepted need that memory
+        to be applied (results, session state). Redis itself refuses every write that may
+        grow memory past maxmemory, applies included: without a reserve, publishers could
+        fill it with commands nobody can apply. Standalone and Sentinel; not on Cluster."""
+        reserve = self.settings.admission_reserve
+        if reserve <= 0 or self.settings.redis_cluster:
+            return
+        info: Any = await self.redis.info("memory")
+        cap = int(info.get("maxmemory", 0))
+        used = int(info["used_memory"]) - int(info.get("mem_not_counted_for_evict", 0))
+        limit = int(cap * (1 - reserve))
+        keys = [self.streams(shard).admission for shard in range(self.settings.shards)]
+        if cap and used >= limit:
+            reason = (
+                f"Redis is nearly full: used_memory {_mb(used)} is past {_mb(limit)} (maxmemory "
+                f"{_mb(cap)} less MEMWORKER_ADMISSION_RESERVE {reserve:.0%}, kept for applying "
+                "the commands already accepted); retry later, or raise maxmemory"
+            )
+            expiry_ms = max(2_000, 8 * self.settings.admission_interval_ms)  # outlives a stall
+            pipe = self.redis.pipeline(transaction=False)
+            for key in keys:
+                pipe.set(key, reason, px=expiry_ms)
+            # Refused past maxmemory (OOM): Redis then refuses the publishes by itself.
+            await pipe.execute(raise_on_error=False)
+            if not self._admission_closed:
+                log.warning("admission_closed", reason=reason)
+                ADMISSION_CLOSED.set(1)
+            self._admission_closed = True
+        elif self._admission_closed:
+            await self.redis.delete(*keys)
+            log.info("admission_open", used=used, limit=limit)
+            ADMISSION_CLOSED.set(0)
+            self._admission_closed = False
+
     # -- running ----------------------------------------------------------------------------
 
     async def start(self) -> bool:
@@ -685,6 +723,11 @@ class LifecycleWorker:
                 self._loop(self.settings.retention_interval_seconds, self.trim_once, "retention")
             ),
             asyncio.create_task(self._loop(self.settings.lag_probe_seconds, self.probe_lag, "lag")),
+            asyncio.create_task(
+                self._loop(
+                    self.settings.admission_interval_ms / 1000, self.admission_once, "admission"
+                )
+            ),
         ]
         log.info("lifecycle_worker_started", consumer=self.consumer, shards=self.settings.shards)
         return True
@@ -736,6 +779,10 @@ class LifecycleWorker:
         finally:
             stopped.cancel()
             await self.stop()
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1_048_576:.2f}M"
 
 
 def _text(value: bytes | str) -> str:

@@ -61,6 +61,11 @@ TRIMMED_WHILE_FULL = Counter(
     "Stream entries every group had finished with, trimmed before their replay window ended "
     "because Redis was full (MEMWORKER_TRIM_WHEN_FULL).",
 )
+ADMISSION_CLOSED = Gauge(
+    "memworker_admission_closed",
+    "1 while the lifecycle worker refuses new publishes: Redis is past maxmemory less "
+    "MEMWORKER_ADMISSION_RESERVE, kept for applying the commands already accepted.",
+)
 READY = Gauge("memworker_ready", "1 when the worker can reach its servers and is consuming.")
 
 

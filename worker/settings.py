@@ -74,6 +74,11 @@ class Settings(BaseSettings):
     retention_seconds: float = Field(default=600.0, ge=0)
     """Age of the lifecycle/results entries kept for replay once every group is done."""
     retention_interval_seconds: float = Field(default=60.0, gt=0)
+    admission_reserve: float = Field(default=0.1, ge=0, lt=1)
+    """Fraction of ``maxmemory`` kept for applying commands already accepted: past
+    maxmemory × (1 − this), ``LifecycleClient`` and ``memworker publish`` are refused (0: off).
+    Checked by the lifecycle worker every ``admission_interval_ms``."""
+    admission_interval_ms: int = Field(default=250, ge=10)
     trim_when_full: bool = True
     """While Redis refuses writes for lack of memory, trim the lifecycle and results entries
     every group has finished with at once, replay window or not: commands already accepted

@@ -98,6 +98,10 @@ async def uncap(redis: Redis) -> None:
     await redis.config_set("maxmemory", "0")
 
 
+async def _maxmemory(redis: Redis) -> int:
+    return int((await redis.info("memory"))["maxmemory"])
+
+
 def seen(kind: str) -> float:
     return float(REDIS_CONDITIONS.labels(kind)._value.get())
 
@@ -215,7 +219,7 @@ async def test_a_redis_full_of_finished_entries_trims_them_and_applies_the_backl
 
     backlog = [session_command(f"b{n}", 1) for n in range(300)]
     await publish_then_fill(client, settings, backlog)
-    cap = int((await client.config_get("maxmemory"))["maxmemory"])
+    cap = await _maxmemory(client)
 
     async def all_applied() -> bool:
         assert not task.done(), "the worker must not exit"
@@ -224,7 +228,7 @@ async def test_a_redis_full_of_finished_entries_trims_them_and_applies_the_backl
     await wait_until(all_applied, timeout=120)
     stop.set()
     await asyncio.wait_for(task, 30)
-    assert int((await client.config_get("maxmemory"))["maxmemory"]) == cap  # nobody raised it
+    assert await _maxmemory(client) == cap  # nobody raised it
     assert TRIMMED_WHILE_FULL._value.get() - trimmed_before >= len(finished) // 2
     assert await client.xlen(lifecycle) <= len(backlog)  # the finished commands are gone
     report = await audit(client, settings)
@@ -427,6 +431,58 @@ async def test_an_orchestrator_publishing_to_a_full_redis_gets_one_clear_error(
 
     await uncap(client)  # and then it is accepted
     assert await lifecycle.spawn("p1", "s1", "agent-1", {"goal": "x"})
+
+
+async def test_publishes_are_refused_clearly_before_redis_is_full_so_accepted_commands_apply(
+    own_redis: RedisProcess, client: Redis, prefix: str
+) -> None:
+    # Past maxmemory less MEMWORKER_ADMISSION_RESERVE the worker closes admission: publishes
+    # through LifecycleClient and memworker publish are refused with the figures, nothing is
+    # written, and the reserve stays for applying what was accepted. It reopens by itself.
+    settings = Settings(redis_url=own_redis.url, stream_prefix=prefix, admission_interval_ms=50)
+    await ensure_groups(client, settings)
+    worker = LifecycleWorker(settings)
+    stop = asyncio.Event()
+    task = asyncio.create_task(worker.run(stop))
+    await wait_until(lambda: _true(worker.ready), timeout=30)
+    lifecycle = LifecycleClient(client, settings)
+    assert await lifecycle.spawn("p1", "s1", "agent-1", {"goal": "x"})
+    used = int((await client.info("memory"))["used_memory"])
+    await client.config_set("maxmemory-policy", "noeviction")
+    await client.config_set("maxmemory", str(used * 21 // 20))  # used is 95 % of the cap
+    stream = StreamKeys(prefix, shard_of("p1", "s2", settings.shards)).lifecycle
+    await wait_until(lambda: _true(worker._admission_closed), timeout=30)
+    length = await client.xlen(stream)
+
+    with pytest.raises(RedisConditionError, match="Redis is nearly full") as raised:
+        await lifecycle.spawn("p1", "s2", "agent-1", {"goal": "x"})
+    assert raised.value.condition.kind == "nearly_full"
+    message = str(raised.value)
+    assert "MEMWORKER_ADMISSION_RESERVE 10%" in message and "raise maxmemory" in message
+    with pytest.raises(RedisConditionError, match="Redis is nearly full"):  # seq of its own
+        await lifecycle.publish(
+            {"type": "spawn", "project_id": "p1", "session_id": "s2", "agent_instance_id": "a"},
+            assign_seq=False,
+        )
+    cli = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "worker.cli", "publish", "spawn", "-p", "p1", "-s", "s2"],
+        env=worker_env(settings),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert cli.returncode == 1
+    lines = cli.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("memworker: error: Redis is nearly full"), lines
+    assert await client.xlen(stream) == length  # nothing was written
+
+    await uncap(client)
+    await wait_until(lambda: _true(not worker._admission_closed), timeout=30)
+    assert await lifecycle.spawn("p1", "s2", "agent-1", {"goal": "x"})
+    await wait_until(lambda: _results_at_least(client, settings, 2), timeout=30)
+    stop.set()
+    await asyncio.wait_for(task, 30)
 
 
 async def _results_at_least(redis: Redis, settings: Settings, n: int) -> bool:
