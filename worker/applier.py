@@ -162,14 +162,18 @@ class CommandApplier:
         self._urls: dict[int, str] = dict.fromkeys(range(settings.shards), settings.redis_url)
         self._resolved = not (settings.redis_cluster or settings.redis_sentinel_service)
         self._channels: dict[str, ScriptChannel] = {}
-        self._settings_arg: tuple[Settings, str] | None = None
+        self._settings_arg: tuple[Settings, bool, str] | None = None
+        self.pressure = False
+        """Redis is (nearly) full: each applied command's entry is deleted with its XACK
+        (XDEL), not kept for the replay window; its result still is (and goes to Postgres)."""
 
     def settings_arg(self) -> str:
         """The settings every apply call carries, as one argument (the function splits it once
         and keeps it: see ``settings_of`` in apply_command.lua): group, default session TTL,
-        dedupe TTL, tombstone TTL (in ms) and max checkpoints, one per line."""
+        dedupe TTL, tombstone TTL (in ms), max checkpoints and whether Redis is under memory
+        pressure (1: delete the command's entry once applied), one per line."""
         cached = self._settings_arg
-        if cached is None or cached[0] is not self.settings:
+        if cached is None or cached[0] is not self.settings or cached[1] != self.pressure:
             s = self.settings
             values = (
                 self.group,
@@ -178,9 +182,11 @@ class CommandApplier:
                 # The tombstone holds the session's dedupe records: it lasts both windows.
                 max(s.tombstone_ttl_seconds, s.dedupe_ttl_seconds) * 1000,
                 s.max_checkpoints_per_session,
+                1 if self.pressure else 0,
             )
-            cached = self._settings_arg = (s, "\n".join(str(v) for v in values))
-        return cached[1]
+            text = "\n".join(str(v) for v in values)
+            cached = self._settings_arg = (s, self.pressure, text)
+        return cached[2]
 
     async def resolve(self) -> None:
         """Learn which server holds each shard (a cluster node, the Sentinel's master)."""

@@ -139,6 +139,7 @@ class LifecycleWorker:
         self._condition_logged: dict[str, float] = {}
         self._trimming_while_full: asyncio.Task[None] | None = None
         self._admission_closed = False
+        self._trimmed_logged_at, self._trimmed_unlogged = -60.0, 0
         self.brokers: dict[str, RedisBroker] = {}
 
     def streams(self, shard: int) -> StreamKeys:
@@ -400,17 +401,27 @@ class LifecycleWorker:
                 held=len(blocked),
             )
         self._condition = condition
-        trimming = self._trimming_while_full
-        if (condition.kind == "full" and self.settings.trim_when_full) and (
-            trimming is None or trimming.done()
-        ):
-            self._trimming_while_full = asyncio.create_task(self._trim_while_full())
+        self._update_pressure()
+        if condition.kind == "full":
+            self._trim_soon()
 
     def _full(self) -> bool:
         return self._condition is not None and self._condition.kind == "full"
 
+    def _update_pressure(self) -> None:
+        """Under memory pressure (admission closed, or Redis refusing writes as full) each
+        applied command's entry is deleted with its acknowledgement."""
+        self.applier.pressure = self.settings.trim_when_full and (
+            self._admission_closed or self._full()
+        )
+
+    def _trim_soon(self) -> None:
+        trimming = self._trimming_while_full
+        if self.settings.trim_when_full and (trimming is None or trimming.done()):
+            self._trimming_while_full = asyncio.create_task(self._trim_while_full())
+
     async def _trim_while_full(self) -> None:
-        """Redis is full and accepted commands wait for memory to be applied: trim what every
+        """Redis is (nearly) full and accepted commands need memory to be applied: trim what every
         group has finished with now, not when the replay window ends (results stay replayable
         from Postgres: ``memworker replay results --source postgres``). Once a second at most."""
         removed = 0
@@ -423,18 +434,24 @@ class LifecycleWorker:
             log.warning("trim_while_full_failed", error=str(exc))
         if removed:
             TRIMMED_WHILE_FULL.inc(removed)
-            log.warning(
-                "trimmed_while_full",
-                removed=removed,
-                advice="Redis is full: entries every group had finished with were trimmed "
-                "before their replay window ended; raise maxmemory or lower the offered rate",
-            )
+            self._trimmed_unlogged += removed
+            now = time.monotonic()
+            if now - self._trimmed_logged_at >= 10.0:  # once per 10 s at most
+                log.warning(
+                    "trimmed_while_full",
+                    removed=self._trimmed_unlogged,
+                    advice="Redis is (nearly) full: entries every group had finished with were "
+                    "trimmed before their replay window ended; raise maxmemory or lower the "
+                    "offered rate",
+                )
+                self._trimmed_logged_at, self._trimmed_unlogged = now, 0
         await asyncio.sleep(1.0)
 
     def _condition_cleared(self) -> None:
         if self._condition is not None:
             log.debug("redis_condition_cleared", condition=self._condition.kind)
             self._condition = None
+            self._update_pressure()
             now = time.monotonic()
             for held in self.retry.held.values():
                 if held.waiting_since is not None:  # a gap's clock starts once Redis serves
@@ -669,12 +686,15 @@ class LifecycleWorker:
             if not self._admission_closed:
                 log.warning("admission_closed", reason=reason)
                 ADMISSION_CLOSED.set(1)
-            self._admission_closed = True
+                self._admission_closed = True
+                self._update_pressure()
+            self._trim_soon()
         elif self._admission_closed:
             await self.redis.delete(*keys)
             log.info("admission_open", used=used, limit=limit)
             ADMISSION_CLOSED.set(0)
             self._admission_closed = False
+            self._update_pressure()
 
     # -- running ----------------------------------------------------------------------------
 

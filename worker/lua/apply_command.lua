@@ -51,8 +51,8 @@ META_FIELDS[PACKED] = 7
 local updates, n_updates = {}, 0
 
 -- The worker's settings arrive as one argument (group, default session TTL ms, dedupe TTL
--- ms, tombstone TTL ms, max checkpoints, one per line), the same in every call a worker
--- makes: split once and kept here, so each call passes 1 argument for them, not 5 (each
+-- ms, tombstone TTL ms, max checkpoints, memory pressure 1|0 (see acknowledge), one per
+-- line), the same in every call a worker makes: split once and kept here, so each call passes 1 argument for them, not 5 (each
 -- argument costs ~1.1k instructions: bench/redis_instructions.py). A few workers with other
 -- settings share a server at most; the cache is emptied past 16 entries all the same.
 local SETTINGS, n_settings = {}, 0
@@ -84,6 +84,14 @@ local function update(field, value)
   n_updates = n_updates + 2
 end
 
+-- Acknowledge the command; under memory pressure (settings[6], set by the worker while Redis
+-- is nearly full) delete its entry too: it is not kept for the replay window, its memory goes
+-- to the commands still waiting.
+local function acknowledge()
+  redis.call('XACK', K_SOURCE, group, entry_id)
+  if settings[6] == '1' then redis.call('XDEL', K_SOURCE, entry_id) end
+end
+
 -- Publish the result: prefix .. body .. '}' (or data, the whole result, when given: one string
 -- less to build), write the meta hash's updates and the record, and acknowledge the command.
 local function finish(status, body, data)
@@ -108,7 +116,7 @@ local function finish(status, body, data)
       end
     end
   end
-  redis.call('XACK', K_SOURCE, group, entry_id)
+  acknowledge()
   return {status, id}
 end
 
@@ -349,7 +357,7 @@ local function apply(keys, argv)
     if not previous and meta[7] and packed_in(meta[7], string.sub(record, 2)) then previous = '' end
   end
   if previous then
-    redis.call('XACK', K_SOURCE, group, entry_id)
+    acknowledge()
     return {'duplicate', previous}
   end
 
