@@ -78,7 +78,7 @@ class Settings(BaseSettings):
     """Fraction of ``maxmemory`` kept for applying commands already accepted: past
     maxmemory × (1 − this), ``LifecycleClient`` and ``memworker publish`` are refused (0: off).
     Checked by the lifecycle worker every ``admission_interval_ms``."""
-    admission_interval_ms: int = Field(default=250, ge=10)
+    admission_interval_ms: int = Field(default=100, ge=10)
     trim_when_full: bool = True
     """While Redis refuses writes for lack of memory, trim the lifecycle and results entries
     every group has finished with at once, replay window or not: commands already accepted
