@@ -20,7 +20,7 @@ from faststream.message import StreamMessage
 from faststream.middlewares import AckPolicy
 from faststream.redis import RedisBroker, StreamSub
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError
+from redis.exceptions import NoPermissionError, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from worker.applier import CommandApplier, Outcome, Plan
@@ -139,6 +139,7 @@ class LifecycleWorker:
         self._condition_logged: dict[str, float] = {}
         self._trimming_while_full: asyncio.Task[None] | None = None
         self._admission_closed = False
+        self._admission_refused = False
         self._trimmed_logged_at, self._trimmed_unlogged = -60.0, 0
         self.brokers: dict[str, RedisBroker] = {}
 
@@ -664,7 +665,7 @@ class LifecycleWorker:
         grow memory past maxmemory, applies included: without a reserve, publishers could
         fill it with commands nobody can apply. Standalone and Sentinel; not on Cluster."""
         reserve = self.settings.admission_reserve
-        if reserve <= 0 or self.settings.redis_cluster:
+        if reserve <= 0 or self.settings.redis_cluster or self._admission_refused:
             return
         info: Any = await self.redis.info("memory")
         cap = int(info.get("maxmemory", 0))
@@ -682,7 +683,16 @@ class LifecycleWorker:
             for key in keys:
                 pipe.set(key, reason, px=expiry_ms)
             # Refused past maxmemory (OOM): Redis then refuses the publishes by itself.
-            await pipe.execute(raise_on_error=False)
+            replies = await pipe.execute(raise_on_error=False)
+            if any(isinstance(r, NoPermissionError) for r in replies):
+                self._admission_refused = True  # an ACL from before admission: say it once
+                log.error(
+                    "admission_unavailable",
+                    error=str(next(r for r in replies if isinstance(r, NoPermissionError))),
+                    advice="grant this Redis user SET DEL on ~<prefix>:admission:* "
+                    "(deploy/redis/users.acl); until then publishes are refused only at maxmemory",
+                )
+                return
             if not self._admission_closed:
                 log.warning("admission_closed", reason=reason)
                 ADMISSION_CLOSED.set(1)

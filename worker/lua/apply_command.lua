@@ -89,7 +89,8 @@ end
 -- to the commands still waiting.
 local function acknowledge()
   redis.call('XACK', K_SOURCE, group, entry_id)
-  if settings[6] == '1' then redis.call('XDEL', K_SOURCE, entry_id) end
+  -- pcall: a user whose ACL lacks XDEL (an upgrade) keeps the entry, and the call succeeds.
+  if settings[6] == '1' then redis.pcall('XDEL', K_SOURCE, entry_id) end
 end
 
 -- Publish the result: prefix .. body .. '}' (or data, the whole result, when given: one string
