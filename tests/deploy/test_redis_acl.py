@@ -31,6 +31,7 @@ from worker.keys import (
     episodes_stream,
 )
 from worker.memory import WorkingMemory
+from worker.redis_conditions import RedisConditionError
 from worker.settings import Settings
 
 PREFIX = "agents"  # the prefix the ACL key patterns are written for
@@ -157,6 +158,60 @@ async def test_commands_published_as_the_publisher_are_applied_by_the_worker_as_
     finally:
         await publisher.close()
     await assert_no_denials(admin)
+
+
+async def test_admission_closes_and_reopens_with_the_shipped_rules(
+    acl_server: AclRedis, admin: Redis
+) -> None:
+    # Near maxmemory the worker (as lifecycle-worker) closes admission, the publisher's script
+    # reads it and refuses clearly, an orchestrator's own XADD is applied and its entry deleted
+    # under pressure; nothing is refused by the ACL on the way.
+    publisher = LifecycleClient(settings=settings_for(acl_server, "publisher"))
+    worker_settings = settings_for(acl_server, "lifecycle-worker").model_copy(
+        update={"admission_interval_ms": 50}
+    )
+    try:
+        async with running_worker(worker_settings) as worker:
+            await publisher.wait(await publisher.spawn("p-adm", "s-1", "agent-1", {"n": 1}))
+            used = int((await admin.info("memory"))["used_memory"])
+            await admin.config_set("maxmemory", str(used * 21 // 20))
+            try:
+                await wait_until(lambda: _is(worker._admission_closed), timeout=20)
+                with pytest.raises(RedisConditionError, match="Redis is nearly full"):
+                    await publisher.spawn("p-adm", "s-2", "agent-1", {"n": 1})
+                keys = session_keys("p-adm", "s-1")
+                own = await publisher.redis.xadd(
+                    keys.streams.lifecycle,
+                    {
+                        "data": orjson.dumps(
+                            {
+                                "type": "pause",
+                                "event_id": "own-pause",
+                                "project_id": "p-adm",
+                                "session_id": "s-1",
+                                "agent_instance_id": "agent-1",
+                            }
+                        )
+                    },
+                )
+                paused = await publisher.wait("own-pause", project_id="p-adm", session_id="s-1")
+                assert paused.type == "agent.paused", paused
+                assert await admin.xrange(keys.streams.lifecycle, own, own) == []
+            finally:
+                await admin.config_set("maxmemory", "0")
+            await wait_until(lambda: _is(not worker._admission_closed), timeout=20)
+            spawned = await publisher.wait(
+                await publisher.spawn("p-adm", "s-2", "agent-1", {"n": 1})
+            )
+            assert spawned.type == "agent.spawned", spawned
+            assert not worker._admission_refused
+    finally:
+        await publisher.close()
+    await assert_no_denials(admin)
+
+
+async def _is(value: bool) -> bool:
+    return value
 
 
 async def test_the_publisher_cannot_read_working_memory_or_delete_streams(
