@@ -156,6 +156,12 @@ async def run_full_redis(
             "maxmemory": int(info["maxmemory"]),
             "not_counted": int(info.get("mem_not_counted_for_evict", 0)),
             "clients_normal": int(info.get("mem_clients_normal", 0)),
+            # Where the rest goes, as Redis breaks it down (for a peak that is not data).
+            "overhead": int(info.get("used_memory_overhead", 0)),
+            "dataset": int(info.get("used_memory_dataset", 0)),
+            "startup": int(info.get("used_memory_startup", 0)),
+            "lazyfree_pending": int(info.get("lazyfree_pending_objects", 0)),
+            "replication_buffers": int(info.get("mem_total_replication_buffers", 0)),
             "keys": int(keys),
             "calls": {k: int(v["calls"]) for k, v in stats.items() if isinstance(v, dict)},
         }
