@@ -405,29 +405,11 @@ async def test_an_orchestrator_publishing_to_a_full_redis_gets_one_clear_error(
     await make_full(client)
 
     lifecycle = LifecycleClient(client, settings)
-    with pytest.raises(RedisConditionError, match="Redis is full") as raised:
-        await lifecycle.spawn("p1", "s1", "agent-1", {"goal": "x"})
-    assert raised.value.condition.kind == "full"
-    assert "reached maxmemory" in str(raised.value) and "Capacity" in str(raised.value)
-    with pytest.raises(RedisConditionError, match="Redis is full"):  # without seq: plain XADD
-        await lifecycle.publish(
-            {"type": "spawn", "project_id": "p1", "session_id": "s2", "agent_instance_id": "a"},
-            assign_seq=False,
-        )
-
-    cli = await asyncio.to_thread(
-        subprocess.run,
-        [sys.executable, "-m", "worker.cli", "publish", "spawn", "-p", "p1", "-s", "s3"],
-        env=worker_env(settings),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert cli.returncode == 1
-    lines = cli.stderr.strip().splitlines()
-    assert len(lines) == 1, cli.stderr
-    assert lines[0].startswith("memworker: error: Redis is full: used_memory")
-    assert "raise maxmemory" in lines[0]
+    refused, line = await _every_publisher_refused(client, settings, "Redis is full: ")
+    assert refused.condition.kind == "full"
+    assert "reached maxmemory" in str(refused) and "Capacity" in str(refused)
+    assert line.startswith("memworker: error: Redis is full: used_memory")
+    assert "raise maxmemory" in line
 
     await uncap(client)  # and then it is accepted
     assert await lifecycle.spawn("p1", "s1", "agent-1", {"goal": "x"})
@@ -454,27 +436,10 @@ async def test_publishes_are_refused_clearly_before_redis_is_full_so_accepted_co
     await wait_until(lambda: _true(worker._admission_closed), timeout=30)
     length = await client.xlen(stream)
 
-    with pytest.raises(RedisConditionError, match="Redis is nearly full") as raised:
-        await lifecycle.spawn("p1", "s2", "agent-1", {"goal": "x"})
-    assert raised.value.condition.kind == "nearly_full"
-    message = str(raised.value)
+    refused, _line = await _every_publisher_refused(client, settings, "Redis is nearly full: ")
+    assert refused.condition.kind == "nearly_full"
+    message = str(refused)
     assert "MEMWORKER_ADMISSION_RESERVE 10%" in message and "raise maxmemory" in message
-    with pytest.raises(RedisConditionError, match="Redis is nearly full"):  # seq of its own
-        await lifecycle.publish(
-            {"type": "spawn", "project_id": "p1", "session_id": "s2", "agent_instance_id": "a"},
-            assign_seq=False,
-        )
-    cli = await asyncio.to_thread(
-        subprocess.run,
-        [sys.executable, "-m", "worker.cli", "publish", "spawn", "-p", "p1", "-s", "s2"],
-        env=worker_env(settings),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert cli.returncode == 1
-    lines = cli.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("memworker: error: Redis is nearly full"), lines
     assert await client.xlen(stream) == length  # nothing was written
 
     # An orchestrator's own XADD (Redis takes it: under maxmemory) is applied from the reserve,
@@ -495,6 +460,35 @@ async def test_publishes_are_refused_clearly_before_redis_is_full_so_accepted_co
     assert len(rows) == 1  # kept for replay again
     stop.set()
     await asyncio.wait_for(task, 30)
+
+
+async def _every_publisher_refused(
+    client: Redis, settings: Settings, text: str
+) -> tuple[RedisConditionError, str]:
+    """``LifecycleClient`` (assigning the seq, and with a seq of its own) and ``memworker
+    publish`` are each refused with one line starting with ``text``; returns the client's
+    error and the CLI's line."""
+    lifecycle = LifecycleClient(client, settings)
+    with pytest.raises(RedisConditionError, match=text) as raised:
+        await lifecycle.spawn("p1", "s2", "agent-1", {"goal": "x"})
+    with pytest.raises(RedisConditionError, match=text):
+        await lifecycle.publish(
+            {"type": "spawn", "project_id": "p1", "session_id": "s3", "agent_instance_id": "a"},
+            assign_seq=False,
+        )
+    cli = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "worker.cli", "publish", "spawn", "-p", "p1", "-s", "s4"],
+        env=worker_env(settings),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert cli.returncode == 1
+    lines = cli.stderr.strip().splitlines()
+    assert len(lines) == 1, cli.stderr
+    assert lines[0].startswith(f"memworker: error: {text}"), lines
+    return raised.value, lines[0]
 
 
 async def _results_at_least(redis: Redis, settings: Settings, n: int) -> bool:
