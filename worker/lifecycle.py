@@ -20,7 +20,7 @@ from faststream.message import StreamMessage
 from faststream.middlewares import AckPolicy
 from faststream.redis import RedisBroker, StreamSub
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoPermissionError, RedisError
+from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from worker.applier import CommandApplier, Outcome, Plan
@@ -139,6 +139,7 @@ class LifecycleWorker:
         self._condition_logged: dict[str, float] = {}
         self._trimming_while_full: asyncio.Task[None] | None = None
         self._admission_closed = False
+        self._closed_servers: set[str] = set()
         self._admission_refused = False
         self._trimmed_logged_at, self._trimmed_unlogged = -60.0, 0
         self.brokers: dict[str, RedisBroker] = {}
@@ -659,19 +660,38 @@ class LifecycleWorker:
         return removed
 
     async def admission_once(self) -> None:
-        """Refuse new publishes (``LifecycleClient``, ``memworker publish``) while Redis is past
-        maxmemory less ``admission_reserve``: the commands already accepted need that memory
-        to be applied (results, session state). Redis itself refuses every write that may
-        grow memory past maxmemory, applies included: without a reserve, publishers could
-        fill it with commands nobody can apply. Standalone and Sentinel; not on Cluster."""
+        """Refuse new publishes (``LifecycleClient``, ``memworker publish``) on every server
+        past maxmemory less ``admission_reserve``: the commands already accepted need that
+        memory to be applied (results, session state). Redis itself refuses every write that
+        may grow memory past maxmemory, applies included: without a reserve, publishers could
+        fill it with commands nobody can apply. Each server (a cluster node, the Sentinel's
+        primary, the one server) is judged by its own ``INFO memory``, for its own shards."""
         reserve = self.settings.admission_reserve
-        if reserve <= 0 or self.settings.redis_cluster or self._admission_refused:
+        if reserve <= 0 or self._admission_refused:
             return
-        info: Any = await self.redis.info("memory")
-        cap = int(info.get("maxmemory", 0))
-        used = int(info["used_memory"]) - int(info.get("mem_not_counted_for_evict", 0))
+        servers: dict[str, list[int]] = {}
+        for shard in range(self.settings.shards):
+            servers.setdefault(self.applier.url_of(shard), []).append(shard)
+        for url, shards in servers.items():
+            await self._admit(url, shards, reserve)
+        closed = bool(self._closed_servers)
+        if closed != self._admission_closed:
+            self._admission_closed = closed
+            ADMISSION_CLOSED.set(1 if closed else 0)
+            self._update_pressure()
+        if closed:
+            self._trim_soon()
+
+    async def _admit(self, url: str, shards: list[int], reserve: float) -> None:
+        channel = self.applier.channel_for(shards[0])
+        (info,) = await channel.execute([["INFO", "memory"]])
+        if isinstance(info, Exception):
+            raise info
+        figures = _info_fields(info)
+        cap = figures.get("maxmemory", 0)
+        used = figures.get("used_memory", 0) - figures.get("mem_not_counted_for_evict", 0)
         limit = int(cap * (1 - reserve))
-        keys = [self.streams(shard).admission for shard in range(self.settings.shards)]
+        keys = [self.streams(shard).admission for shard in shards]
         if cap and used >= limit:
             reason = (
                 f"Redis is nearly full: used_memory {_mb(used)} is past {_mb(limit)} (maxmemory "
@@ -679,32 +699,25 @@ class LifecycleWorker:
                 "the commands already accepted); retry later, or raise maxmemory"
             )
             expiry_ms = max(2_000, 8 * self.settings.admission_interval_ms)  # outlives a stall
-            pipe = self.redis.pipeline(transaction=False)
-            for key in keys:
-                pipe.set(key, reason, px=expiry_ms)
             # Refused past maxmemory (OOM): Redis then refuses the publishes by itself.
-            replies = await pipe.execute(raise_on_error=False)
-            if any(isinstance(r, NoPermissionError) for r in replies):
+            replies = await channel.execute([["SET", k, reason, "PX", expiry_ms] for k in keys])
+            denied = [r for r in replies if isinstance(r, Exception) and "NOPERM" in str(r)]
+            if denied:
                 self._admission_refused = True  # an ACL from before admission: say it once
                 log.error(
                     "admission_unavailable",
-                    error=str(next(r for r in replies if isinstance(r, NoPermissionError))),
+                    error=str(denied[0]),
                     advice="grant this Redis user SET DEL on ~<prefix>:admission:* "
                     "(deploy/redis/users.acl); until then publishes are refused only at maxmemory",
                 )
                 return
-            if not self._admission_closed:
-                log.warning("admission_closed", reason=reason)
-                ADMISSION_CLOSED.set(1)
-                self._admission_closed = True
-                self._update_pressure()
-            self._trim_soon()
-        elif self._admission_closed:
-            await self.redis.delete(*keys)
-            log.info("admission_open", used=used, limit=limit)
-            ADMISSION_CLOSED.set(0)
-            self._admission_closed = False
-            self._update_pressure()
+            if url not in self._closed_servers:
+                log.warning("admission_closed", reason=reason, shards=shards)
+                self._closed_servers.add(url)
+        elif url in self._closed_servers:
+            await channel.execute([["DEL", k] for k in keys])  # one key per call: any slots
+            log.info("admission_open", used=used, limit=limit, shards=shards)
+            self._closed_servers.discard(url)
 
     # -- running ----------------------------------------------------------------------------
 
@@ -809,6 +822,17 @@ class LifecycleWorker:
         finally:
             stopped.cancel()
             await self.stop()
+
+
+def _info_fields(reply: bytes | str) -> dict[str, int]:
+    """The integer fields of an ``INFO`` reply."""
+    text = reply.decode() if isinstance(reply, bytes) else reply
+    out: dict[str, int] = {}
+    for line in text.splitlines():
+        name, _, value = line.partition(":")
+        if value.isdigit():
+            out[name] = int(value)
+    return out
 
 
 def _mb(n: int) -> str:

@@ -12,13 +12,15 @@ from typing import Any
 
 import orjson
 import pytest
+from redis.asyncio import Redis
 
 from tests.helpers import running_worker, wait_until, worker_env
 from tests.redis_cluster import redis_cluster
 from worker.client import LifecycleClient
 from worker.connections import client_for, shard_urls
-from worker.keys import SessionKeys, StreamKeys
+from worker.keys import SessionKeys, StreamKeys, shard_of
 from worker.memory import WorkingMemory
+from worker.redis_conditions import RedisConditionError
 from worker.settings import Settings
 
 
@@ -166,3 +168,40 @@ async def test_stats_on_a_cluster_lists_every_shard_and_says_capacity_is_not_mea
     assert data["capacity"] is None
     lifecycle = {StreamKeys(cluster_settings.stream_prefix, i).lifecycle for i in range(4)}
     assert lifecycle <= {row["stream"] for row in data["streams"]}
+
+
+async def test_admission_closes_only_for_the_shards_of_the_nearly_full_node(
+    cluster_settings: Settings,
+) -> None:
+    settings = cluster_settings.model_copy(update={"admission_interval_ms": 50})
+    urls = await shard_urls(settings)
+    full_url = urls[0]
+    full_shards = {shard for shard, url in urls.items() if url == full_url}
+    sessions = [f"s{n}" for n in range(1_000)]
+    on_full = next(s for s in sessions if shard_of("proj", s, 4) in full_shards)
+    elsewhere = next(s for s in sessions if shard_of("proj", s, 4) not in full_shards)
+    node = Redis.from_url(full_url)
+    redis: Any = client_for(settings)
+    client = LifecycleClient(redis, settings)
+    try:
+        async with running_worker(settings) as worker:
+            used = int((await node.info("memory"))["used_memory"])
+            await node.config_set("maxmemory", str(used * 100 // 93))  # 93 % used: past 90 %
+            try:
+                await wait_until(lambda: _is(worker._admission_closed), timeout=30)
+                with pytest.raises(RedisConditionError, match="Redis is nearly full"):
+                    await client.spawn("proj", on_full, "a", {"n": 1})
+                spawned = await client.wait(await client.spawn("proj", elsewhere, "a", {"n": 1}))
+                assert spawned.type == "agent.spawned"
+            finally:
+                await node.config_set("maxmemory", "0")
+            await wait_until(lambda: _is(not worker._admission_closed), timeout=30)
+            spawned = await client.wait(await client.spawn("proj", on_full, "a", {"n": 1}))
+            assert spawned.type == "agent.spawned"
+    finally:
+        await node.aclose()
+        await redis.aclose()
+
+
+async def _is(value: bool) -> bool:
+    return value
