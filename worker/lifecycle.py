@@ -672,6 +672,7 @@ class LifecycleWorker:
         servers: dict[str, list[int]] = {}
         for shard in range(self.settings.shards):
             servers.setdefault(self.applier.url_of(shard), []).append(shard)
+        self._closed_servers &= servers.keys()  # a server no longer holding a shard (failover)
         for url, shards in servers.items():
             await self._admit(url, shards, reserve)
         closed = bool(self._closed_servers)
