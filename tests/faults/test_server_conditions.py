@@ -545,8 +545,9 @@ async def test_an_offered_load_above_what_fits_is_refused_clearly_and_nothing_ac
     async with migrated_engine(database_url):
         pass
     used = int((await client.info("memory"))["used_memory"])
+    # 3,000 sessions of 8 KB (24 MB offered) into 16 MB: about 1.6 MB of it is the reserve.
     report = await run_full_redis(
-        own_redis.url, database_url, prefix, maxmemory=used + 4 * 2**20, sessions=1_000
+        own_redis.url, database_url, prefix, maxmemory=used + 16 * 2**20, sessions=3_000
     )
     figures("full_redis", **report.summary())
 
@@ -556,8 +557,10 @@ async def test_an_offered_load_above_what_fits_is_refused_clearly_and_nothing_ac
     assert report.refusal.startswith(("Redis is nearly full: used_memory ", "Redis is full: "))
     assert "maxmemory" in report.refusal
     assert not report.worker_exited and not report.consolidator_exited
-    assert len(report.accepted) == 2_000
+    assert len(report.accepted) == 6_000
     assert report.missing == [] and report.duplicated == 0  # every accepted command, once
     assert report.dead_letters == 0
-    # whatever stalled (see RELIABILITY.md), it was never results the consolidator held
-    assert [stall["results_pending"] for stall in report.stalls] == [0] * len(report.stalls)
+    # Nobody freed memory or raised the cap: admission kept the reserve for the applies, and
+    # data (memory as Redis counts it, less clients' buffers) never passed the cap.
+    assert report.raises == 0, report.stalls
+    assert report.peak_data_over_cap <= 0, report.at_peak
