@@ -28,7 +28,7 @@ from tests.faults.support import (
     publish_many,
     session_command,
 )
-from tests.helpers import wait_until, worker_env
+from tests.helpers import running_worker, wait_until, worker_env
 from tests.integration.results_factory import migrated_engine, terminated
 from tests.integration.results_factory import publish as publish_results
 from tests.redis_process import RedisProcess
@@ -171,27 +171,23 @@ async def test_a_successor_retried_before_its_held_predecessor_is_not_dead_lette
         reclaim_idle_ms=3000,  # condition backoff capped at 1 s
     )
     await ensure_groups(client, settings)
-    worker = LifecycleWorker(settings)
-    stop = asyncio.Event()
-    task = asyncio.create_task(worker.run(stop))
-    await wait_until(lambda: _true(worker.ready), timeout=30)
-    await publish_many(client, settings, [session_command(s, 1) for s in ("s0", "s1")])
-    await wait_until(lambda: _results_at_least(client, settings, 2), timeout=30)
+    async with running_worker(settings) as worker:
+        await publish_many(client, settings, [session_command(s, 1) for s in ("s0", "s1")])
+        await wait_until(lambda: _results_at_least(client, settings, 2), timeout=30)
 
-    later = [session_command("s0", 2), session_command("s0", 3), session_command("s1", 2)]
-    await publish_then_fill(client, settings, later)
-    await wait_until(lambda: _true(len(worker.retry.held) == 3), timeout=30)
-    await asyncio.sleep(2 * settings.seq_gap_timeout_seconds)  # held longer than the gap timeout
-    assert not worker.ready
-    (predecessor,) = [
-        held for held in worker.retry.held.values() if b'"s0-2"' in held.fields[b"data"]
-    ]
-    predecessor.due = time.monotonic() + 3.0  # its backoff falls due after its successor's
-    await uncap(client)
+        later = [session_command("s0", 2), session_command("s0", 3), session_command("s1", 2)]
+        await publish_then_fill(client, settings, later)
+        await wait_until(lambda: _true(len(worker.retry.held) == 3), timeout=30)
+        # held longer than the gap timeout
+        await asyncio.sleep(2 * settings.seq_gap_timeout_seconds)
+        assert not worker.ready
+        (predecessor,) = [
+            held for held in worker.retry.held.values() if b'"s0-2"' in held.fields[b"data"]
+        ]
+        predecessor.due = time.monotonic() + 3.0  # its backoff falls due after its successor's
+        await uncap(client)
 
-    await wait_until(lambda: _results_at_least(client, settings, 5), timeout=60)
-    stop.set()
-    await asyncio.wait_for(task, 30)
+        await wait_until(lambda: _results_at_least(client, settings, 5), timeout=60)
     report = await audit(client, settings)
     assert report.dead == []
     assert_exactly_once(report, [f"{s}-1" for s in ("s0", "s1")] + [b["event_id"] for b in later])
@@ -206,28 +202,22 @@ async def test_a_redis_full_of_finished_entries_trims_them_and_applies_the_backl
     # has finished with at once, and the backlog is applied with nobody raising maxmemory.
     settings = Settings(redis_url=own_redis.url, stream_prefix=prefix, shards=1)
     await ensure_groups(client, settings)
-    worker = LifecycleWorker(settings)
-    stop = asyncio.Event()
-    task = asyncio.create_task(worker.run(stop))
-    await wait_until(lambda: _true(worker.ready), timeout=30)
-    bulky = {"notes": "x" * 2_000}
-    finished = [dict(session_command(f"s{n}", 1), initial_state=bulky) for n in range(300)]
-    await publish_many(client, settings, finished)
-    await wait_until(lambda: _results_at_least(client, settings, len(finished)), timeout=60)
-    trimmed_before = TRIMMED_WHILE_FULL._value.get()
-    lifecycle = StreamKeys(prefix, 0).lifecycle
+    async with running_worker(settings):
+        bulky = {"notes": "x" * 2_000}
+        finished = [dict(session_command(f"s{n}", 1), initial_state=bulky) for n in range(300)]
+        await publish_many(client, settings, finished)
+        await wait_until(lambda: _results_at_least(client, settings, len(finished)), timeout=60)
+        trimmed_before = TRIMMED_WHILE_FULL._value.get()
+        lifecycle = StreamKeys(prefix, 0).lifecycle
 
-    backlog = [session_command(f"b{n}", 1) for n in range(300)]
-    await publish_then_fill(client, settings, backlog)
-    cap = await _maxmemory(client)
+        backlog = [session_command(f"b{n}", 1) for n in range(300)]
+        await publish_then_fill(client, settings, backlog)
+        cap = await _maxmemory(client)
 
-    async def all_applied() -> bool:
-        assert not task.done(), "the worker must not exit"
-        return len((await audit(client, settings)).results) >= len(finished) + len(backlog)
+        async def all_applied() -> bool:
+            return len((await audit(client, settings)).results) >= len(finished) + len(backlog)
 
-    await wait_until(all_applied, timeout=120)
-    stop.set()
-    await asyncio.wait_for(task, 30)
+        await wait_until(all_applied, timeout=120)
     assert await _maxmemory(client) == cap  # nobody raised it
     assert TRIMMED_WHILE_FULL._value.get() - trimmed_before >= len(finished) // 2
     assert await client.xlen(lifecycle) <= len(backlog)  # the finished commands are gone
@@ -423,43 +413,38 @@ async def test_publishes_are_refused_clearly_before_redis_is_full_so_accepted_co
     # written, and the reserve stays for applying what was accepted. It reopens by itself.
     settings = Settings(redis_url=own_redis.url, stream_prefix=prefix, admission_interval_ms=50)
     await ensure_groups(client, settings)
-    worker = LifecycleWorker(settings)
-    stop = asyncio.Event()
-    task = asyncio.create_task(worker.run(stop))
-    await wait_until(lambda: _true(worker.ready), timeout=30)
-    lifecycle = LifecycleClient(client, settings)
-    assert await lifecycle.spawn("p1", "s1", "agent-1", {"goal": "x"})
-    used = int((await client.info("memory"))["used_memory"])
-    await client.config_set("maxmemory-policy", "noeviction")
-    await client.config_set("maxmemory", str(used * 21 // 20))  # used is 95 % of the cap
-    stream = StreamKeys(prefix, shard_of("p1", "s2", settings.shards)).lifecycle
-    await wait_until(lambda: _true(worker._admission_closed), timeout=30)
-    length = await client.xlen(stream)
+    async with running_worker(settings) as worker:
+        lifecycle = LifecycleClient(client, settings)
+        assert await lifecycle.spawn("p1", "s1", "agent-1", {"goal": "x"})
+        used = int((await client.info("memory"))["used_memory"])
+        await client.config_set("maxmemory-policy", "noeviction")
+        await client.config_set("maxmemory", str(used * 21 // 20))  # used is 95 % of the cap
+        stream = StreamKeys(prefix, shard_of("p1", "s2", settings.shards)).lifecycle
+        await wait_until(lambda: _true(worker._admission_closed), timeout=30)
+        length = await client.xlen(stream)
 
-    refused, _line = await _every_publisher_refused(client, settings, "Redis is nearly full: ")
-    assert refused.condition.kind == "nearly_full"
-    message = str(refused)
-    assert "MEMWORKER_ADMISSION_RESERVE 10%" in message and "raise maxmemory" in message
-    assert await client.xlen(stream) == length  # nothing was written
+        refused, _line = await _every_publisher_refused(client, settings, "Redis is nearly full: ")
+        assert refused.condition.kind == "nearly_full"
+        message = str(refused)
+        assert "MEMWORKER_ADMISSION_RESERVE 10%" in message and "raise maxmemory" in message
+        assert await client.xlen(stream) == length  # nothing was written
 
-    # An orchestrator's own XADD (Redis takes it: under maxmemory) is applied from the reserve,
-    # and under this pressure its entry is deleted with its acknowledgement.
-    body = session_command("s9", 1)
-    own = StreamKeys(prefix, shard_of(body["project_id"], "s9", settings.shards)).lifecycle
-    raw = await client.xadd(own, {"data": orjson.dumps(body)})
-    await wait_until(lambda: _results_at_least(client, settings, 2), timeout=30)
-    assert await client.xrange(own, raw, raw) == []
+        # An orchestrator's own XADD (Redis takes it: under maxmemory) is applied from the reserve,
+        # and under this pressure its entry is deleted with its acknowledgement.
+        body = session_command("s9", 1)
+        own = StreamKeys(prefix, shard_of(body["project_id"], "s9", settings.shards)).lifecycle
+        raw = await client.xadd(own, {"data": orjson.dumps(body)})
+        await wait_until(lambda: _results_at_least(client, settings, 2), timeout=30)
+        assert await client.xrange(own, raw, raw) == []
 
-    await uncap(client)
-    await wait_until(lambda: _true(not worker._admission_closed), timeout=30)
-    assert await lifecycle.spawn("p1", "s2", "agent-1", {"goal": "x"})
-    await wait_until(lambda: _results_at_least(client, settings, 3), timeout=30)
-    kept = await client.xadd(own, {"data": orjson.dumps(session_command("s10", 1))})
-    await wait_until(lambda: _results_at_least(client, settings, 4), timeout=30)
-    rows: Any = await client.xrange(own, kept, kept)
-    assert len(rows) == 1  # kept for replay again
-    stop.set()
-    await asyncio.wait_for(task, 30)
+        await uncap(client)
+        await wait_until(lambda: _true(not worker._admission_closed), timeout=30)
+        assert await lifecycle.spawn("p1", "s2", "agent-1", {"goal": "x"})
+        await wait_until(lambda: _results_at_least(client, settings, 3), timeout=30)
+        kept = await client.xadd(own, {"data": orjson.dumps(session_command("s10", 1))})
+        await wait_until(lambda: _results_at_least(client, settings, 4), timeout=30)
+        rows: Any = await client.xrange(own, kept, kept)
+        assert len(rows) == 1  # kept for replay again
 
 
 async def _every_publisher_refused(
