@@ -138,8 +138,8 @@ class LifecycleWorker:
         self._condition_streak = 0
         self._condition_logged: dict[str, float] = {}
         self._trimming_while_full: asyncio.Task[None] | None = None
-        self._admission_closed = False
         self._closed_servers: set[str] = set()
+        """The servers (URLs) past maxmemory less the reserve: admission closed there."""
         self._admission_refused = False
         self._trimmed_logged_at, self._trimmed_unlogged = -60.0, 0
         self.brokers: dict[str, RedisBroker] = {}
@@ -428,10 +428,7 @@ class LifecycleWorker:
         from Postgres: ``memworker replay results --source postgres``). Once a second at most."""
         removed = 0
         try:
-            for shard in range(self.settings.shards):
-                streams = self.streams(shard)
-                for stream in (streams.lifecycle, streams.results):
-                    removed += await trim_stream(self.redis, stream, 0)
+            removed = await self.trim_once(keep_seconds=0)
         except (*_CONNECTION_ERRORS, RedisError) as exc:
             log.warning("trim_while_full_failed", error=str(exc))
         if removed:
@@ -650,13 +647,15 @@ class LifecycleWorker:
                 STREAM_PENDING.labels(stream, name).set(float(group["pending"]))
         await self.capacity.refresh_gauges(self.redis)
 
-    async def trim_once(self) -> int:
-        """Trim lifecycle and results streams below what every group has acknowledged."""
+    async def trim_once(self, keep_seconds: float | None = None) -> int:
+        """Trim lifecycle and results streams below what every group has acknowledged, keeping
+        ``keep_seconds`` of it for replay (default: the retention setting)."""
+        keep = self.settings.retention_seconds if keep_seconds is None else keep_seconds
         removed = 0
         for shard in range(self.settings.shards):
             streams = self.streams(shard)
             for stream in (streams.lifecycle, streams.results):
-                removed += await trim_stream(self.redis, stream, self.settings.retention_seconds)
+                removed += await trim_stream(self.redis, stream, keep)
         return removed
 
     async def admission_once(self) -> None:
@@ -672,16 +671,19 @@ class LifecycleWorker:
         servers: dict[str, list[int]] = {}
         for shard in range(self.settings.shards):
             servers.setdefault(self.applier.url_of(shard), []).append(shard)
+        was_closed = self._admission_closed
         self._closed_servers &= servers.keys()  # a server no longer holding a shard (failover)
         for url, shards in servers.items():
             await self._admit(url, shards, reserve)
-        closed = bool(self._closed_servers)
-        if closed != self._admission_closed:
-            self._admission_closed = closed
-            ADMISSION_CLOSED.set(1 if closed else 0)
+        if self._admission_closed != was_closed:
+            ADMISSION_CLOSED.set(1 if self._admission_closed else 0)
             self._update_pressure()
-        if closed:
+        if self._admission_closed:
             self._trim_soon()
+
+    @property
+    def _admission_closed(self) -> bool:
+        return bool(self._closed_servers)
 
     async def _admit(self, url: str, shards: list[int], reserve: float) -> None:
         channel = self.applier.channel_for(shards[0])

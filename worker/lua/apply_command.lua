@@ -52,9 +52,10 @@ local updates, n_updates = {}, 0
 
 -- The worker's settings arrive as one argument (group, default session TTL ms, dedupe TTL
 -- ms, tombstone TTL ms, max checkpoints, memory pressure 1|0 (see acknowledge), one per
--- line), the same in every call a worker makes: split once and kept here, so each call passes 1 argument for them, not 5 (each
--- argument costs ~1.1k instructions: bench/redis_instructions.py). A few workers with other
--- settings share a server at most; the cache is emptied past 16 entries all the same.
+-- line), the same in every call a worker makes: split once and kept here, so each call
+-- passes 1 argument for them, not 6 (each argument costs ~1.1k instructions:
+-- bench/redis_instructions.py). A few workers with other settings share a server at most
+-- (and a worker has two: with and without pressure); the cache is emptied past 16 entries.
 local SETTINGS, n_settings = {}, 0
 local function settings_of(text)
   local found = SETTINGS[text]
