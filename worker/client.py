@@ -20,7 +20,7 @@ from schemas.results import RESULT_ADAPTER, Result
 from schemas.streams import EpisodeRecorded
 from worker.connections import client_for
 from worker.keys import ID_PATTERN, SessionKeys, StreamKeys, episodes_stream, tag, validate_id
-from worker.redis_conditions import RedisConditionError, conditions_raised
+from worker.redis_conditions import RedisConditionError, ServerCondition, conditions_raised
 from worker.scripts import script
 from worker.settings import Settings, get_settings
 
@@ -98,33 +98,51 @@ class LifecycleClient:
     ) -> str:
         project_id, session_id = keys.project_id, keys.session_id
         streams = keys.streams
-        # Where results could start, so wait() need not scan the whole stream.
-        start = "0-0"
-        try:
-            info: Any = await self.redis.xinfo_stream(streams.results)
+        # Where results could start, so wait() need not scan the whole stream; and whether the
+        # lifecycle worker keeps the last memory for commands already accepted (admission,
+        # advisory: read in the same round trip, no script).
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.xinfo_stream(streams.results)
+        pipe.get(streams.admission)
+        info, refusal = await pipe.execute(raise_on_error=False)
+        if isinstance(refusal, Exception):
+            raise refusal
+        if refusal:
+            text = _text(refusal)
+            raise RedisConditionError(text, ServerCondition("nearly_full", text))
+        if isinstance(info, ResponseError):  # no results stream yet
+            start = "0-0"
+        elif isinstance(info, Exception):
+            raise info
+        else:
             start = _text(info["last-generated-id"])
-        except ResponseError:  # no results stream yet
-            pass
-        settings = self.settings
-        # After a terminate the counter is needed only as long as the tombstone is kept.
-        tombstone = max(settings.tombstone_ttl_seconds, settings.dedupe_ttl_seconds)
-        if body["type"] == "terminate":
-            ttl_ms = tombstone * 1000
-        else:
-            ttl_ms = (settings.session_ttl_seconds + tombstone) * 1000
-        if not (assign_seq and "seq" not in body):
-            mode = "-"  # as it is: the caller's seq, or none
-        else:
-            mode = "1" if body["type"] == "spawn" else "0"
-        await PUBLISH(
-            self.redis,
-            [
-                seq_key(settings.stream_prefix, keys.shard, project_id, session_id),
-                streams.lifecycle,
-                streams.admission,
-            ],
-            [orjson.dumps(body), mode, ttl_ms, traceparent or ""],
-        )
+        if assign_seq and "seq" not in body:
+            settings = self.settings
+            # After a terminate the counter is needed only as long as the tombstone is kept.
+            tombstone = max(settings.tombstone_ttl_seconds, settings.dedupe_ttl_seconds)
+            if body["type"] == "terminate":
+                ttl_ms = tombstone * 1000
+            else:
+                ttl_ms = (settings.session_ttl_seconds + tombstone) * 1000
+            await PUBLISH(
+                self.redis,
+                [
+                    seq_key(settings.stream_prefix, keys.shard, project_id, session_id),
+                    streams.lifecycle,
+                ],
+                [
+                    orjson.dumps(body),
+                    "1" if body["type"] == "spawn" else "0",
+                    ttl_ms,
+                    traceparent or "",
+                ],
+            )
+            self._sent[event_id] = (keys.shard, start)
+            return str(event_id)
+        fields: dict[str, bytes | str] = {"data": orjson.dumps(body)}
+        if traceparent:
+            fields["traceparent"] = traceparent
+        await self.redis.xadd(streams.lifecycle, fields)  # type: ignore[arg-type]
         self._sent[event_id] = (keys.shard, start)
         return str(event_id)
 

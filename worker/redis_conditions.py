@@ -87,14 +87,9 @@ _BY_CLASS: tuple[tuple[type[BaseException], str], ...] = (
 _OOM_TEXT = "command not allowed when used memory > 'maxmemory'"
 
 
-_NEARLY_FULL = "NEARLYFULL"
-"""The lifecycle worker keeps Redis's last ``MEMWORKER_ADMISSION_RESERVE`` of ``maxmemory`` for
-applying the commands already accepted: ``LifecycleClient`` publishes are refused past it."""
-
-
 def _code_of(text: str) -> str | None:
     code = text.split(" ", 1)[0]
-    if code in _BY_CODE or code == _NEARLY_FULL:
+    if code in _BY_CODE:
         return code
     if _OOM_TEXT in text:  # a script error wrapping it (older servers), or redis-py's text
         return "OOM"
@@ -120,11 +115,6 @@ def server_condition(error: BaseException | str | Any) -> ServerCondition | None
         code = _code_of(error)
     if code is None:
         return None
-    if code == _NEARLY_FULL:  # the worker's own refusal; the reply carries its figures
-        text = str(error)
-        return ServerCondition(
-            "nearly_full", text[text.index(_NEARLY_FULL) + len(_NEARLY_FULL) :].strip()
-        )
     kind, message = _BY_CODE[code]
     return ServerCondition(kind, message)
 
