@@ -16,6 +16,9 @@ from typing import Any
 import orjson
 import pytest
 from redis.asyncio import Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
 from tests.faults.support import (
@@ -55,7 +58,15 @@ async def test_a_redis_killed_and_restarted_mid_run_is_rejoined_and_its_losses_m
         seq_gap_timeout_seconds=3.0,
     )
     streams = StreamKeys(prefix, 0)
-    client = Redis.from_url(own_redis.url, socket_timeout=2, socket_connect_timeout=1)
+    # Retries a command whose pooled connection died with the server (an orchestrator's
+    # client would reconnect the same way): a read right after the restart may pick one.
+    client = Redis.from_url(
+        own_redis.url,
+        socket_timeout=2,
+        socket_connect_timeout=1,
+        retry=Retry(ExponentialBackoff(cap=0.5), 10),
+        retry_on_error=[RedisConnectionError],
+    )
     await ensure_groups(client, settings)
     bodies = lifecycle_order(SESSIONS)
     acked: dict[str, float] = {}
