@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 from redis.asyncio import Redis
-from redis.exceptions import ResponseError
+from redis.exceptions import NoPermissionError, ResponseError
 
 from schemas.commands import COMMAND_TYPES
 from schemas.results import RESULT_ADAPTER, Result
@@ -105,7 +105,9 @@ class LifecycleClient:
         pipe.xinfo_stream(streams.results)
         pipe.get(streams.admission)
         info, refusal = await pipe.execute(raise_on_error=False)
-        if isinstance(refusal, Exception):
+        if isinstance(refusal, NoPermissionError):
+            refusal = None  # an ACL from before admission: publish; Redis refuses at maxmemory
+        elif isinstance(refusal, Exception):
             raise refusal
         if refusal:
             text = _text(refusal)

@@ -438,6 +438,26 @@ async def test_a_worker_user_from_an_acl_file_without_the_apply_function_is_told
     assert "deploy/redis/users.acl" in message and "+fcall +function|load" in message
 
 
+async def test_a_publisher_from_an_acl_file_without_admission_still_publishes(
+    acl_server: AclRedis, admin: Redis
+) -> None:
+    """An ACL file written before admission (no access to agents:admission:*): publishing goes
+    on, refused by Redis itself at maxmemory only, rather than failing with NOPERM."""
+    rules = shipped_rules("publisher")
+    old = [r for r in rules if "admission" not in r and not r.startswith("#")]
+    await admin.execute_command("ACL", "SETUSER", "old-publisher", "reset", ">old", *old)  # type: ignore[no-untyped-call]
+    settings = settings_for(acl_server, "publisher").model_copy(
+        update={"redis_url": acl_server.url("old-publisher", "old")}
+    )
+    publisher = LifecycleClient(settings=settings)
+    try:
+        assert await publisher.spawn("p-old", "s-1", "agent-1", {"n": 1})
+    finally:
+        await publisher.close()
+    await admin.execute_command("ACL", "DELUSER", "old-publisher")  # type: ignore[no-untyped-call]
+    await admin.execute_command("ACL", "LOG", "RESET")  # type: ignore[no-untyped-call]
+
+
 def shipped_rules(user: str) -> list[str]:
     """The rules deploy/redis/users.acl gives ``user``, one per item (a selector "(…)" is one)."""
     import re
