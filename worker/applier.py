@@ -168,10 +168,10 @@ class CommandApplier:
         (XDEL), not kept for the replay window; its result still is (and goes to Postgres)."""
 
     def settings_arg(self) -> str:
-        """The settings every apply call carries, as one argument (the function splits it once
-        and keeps it: see ``settings_of`` in apply_command.lua): group, default session TTL,
-        dedupe TTL, tombstone TTL (in ms), max checkpoints and whether Redis is under memory
-        pressure (1: delete the command's entry once applied), one per line."""
+        """The worker's settings, the first lines of every apply call's context (see
+        ``context_arg``): group, default session TTL, dedupe TTL, tombstone TTL (in ms), max
+        checkpoints and whether Redis is under memory pressure (1: delete the command's entry
+        once applied), one per line."""
         cached = self._settings_arg
         if cached is None or cached[0] is not self.settings or cached[1] != self.pressure:
             s = self.settings
@@ -187,6 +187,12 @@ class CommandApplier:
             text = "\n".join(str(v) for v in values)
             cached = self._settings_arg = (s, self.pressure, text)
         return cached[2]
+
+    def context_arg(self, now_ms: int, now_iso: str) -> str:
+        """The context every apply call of one batch carries, as one argument (the function
+        splits it once and keeps it: see ``context_of`` in apply_command.lua): the settings
+        (``settings_arg``), then the batch's clock in ms and as RFC 3339, one per line."""
+        return f"{self.settings_arg()}\n{now_ms}\n{now_iso}"
 
     async def resolve(self) -> None:
         """Learn which server holds each shard (a cluster node, the Sentinel's master)."""
@@ -273,8 +279,8 @@ class CommandApplier:
         received = time.perf_counter() if received is None else received
         settings = self.settings
         streams = StreamKeys(settings.stream_prefix, shard)
-        now_ms = int(time.time() * 1000)
         now_iso = utc_now_iso()
+        context = self.context_arg(int(time.time() * 1000), now_iso)
         plan = Plan(shard, entries, received, dead_letters)
         for raw_id, fields in entries:
             entry_id = raw_id.decode() if isinstance(raw_id, bytes) else raw_id
@@ -283,7 +289,9 @@ class CommandApplier:
                 intake = parse_entry(fields, shard, settings)
                 duration = (time.perf_counter() - received) * 1000
                 if not isinstance(intake, Unusable):
-                    built = self._build(intake, shard, streams, entry_id, now_ms, now_iso, duration)
+                    built = self._build(
+                        intake, shard, streams, entry_id, context, now_iso, duration
+                    )
             except Exception as exc:  # one odd entry must not poison its whole batch
                 intake = Unusable(f"could not be prepared for applying: {exc!r:.300}")
             if isinstance(intake, Unusable):
@@ -388,7 +396,7 @@ class CommandApplier:
         shard: int,
         streams: StreamKeys,
         entry_id: str,
-        now_ms: int,
+        context: str,
         now_iso: str,
         duration_ms: float,
     ) -> tuple[list[str], list[str | bytes | int], Outcome]:
@@ -433,22 +441,21 @@ class CommandApplier:
             session = SessionKeys(settings.stream_prefix, shard, project_id, session_id)
         else:
             session = SessionKeys(settings.stream_prefix, shard, _PLACEHOLDER, _PLACEHOLDER)
-        keys = [*session.all(), streams.results, streams.lifecycle]
+        # The meta key names the session: the function derives its other keys from it.
+        keys = [session.meta, streams.results, streams.lifecycle]
         prefix = _prefix(result_id, event_id, command_type, copied, now_iso, duration_ms)
         argv: list[str | bytes | int] = [
             "",
             entry_id,
-            self.settings_arg(),
+            context,
             prefix,
             seq if seq is not None else "",
-            now_ms,
-            now_iso,
             intake.traceparent or "",
             record,
         ]
         if isinstance(intake, Refused):  # its record gets a key of its own (see the function)
             keys.append(streams.dedupe(project_id or _PLACEHOLDER, event_id))
-            argv[8] = b""
+            argv[6] = b""
             argv[0] = "reject"
             argv += [intake.reason, intake.detail]
         else:

@@ -1,15 +1,30 @@
 -- Prelude shared by every session script and by the apply library (prepended by
 -- worker/scripts.py). A call's first 7 keys are always the session's keys, in SessionKeys.all()
 -- order; bind_session(keys) binds them to the names below before anything else runs (an EVAL
--- script gets `bind_session(KEYS)` after this prelude; the apply function calls it itself).
+-- script gets `bind_session(KEYS)` after this prelude). The apply function is given the meta
+-- key only and calls bind_session_of(meta_key), which derives the others (fewer arguments).
 -- In a function library this prelude's definitions are made once, at FUNCTION LOAD, not on
 -- every call.
 local K_META, K_VARS, K_VEXP, K_TASK, K_SCRATCH, K_CPS, K_CPDATA
 local CHUNK = 1000
+-- redis.call, bound per call (a function library cannot read it at load): an upvalue, where
+-- `redis.call` is two table lookups on every call.
+local call
 
 local function bind_session(keys)
+  call = redis.call
   K_META, K_VARS, K_VEXP, K_TASK, K_SCRATCH, K_CPS, K_CPDATA =
     keys[1], keys[2], keys[3], keys[4], keys[5], keys[6], keys[7]
+end
+
+-- The same from the meta key alone: the session's keys are its base name and a suffix each
+-- (worker/keys.py SessionKeys; all of them carry the meta key's hash tag, so they are in its
+-- hash slot on a Redis Cluster too).
+local function bind_session_of(meta_key)
+  call = redis.call
+  local base = string.sub(meta_key, 1, -6)  -- without ':meta'
+  K_META, K_VARS, K_VEXP, K_TASK, K_SCRATCH, K_CPS, K_CPDATA = meta_key, base .. ':vars',
+    base .. ':vexp', base .. ':task', base .. ':scratch', base .. ':cps', base .. ':cpdata'
 end
 
 local function session_keys()
@@ -17,20 +32,20 @@ local function session_keys()
 end
 
 local function now_ms()
-  local t = redis.call('TIME')
+  local t = call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
 -- Call a variadic command on key with items, in chunks (Lua's unpack has a stack limit).
 local function chunked(cmd, key, items)
   for i = 1, #items, CHUNK do
-    redis.call(cmd, key, unpack(items, i, math.min(i + CHUNK - 1, #items)))
+    call(cmd, key, unpack(items, i, math.min(i + CHUNK - 1, #items)))
   end
 end
 
 -- Drop variables whose per-key TTL has passed; returns how many.
 local function purge_expired(now)
-  local dead = redis.call('ZRANGEBYSCORE', K_VEXP, '-inf', now)
+  local dead = call('ZRANGEBYSCORE', K_VEXP, '-inf', now)
   if #dead > 0 then
     chunked('HDEL', K_VARS, dead)
     chunked('ZREM', K_VEXP, dead)
@@ -39,26 +54,26 @@ local function purge_expired(now)
 end
 
 local function session_state()
-  return redis.call('HGET', K_META, 'state')
+  return call('HGET', K_META, 'state')
 end
 
 -- Idle expiry: every access pushes the whole session's expiry out by its TTL.
 -- Paused sessions never expire; a tombstone keeps the expiry terminate gave it.
 local function touch(default_ttl_ms)
-  local fields = redis.call('HMGET', K_META, 'state', 'ttl_ms')
+  local fields = call('HMGET', K_META, 'state', 'ttl_ms')
   local state = fields[1]
   if state == 'terminated' then return end
   if state == 'paused' then
-    for _, k in ipairs(session_keys()) do redis.call('PERSIST', k) end
+    for _, k in ipairs(session_keys()) do call('PERSIST', k) end
     return
   end
   local ttl = tonumber(fields[2]) or tonumber(default_ttl_ms)
-  for _, k in ipairs(session_keys()) do redis.call('PEXPIRE', k, ttl) end
+  for _, k in ipairs(session_keys()) do call('PEXPIRE', k, ttl) end
 end
 
 local function count_items()
-  local task = redis.call('EXISTS', K_TASK)
-  return redis.call('HLEN', K_VARS) + redis.call('LLEN', K_SCRATCH) + task
+  local task = call('EXISTS', K_TASK)
+  return call('HLEN', K_VARS) + call('LLEN', K_SCRATCH) + task
 end
 
 -- JSON array of strings.
@@ -72,7 +87,7 @@ end
 -- Variables as one JSON object; stored values are already JSON text.
 -- Variables as one JSON object (stored values are already JSON text), and how many.
 local function variables_json()
-  local flat = redis.call('HGETALL', K_VARS)
+  local flat = call('HGETALL', K_VARS)
   if #flat == 0 then return '{}', 0 end
   local parts = {}
   for i = 1, #flat, 2 do
@@ -82,7 +97,7 @@ local function variables_json()
 end
 
 local function scratchpad_json()
-  local entries = redis.call('LRANGE', K_SCRATCH, 0, -1)
+  local entries = call('LRANGE', K_SCRATCH, 0, -1)
   if #entries == 0 then return '[]', 0 end
   return '[' .. table.concat(entries, ',') .. ']', #entries
 end
@@ -91,7 +106,7 @@ end
 -- bare: the caller knows task and scratch do not exist.
 local function snapshot_json(bare)
   local task, items = false, 0
-  if not bare then task = redis.call('GET', K_TASK) end
+  if not bare then task = call('GET', K_TASK) end
   if task then items = 1 else task = 'null' end
   local variables, n_vars = variables_json()
   local scratchpad, n_entries = '[]', 0
@@ -99,12 +114,12 @@ local function snapshot_json(bare)
   return '{"variables":' .. variables
     .. ',"task_state":' .. task
     .. ',"scratchpad":' .. scratchpad
-    .. ',"checkpoints":' .. json_string_array(redis.call('ZRANGE', K_CPS, 0, -1)) .. '}',
+    .. ',"checkpoints":' .. json_string_array(call('ZRANGE', K_CPS, 0, -1)) .. '}',
     items + n_vars + n_entries
 end
 
 local function checkpoint_exists(id)
-  return redis.call('ZSCORE', K_CPS, id) ~= false
+  return call('ZSCORE', K_CPS, id) ~= false
 end
 
 -- Save the current variables, their expiries, the task state and the scratchpad under id,
@@ -114,7 +129,7 @@ end
 -- Returns the number of items saved.
 -- Append key's DUMP payload to fields as id|suffix, if key exists.
 local function checkpoint_save(fields, id, suffix, key)
-  local blob = redis.call('DUMP', key)
+  local blob = call('DUMP', key)
   if blob then
     fields[#fields + 1] = id .. '|' .. suffix
     fields[#fields + 1] = blob
@@ -125,17 +140,17 @@ local function checkpoint_create(id, description, now, now_iso, bare, fresh)
   if not bare then purge_expired(now) end
   if not fresh then
     -- Re-using an id must not leave the previous checkpoint's parts behind.
-    redis.call('HDEL', K_CPDATA, id .. '|vars', id .. '|vexp', id .. '|scratch', id .. '|task')
+    call('HDEL', K_CPDATA, id .. '|vars', id .. '|vexp', id .. '|scratch', id .. '|task')
   end
   local fields = {}
   checkpoint_save(fields, id, 'vars', K_VARS)
   local items
   if bare then
-    items = redis.call('HLEN', K_VARS)
+    items = call('HLEN', K_VARS)
   else
     checkpoint_save(fields, id, 'vexp', K_VEXP)
     checkpoint_save(fields, id, 'scratch', K_SCRATCH)
-    local task = redis.call('GET', K_TASK)
+    local task = call('GET', K_TASK)
     if task then
       fields[#fields + 1] = id .. '|task'
       fields[#fields + 1] = task
@@ -146,16 +161,16 @@ local function checkpoint_create(id, description, now, now_iso, bare, fresh)
   fields[#fields + 1] = cjson.encode({
     checkpoint_id = id, description = description or '', created_at = now_iso, items = items
   })
-  redis.call('HSET', K_CPDATA, unpack(fields))
-  redis.call('ZADD', K_CPS, now, id)
+  call('HSET', K_CPDATA, unpack(fields))
+  call('ZADD', K_CPS, now, id)
   return items
 end
 
 local function restore_key(key, blob, bare)
   if blob then
-    redis.call('RESTORE', key, 0, blob, 'REPLACE')
+    call('RESTORE', key, 0, blob, 'REPLACE')
   elseif not bare then
-    redis.call('DEL', key)
+    call('DEL', key)
   end
 end
 
@@ -166,44 +181,44 @@ end
 -- Returns the number of items after the restore, and whether vexp, task and scratch are
 -- known not to exist after it.
 local function checkpoint_restore(id, clear, now, bare)
-  local blobs = redis.call('HMGET', K_CPDATA, id .. '|vars', id .. '|vexp', id .. '|scratch', id .. '|task')
+  local blobs = call('HMGET', K_CPDATA, id .. '|vars', id .. '|vexp', id .. '|scratch', id .. '|task')
   if clear then
     restore_key(K_VARS, blobs[1])
     restore_key(K_VEXP, blobs[2], bare)
     restore_key(K_SCRATCH, blobs[3], bare)
-    if blobs[4] then redis.call('SET', K_TASK, blobs[4]) elseif not bare then redis.call('DEL', K_TASK) end
+    if blobs[4] then call('SET', K_TASK, blobs[4]) elseif not bare then call('DEL', K_TASK) end
   else
     local tmp = K_CPDATA .. ':restore'
     if blobs[1] then
-      redis.call('RESTORE', tmp, 0, blobs[1], 'REPLACE')
-      local flat = redis.call('HGETALL', tmp)
+      call('RESTORE', tmp, 0, blobs[1], 'REPLACE')
+      local flat = call('HGETALL', tmp)
       chunked('HSET', K_VARS, flat)
       local names = {}
       for i = 1, #flat, 2 do names[#names + 1] = flat[i] end
       chunked('ZREM', K_VEXP, names)
-      redis.call('DEL', tmp)
+      call('DEL', tmp)
     end
     if blobs[2] then
-      redis.call('RESTORE', tmp, 0, blobs[2], 'REPLACE')
-      local flat = redis.call('ZRANGE', tmp, 0, -1, 'WITHSCORES')
+      call('RESTORE', tmp, 0, blobs[2], 'REPLACE')
+      local flat = call('ZRANGE', tmp, 0, -1, 'WITHSCORES')
       local args = {}
       for i = 1, #flat, 2 do
         args[#args + 1] = flat[i + 1]
         args[#args + 1] = flat[i]
       end
       chunked('ZADD', K_VEXP, args)
-      redis.call('DEL', tmp)
+      call('DEL', tmp)
     end
-    if blobs[4] then redis.call('SET', K_TASK, blobs[4]) end
+    if blobs[4] then call('SET', K_TASK, blobs[4]) end
   end
   if bare and clear and not (blobs[2] or blobs[3] or blobs[4]) then
-    return redis.call('HLEN', K_VARS), true  -- nothing but variables, none with an expiry
+    return call('HLEN', K_VARS), true  -- nothing but variables, none with an expiry
   end
   purge_expired(now)
   return count_items(), false
 end
 
 local function checkpoint_delete(id)
-  redis.call('HDEL', K_CPDATA, id .. '|vars', id .. '|vexp', id .. '|scratch', id .. '|task', id .. '|info')
-  return redis.call('ZREM', K_CPS, id)
+  call('HDEL', K_CPDATA, id .. '|vars', id .. '|vexp', id .. '|scratch', id .. '|task', id .. '|info')
+  return call('ZREM', K_CPS, id)
 end

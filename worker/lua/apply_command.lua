@@ -9,22 +9,24 @@
 -- One call at a time runs in Redis, so these upvalues never hold two calls' values at once;
 -- each call sets every one of them before reading it.
 --
--- KEYS: 1-7 session keys (prelude), 8 results stream, 9 source stream, 10 (op 'reject' only)
---       the record of a command naming no session.
--- ARGV: 1 op (spawn|pause|resume|terminate|reject), 2 source entry id, 3 the worker's settings
---       (see settings_of), 4 result JSON without its closing brace (fields every result
---       shares), 5 seq ('' if none), 6 now ms, 7 now RFC 3339, 8 traceparent ('' if none),
---       9 the command's dedupe field ('@' .. 8 bytes of SHA-1 of project/event_id), 10.. per op.
+-- KEYS: 1 the session's meta key (its other keys are derived from it: bind_session_of),
+--       2 results stream, 3 source stream, 4 (op 'reject' only) the record of a command naming
+--       no session.
+-- ARGV: 1 op (spawn|pause|resume|terminate|reject), 2 source entry id, 3 the batch's context
+--       (the worker's settings, now ms, now RFC 3339: see context_of), 4 result JSON without
+--       its closing brace (fields every result shares), 5 seq ('' if none), 6 traceparent
+--       ('' if none), 7 the command's dedupe field ('@' .. 8 bytes of SHA-1 of
+--       project/event_id), 8.. per op.
 -- Returns {status, result stream id (a duplicate: its record, often empty) or next expected seq,
 -- reason}: status is applied | rejected | duplicate | wait.
 --
--- Dedupe records live with their session: field ARGV[9] of the session's meta hash (an empty
+-- Dedupe records live with their session: field ARGV[7] of the session's meta hash (an empty
 -- value, 11 bytes of listpack; no key and no TTL of its own). At terminate the meta hash
 -- is folded into a compact tombstone: the state, last_seq and these records' digests packed
 -- into one field (PACKED), nothing else.
 -- A command for a session that does not exist (yet) leaves its record in a meta hash without
 -- 'state' (records only: no session), kept for the dedupe window. A command the worker refused
--- before running this script (ARGV[9] is ''; op 'reject') has its record at KEYS[10], a key of
+-- before running this script (ARGV[7] is ''; op 'reject') has its record at KEYS[4], a key of
 -- its own with the dedupe TTL: such commands are rare, and need not name a usable session.
 -- Fewer calls is less Redis CPU: each redis.call costs ~0.5 µs beyond the command itself.
 
@@ -36,7 +38,7 @@ local PACKED = '@'
 -- This call's keys and arguments (bound by apply).
 local K_DEDUPE, K_RESULTS, K_SOURCE
 local args, op, entry_id, group, prefix  -- args: the call's ARGV
-local settings  -- the worker's settings (ARGV[3], split; see settings_of)
+local settings  -- the worker's settings and the batch's clock (ARGV[3], split; see context_of)
 -- Numbers go back to Redis as the strings they came in as: a Lua number passed to redis.call
 -- or concatenated is formatted with printf (~0.3 µs each); arithmetic on a string converts it.
 local seq_text, seq, now, now_iso, default_ttl, dedupe_ttl, tombstone_ttl
@@ -50,20 +52,20 @@ META_FIELDS[PACKED] = 7
 -- updates[1..n_updates] (the table is reused across calls; entries past n_updates are stale).
 local updates, n_updates = {}, 0
 
--- The worker's settings arrive as one argument (group, default session TTL ms, dedupe TTL
--- ms, tombstone TTL ms, max checkpoints, memory pressure 1|0 (see acknowledge), one per
--- line), the same in every call a worker makes: split once and kept here, so each call
--- passes 1 argument for them, not 6 (each argument costs ~1.1k instructions:
--- bench/redis_instructions.py). A few workers with other settings share a server at most
--- (and a worker has two: with and without pressure); the cache is emptied past 16 entries.
-local SETTINGS, n_settings = {}, 0
-local function settings_of(text)
-  local found = SETTINGS[text]
+-- The worker's settings and its clock arrive as one argument, the batch's context: group,
+-- default session TTL ms, dedupe TTL ms, tombstone TTL ms, max checkpoints, memory pressure
+-- 1|0 (see acknowledge), now ms, now RFC 3339, one per line. It is the same in every call of a
+-- batch: split once and kept here, so each call passes 1 argument for them, not 8 (each
+-- argument costs ~1.1k instructions: bench/redis_instructions.py). A new batch brings a new
+-- context; the cache is emptied past 16 entries.
+local CONTEXTS, n_contexts = {}, 0
+local function context_of(text)
+  local found = CONTEXTS[text]
   if not found then
     found = {}
     for part in string.gmatch(text, '[^\n]+') do found[#found + 1] = part end
-    if n_settings >= 16 then SETTINGS, n_settings = {}, 0 end
-    SETTINGS[text], n_settings = found, n_settings + 1
+    if n_contexts >= 16 then CONTEXTS, n_contexts = {}, 0 end
+    CONTEXTS[text], n_contexts = found, n_contexts + 1
   end
   return found
 end
@@ -89,7 +91,7 @@ end
 -- is nearly full) delete its entry too: it is not kept for the replay window, its memory goes
 -- to the commands still waiting.
 local function acknowledge()
-  redis.call('XACK', K_SOURCE, group, entry_id)
+  call('XACK', K_SOURCE, group, entry_id)
   -- pcall: a user whose ACL lacks XDEL (an upgrade) keeps the entry, and the call succeeds.
   if settings[6] == '1' then redis.pcall('XDEL', K_SOURCE, entry_id) end
 end
@@ -100,21 +102,21 @@ local function finish(status, body, data)
   local id
   data = data or (prefix .. body .. '}')
   if traceparent ~= '' then
-    id = redis.call('XADD', K_RESULTS, '*', 'data', data, 'traceparent', traceparent)
+    id = call('XADD', K_RESULTS, '*', 'data', data, 'traceparent', traceparent)
   else
-    id = redis.call('XADD', K_RESULTS, '*', 'data', data)
+    id = call('XADD', K_RESULTS, '*', 'data', data)
   end
   if record == '' then
-    redis.call('SET', K_DEDUPE, id, 'PX', dedupe_ttl)
+    call('SET', K_DEDUPE, id, 'PX', dedupe_ttl)
   elseif op ~= 'terminate' or status ~= 'applied' then  -- terminate packs its own record
     update(record, '')
   end
   if n_updates > 0 then
-    redis.call('HSET', K_META, unpack(updates, 1, n_updates))
+    call('HSET', K_META, unpack(updates, 1, n_updates))
     if not state then
       -- No session: the hash holds records only (no 'state'); keep it the dedupe window.
-      if redis.call('PTTL', K_META) < tonumber(dedupe_ttl) then
-        redis.call('PEXPIRE', K_META, dedupe_ttl)
+      if call('PTTL', K_META) < tonumber(dedupe_ttl) then
+        call('PEXPIRE', K_META, dedupe_ttl)
       end
     end
   end
@@ -126,12 +128,12 @@ end
 -- Many sessions have none of them: one EXISTS then spares a call per key (each redis.call
 -- costs ~0.5 µs beyond the command itself).
 local function bare_now()
-  return redis.call('EXISTS', K_VEXP, K_TASK, K_SCRATCH) == 0
+  return call('EXISTS', K_VEXP, K_TASK, K_SCRATCH) == 0
 end
 
 -- PERSIST k (a paused session never expires), else PEXPIRE k ttl.
 local function expire(k, ttl)
-  if state == 'paused' then redis.call('PERSIST', k) else redis.call('PEXPIRE', k, ttl) end
+  if state == 'paused' then call('PERSIST', k) else call('PEXPIRE', k, ttl) end
 end
 
 -- Idle expiry of a live session (see touch in the prelude; state and ttl are known here), of
@@ -167,22 +169,22 @@ local function spawn()
     return reject('already_exists', 'session already exists and is ' .. state
       .. '; spawn a new session_id, or resume/terminate this one')
   end
-  local agent_instance_id, agent_type_id, ttl_ms = args[10], args[11], args[12]
-  local n = tonumber(args[13])
+  local agent_instance_id, agent_type_id, ttl_ms = args[8], args[9], args[10]
+  local n = tonumber(args[11])
   -- A new session: only an agent's WorkingMemory may have written keys before it (seldom).
-  local others = redis.call('EXISTS', K_VEXP, K_TASK, K_SCRATCH, K_CPS, K_CPDATA) > 0
+  local others = call('EXISTS', K_VEXP, K_TASK, K_SCRATCH, K_CPS, K_CPDATA) > 0
   if others then purge_expired(now) end
   if n > 0 then
     if 2 * n <= CHUNK then  -- straight from args: no table to build (and collect) per spawn
-      redis.call('HSET', K_VARS, unpack(args, 14, 13 + 2 * n))
+      call('HSET', K_VARS, unpack(args, 12, 11 + 2 * n))
     else
       local pairs_ = {}
-      for i = 14, 13 + 2 * n do pairs_[#pairs_ + 1] = args[i] end
+      for i = 12, 11 + 2 * n do pairs_[#pairs_ + 1] = args[i] end
       chunked('HSET', K_VARS, pairs_)
     end
     if others then
       local names = {}
-      for i = 14, 13 + 2 * n, 2 do names[#names + 1] = args[i] end
+      for i = 12, 11 + 2 * n, 2 do names[#names + 1] = args[i] end
       chunked('ZREM', K_VEXP, names)
     end
   end
@@ -195,11 +197,11 @@ local function spawn()
   if agent_type_id ~= '' then update('agent_type_id', agent_type_id) end
   if seq then update('last_seq', seq_text) end
   state, meta[5] = 'active', ttl_ms
-  local out = finish('applied', ',"type":"agent.spawned","initial_items":' .. args[13])
-  redis.call('PEXPIRE', K_META, ttl_ms)
-  if n > 0 then redis.call('PEXPIRE', K_VARS, ttl_ms) end
+  local out = finish('applied', ',"type":"agent.spawned","initial_items":' .. args[11])
+  call('PEXPIRE', K_META, ttl_ms)
+  if n > 0 then call('PEXPIRE', K_VARS, ttl_ms) end
   if others then
-    for _, k in ipairs({K_VEXP, K_TASK, K_SCRATCH, K_CPS, K_CPDATA}) do redis.call('PEXPIRE', k, ttl_ms) end
+    for _, k in ipairs({K_VEXP, K_TASK, K_SCRATCH, K_CPS, K_CPDATA}) do call('PEXPIRE', k, ttl_ms) end
   end
   return out
 end
@@ -209,9 +211,9 @@ local function pause()
     advance_seq()
     return reject('invalid_transition', 'session is ' .. state .. '; pause applies only to an active session')
   end
-  local checkpoint_id, description = args[10], args[11]
+  local checkpoint_id, description = args[8], args[9]
   -- A session without checkpoints (the usual first pause) has no id to collide with.
-  local n_checkpoints = redis.call('ZCARD', K_CPS)
+  local n_checkpoints = call('ZCARD', K_CPS)
   if n_checkpoints > 0 and checkpoint_exists(checkpoint_id) then
     advance_seq()
     return reject('already_exists', 'checkpoint ' .. checkpoint_id
@@ -239,9 +241,9 @@ local function resume()
     advance_seq()
     return reject('invalid_transition', 'session is ' .. state .. '; resume applies only to a paused session')
   end
-  local checkpoint_id, clear = args[10], args[11] == '1'
+  local checkpoint_id, clear = args[8], args[9] == '1'
   if checkpoint_id == '' then
-    local newest = redis.call('ZREVRANGE', K_CPS, 0, 0)
+    local newest = call('ZREVRANGE', K_CPS, 0, 0)
     if #newest == 0 then
       advance_seq()
       return reject('checkpoint_not_found', 'session has no checkpoint to resume from; pause it first')
@@ -263,7 +265,7 @@ local function resume()
 end
 
 local function terminate()
-  local outcome, consolidate, cleanup, extra = args[10], args[11] == '1', args[12] == '1', args[13]
+  local outcome, consolidate, cleanup, extra = args[8], args[9] == '1', args[10] == '1', args[11]
   local started_at, duration = 'null', 'null'
   if meta[4] then started_at = cjson.encode(meta[4]) end
   local started_ms = tonumber(meta[3])
@@ -288,12 +290,12 @@ local function terminate()
   local cleared = 0
   if cleanup then  -- the working memory, checkpoints and the meta hash in one DEL
     cleared = items or count_items()
-    redis.call('DEL', K_META, K_VARS, K_VEXP, K_TASK, K_SCRATCH, K_CPS, K_CPDATA)
+    call('DEL', K_META, K_VARS, K_VEXP, K_TASK, K_SCRATCH, K_CPS, K_CPDATA)
   else
     for _, k in ipairs({K_VARS, K_VEXP, K_TASK, K_SCRATCH, K_CPS, K_CPDATA}) do
-      redis.call('PEXPIRE', k, tombstone_ttl)
+      call('PEXPIRE', k, tombstone_ttl)
     end
-    redis.call('DEL', K_META)
+    call('DEL', K_META)
   end
   -- The result in one concatenation (each intermediate string of ~1 KB is work for Lua's
   -- allocator and collector).
@@ -313,26 +315,26 @@ local function terminate()
   if seq then update('last_seq', seq_text) elseif meta[2] then update('last_seq', meta[2]) end
   state = 'terminated'
   local out = finish('applied', nil, data)
-  redis.call('PEXPIRE', K_META, tombstone_ttl)
+  call('PEXPIRE', K_META, tombstone_ttl)
   return out
 end
 
 local function apply(keys, argv)
-  bind_session(keys)
-  K_RESULTS, K_SOURCE, K_DEDUPE = keys[8], keys[9], keys[10]
+  bind_session_of(keys[1])
+  K_RESULTS, K_SOURCE, K_DEDUPE = keys[2], keys[3], keys[4]
   args, op, entry_id, prefix = argv, argv[1], argv[2], argv[4]
-  settings = settings_of(argv[3])
+  settings = context_of(argv[3])
   group, default_ttl, dedupe_ttl, tombstone_ttl = settings[1], settings[2], settings[3], settings[4]
+  now, now_iso = settings[7], settings[8]
   seq_text = argv[5]
   seq = tonumber(seq_text)
-  now, now_iso = argv[6], argv[7]
-  traceparent = argv[8]
-  record = argv[9]
+  traceparent = argv[6]
+  record = argv[7]
   n_updates = 0
 
   if op == 'terminate' then
     -- Terminate reads the whole meta hash anyway (to fold it into the tombstone): one call.
-    meta_flat = redis.call('HGETALL', K_META)
+    meta_flat = call('HGETALL', K_META)
     meta = {false, false, false, false, false, false, false}
     for i = 1, #meta_flat, 2 do
       local at = META_FIELDS[meta_flat[i]]
@@ -343,7 +345,7 @@ local function apply(keys, argv)
       end
     end
   else
-    meta = redis.call('HMGET', K_META, 'state', 'last_seq', 'started_ms', 'started_at', 'ttl_ms',
+    meta = call('HMGET', K_META, 'state', 'last_seq', 'started_ms', 'started_at', 'ttl_ms',
       record, PACKED)
   end
   state = meta[1]
@@ -353,7 +355,7 @@ local function apply(keys, argv)
   -- one field; a record key holds the result's stream id.
   local previous
   if record == '' then
-    previous = redis.call('GET', K_DEDUPE)
+    previous = call('GET', K_DEDUPE)
   else
     previous = meta[6]
     if not previous and meta[7] and packed_in(meta[7], string.sub(record, 2)) then previous = '' end
@@ -385,7 +387,7 @@ local function apply(keys, argv)
 
   if op == 'reject' then
     advance_seq()
-    return reject(args[10], args[11])
+    return reject(args[8], args[9])
   end
   if op == 'spawn' then return spawn() end
   if not state then
