@@ -102,7 +102,7 @@ async def main():
                     await pipe.execute()
 
             row["floor"] = await counted(call_only) / sessions
-            row["arguments"] = len(calls[0]) - 3
+            row["arguments"] = sum(len(c) - 3 for c in calls) / sessions
 
         async def apply():
             for k in range(0, sessions, 200):
@@ -204,7 +204,7 @@ def main() -> None:
                 f"{b / 1000:,.1f}k",
                 f"{a['total'] / 1000:,.1f}k",
                 f"{a['total'] / b:.3f}×",
-                a["arguments"],
+                f"{a['arguments']:.1f}",
                 f"{a['floor'] / 1000:,.1f}k",
             ]
         )

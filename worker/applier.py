@@ -1,9 +1,10 @@
-"""Applying a batch of lifecycle entries: one call of the apply function (``FCALL``) per entry,
-one pipeline per batch.
+"""Applying a batch of lifecycle entries: one call of the apply function (``FCALL``) per up to
+``COMMANDS_PER_CALL`` entries, one pipeline per batch.
 
-The function does the dedupe check, the seq rule, the state transition, the mutation, the XADD
-of the result and the XACK of the command atomically, so a crash leaves each entry either
-untouched (still pending, redelivered later) or completely done.
+The function does, for each command in turn, the dedupe check, the seq rule, the state
+transition, the mutation and the XADD of the result, then one XACK of every command it
+answered, all in one atomic call, so a crash leaves each entry either untouched (still pending,
+redelivered later) or completely done.
 """
 
 from __future__ import annotations
@@ -41,6 +42,10 @@ _PLACEHOLDER = "!"
 """Stands for an id that failed validation; '!' is no id character, so it names no session."""
 
 APPLY = function("apply_command.lua")
+COMMANDS_PER_CALL = 64
+"""Commands per call of the apply function. One call per command costs ~15k more Redis
+instructions a command (calling at all, the call's context and streams, an XACK each:
+BENCHMARKS.md); a call runs alone in Redis, so it is kept short (64 commands: ~1.5 ms)."""
 DEAD_LETTER = script("dead_letter.lua")
 
 
@@ -96,8 +101,10 @@ class Plan:
     dead_letters: bool
     commands: list[list[Any]] = field(default_factory=list)
     outcomes: list[Outcome] = field(default_factory=list)
-    replied: list[bool] = field(default_factory=list)
-    """Per entry: whether a command was sent for it (its reply makes the outcome)."""
+    slots: list[tuple[int, int] | None] = field(default_factory=list)
+    """Per entry, where its reply is (it makes the outcome): ``(command, -1)`` for a command
+    of its own (a dead letter), ``(command, i)`` for the i-th reply of an apply call, None
+    when nothing was sent for it (its planned outcome stands)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,6 +173,8 @@ class CommandApplier:
         self.pressure = False
         """Redis is (nearly) full: each applied command's entry is deleted with its XACK
         (XDEL), not kept for the replay window; its result still is (and goes to Postgres)."""
+        self.commands_per_call = COMMANDS_PER_CALL
+        """Commands per apply call (the worker makes it 1 while Redis is nearly full)."""
 
     def settings_arg(self) -> str:
         """The worker's settings, the first lines of every apply call's context (see
@@ -189,9 +198,9 @@ class CommandApplier:
         return cached[2]
 
     def context_arg(self, now_ms: int, now_iso: str) -> str:
-        """The context every apply call of one batch carries, as one argument (the function
-        splits it once and keeps it: see ``context_of`` in apply_command.lua): the settings
-        (``settings_arg``), then the batch's clock in ms and as RFC 3339, one per line."""
+        """The first argument of every apply call of one batch, its context (see
+        apply_command.lua): the settings (``settings_arg``), then the batch's clock in ms and
+        as RFC 3339, one per line."""
         return f"{self.settings_arg()}\n{now_ms}\n{now_iso}"
 
     async def resolve(self) -> None:
@@ -282,6 +291,18 @@ class CommandApplier:
         now_iso = utc_now_iso()
         context = self.context_arg(int(time.time() * 1000), now_iso)
         plan = Plan(shard, entries, received, dead_letters)
+        # The apply call being filled: its keys and arguments, and the entries it answers.
+        keys: list[str] = [streams.results, streams.lifecycle]
+        argv: list[str | bytes | int] = [context]
+        answers: list[int] = []
+
+        def flush() -> None:
+            index = len(plan.commands)
+            plan.commands.append(APPLY.command(keys, argv))
+            for position, entry in enumerate(answers):
+                plan.slots[entry] = (index, position)
+            del keys[2:], argv[1:], answers[:]
+
         for raw_id, fields in entries:
             entry_id = raw_id.decode() if isinstance(raw_id, bytes) else raw_id
             built = None
@@ -289,9 +310,7 @@ class CommandApplier:
                 intake = parse_entry(fields, shard, settings)
                 duration = (time.perf_counter() - received) * 1000
                 if not isinstance(intake, Unusable):
-                    built = self._build(
-                        intake, shard, streams, entry_id, context, now_iso, duration
-                    )
+                    built = self._build(intake, shard, streams, entry_id, now_iso, duration)
             except Exception as exc:  # one odd entry must not poison its whole batch
                 intake = Unusable(f"could not be prepared for applying: {exc!r:.300}")
             if isinstance(intake, Unusable):
@@ -309,18 +328,25 @@ class CommandApplier:
                     args: list[str | bytes | int] = [self.group, entry_id]
                     for k, v in letter.items():
                         args += [k, v]
+                    plan.slots.append((len(plan.commands), -1))
                     plan.commands.append(
                         DEAD_LETTER.command([streams.dlq, streams.lifecycle], args)
                     )
-                    plan.replied.append(True)
                 else:
-                    plan.replied.append(False)
+                    plan.slots.append(None)
                 continue
             assert built is not None
-            keys, argv, outcome = built
-            plan.commands.append(APPLY.command(keys, argv))
+            command_keys, command_args, outcome = built
+            keys += command_keys
+            argv.append(len(command_args))
+            argv += command_args
+            answers.append(len(plan.outcomes))
             plan.outcomes.append(outcome)
-            plan.replied.append(True)
+            plan.slots.append(None)  # set by flush
+            if len(answers) >= self.commands_per_call:
+                flush()
+        if answers:
+            flush()
         return plan
 
     def finish(self, plan: Plan, replies: Sequence[Any]) -> list[Outcome] | None:
@@ -331,11 +357,19 @@ class CommandApplier:
             for r in replies
         ):
             return None
-        it = iter(replies)
-        return [
-            self._outcome(o, next(it)) if replied else o
-            for o, replied in zip(plan.outcomes, plan.replied, strict=True)
-        ]
+        outcomes = []
+        for planned, slot in zip(plan.outcomes, plan.slots, strict=True):
+            if slot is None:
+                outcomes.append(planned)
+                continue
+            index, position = slot
+            reply = replies[index]
+            if position >= 0 and not isinstance(reply, Exception):
+                reply = reply[position]
+                if reply[0] == b"error":  # this command raised; the others in its call applied
+                    reply = ResponseError(reply[1].decode(errors="replace"))
+            outcomes.append(self._outcome(planned, reply))
+        return outcomes
 
     async def apply(
         self,
@@ -396,10 +430,10 @@ class CommandApplier:
         shard: int,
         streams: StreamKeys,
         entry_id: str,
-        context: str,
         now_iso: str,
         duration_ms: float,
     ) -> tuple[list[str], list[str | bytes | int], Outcome]:
+        """One command's keys and arguments in an apply call (see apply_command.lua)."""
         settings = self.settings
         if isinstance(intake, Accepted):
             cmd = intake.command
@@ -442,12 +476,11 @@ class CommandApplier:
         else:
             session = SessionKeys(settings.stream_prefix, shard, _PLACEHOLDER, _PLACEHOLDER)
         # The meta key names the session: the function derives its other keys from it.
-        keys = [session.meta, streams.results, streams.lifecycle]
+        keys = [session.meta]
         prefix = _prefix(result_id, event_id, command_type, copied, now_iso, duration_ms)
         argv: list[str | bytes | int] = [
             "",
             entry_id,
-            context,
             prefix,
             seq if seq is not None else "",
             intake.traceparent or "",
@@ -455,7 +488,7 @@ class CommandApplier:
         ]
         if isinstance(intake, Refused):  # its record gets a key of its own (see the function)
             keys.append(streams.dedupe(project_id or _PLACEHOLDER, event_id))
-            argv[6] = b""
+            argv[5] = b""
             argv[0] = "reject"
             argv += [intake.reason, intake.detail]
         else:

@@ -23,7 +23,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from worker.applier import CommandApplier, Outcome, Plan
+from worker.applier import COMMANDS_PER_CALL, CommandApplier, Outcome, Plan
 from worker.capacity import CapacityGauges
 from worker.connections import client_for
 from worker.group_consumer import default_consumer_name
@@ -412,10 +412,12 @@ class LifecycleWorker:
 
     def _update_pressure(self) -> None:
         """Under memory pressure (admission closed, or Redis refusing writes as full) each
-        applied command's entry is deleted with its acknowledgement."""
-        self.applier.pressure = self.settings.trim_when_full and (
-            self._admission_closed or self._full()
-        )
+        applied command's entry is deleted with its acknowledgement, and each command goes to
+        Redis in a call of its own: Redis checks ``maxmemory`` once per call, so a call of one
+        command can pass the limit by one command's writes at most, not a batch's."""
+        nearly_full = self._admission_closed or self._full()
+        self.applier.pressure = self.settings.trim_when_full and nearly_full
+        self.applier.commands_per_call = 1 if nearly_full else COMMANDS_PER_CALL
 
     def _trim_soon(self) -> None:
         trimming = self._trimming_while_full

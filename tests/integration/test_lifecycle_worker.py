@@ -345,16 +345,21 @@ async def test_an_entry_that_keeps_failing_goes_to_the_dlq_after_max_deliveries(
 ) -> None:
     keys = SessionKeys.for_session(fast.stream_prefix, 1, "p1", "poisoned")
     await redis.set(keys.meta, "not a hash")  # every script touching it fails: WRONGTYPE
+    # Between two good commands: all three go to Redis in one call of the apply function,
+    # and the one that fails fails alone.
+    await publish(redis, fast, command("spawn", "before", session="fine-before"))
     await publish(redis, fast, command("spawn", "poison", session="poisoned"))
-    await publish(redis, fast, command("spawn", "fine", session="fine"))
+    await publish(redis, fast, command("spawn", "after", session="fine-after"))
     streams = StreamKeys(fast.stream_prefix, 0)
     async with running_worker(fast):
         await stream_len_at_least(redis, streams.dlq, 1, timeout=15)
-        await stream_len_at_least(redis, streams.results, 1)
+        await stream_len_at_least(redis, streams.results, 2)
     letters = await dead_letters(redis, fast)
+    assert len(letters) == 1
     assert letters[0]["reason"] == "max_deliveries"
     assert "WRONGTYPE" in letters[0]["error"]
-    assert [r["causation_id"] for r in await results(redis, fast)] == ["fine"]
+    assert [r["causation_id"] for r in await results(redis, fast)] == ["before", "after"]
+    assert (await redis.xpending(streams.lifecycle, LIFECYCLE_GROUP))["pending"] == 0
 
 
 async def test_a_paused_session_does_not_expire_and_a_resumed_one_does(

@@ -19,9 +19,8 @@ end
 
 -- The same from the meta key alone: the session's keys are its base name and a suffix each
 -- (worker/keys.py SessionKeys; all of them carry the meta key's hash tag, so they are in its
--- hash slot on a Redis Cluster too).
+-- hash slot on a Redis Cluster too). The caller binds `call` itself.
 local function bind_session_of(meta_key)
-  call = redis.call
   local base = string.sub(meta_key, 1, -6)  -- without ':meta'
   K_META, K_VARS, K_VEXP, K_TASK, K_SCRATCH, K_CPS, K_CPDATA = meta_key, base .. ':vars',
     base .. ':vexp', base .. ':task', base .. ':scratch', base .. ':cps', base .. ':cpdata'

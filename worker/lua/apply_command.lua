@@ -1,32 +1,37 @@
--- Apply one lifecycle command atomically: dedupe, seq rule, state machine, mutation,
--- XADD of the result, dedupe record, XACK of the command.
+-- Apply a batch of lifecycle commands, each atomically: dedupe, seq rule, state machine,
+-- mutation, XADD of the result, dedupe record; then one XACK of every command it answered.
 --
--- A Redis function (FUNCTION LOAD once, FCALL per command; worker/scripts.py builds the
--- library: a `#!lua name=…` line, the _session.lua prelude, then this file, whose last line
--- gets the function's name). Everything below is defined once when the library loads; a
--- call only binds its keys and arguments to the upvalues below and runs. An EVAL script
--- instead re-creates every function (closure) and table it defines on every call.
--- One call at a time runs in Redis, so these upvalues never hold two calls' values at once;
--- each call sets every one of them before reading it.
+-- A Redis function (FUNCTION LOAD once, FCALL per batch of up to COMMANDS_PER_CALL commands,
+-- worker/applier.py; worker/scripts.py builds the library: a `#!lua name=…` line, the
+-- _session.lua prelude, then this file, whose last line gets the function's name). Everything
+-- below is defined once when the library loads; a call only binds its keys and arguments to
+-- the upvalues below and runs. An EVAL script instead re-creates every function (closure) and
+-- table it defines on every call. One call at a time runs in Redis, so these upvalues never
+-- hold two calls' values at once; each command sets every one of them before reading it.
+-- A batch in one call, not a call per command: calling a function at all, its context and its
+-- two streams as arguments, and an XACK per command cost ~15k instructions a command
+-- (BENCHMARKS.md); commands are still applied one by one, in order, each as it would be alone.
 --
--- KEYS: 1 the session's meta key (its other keys are derived from it: bind_session_of),
---       2 results stream, 3 source stream, 4 (op 'reject' only) the record of a command naming
---       no session.
--- ARGV: 1 op (spawn|pause|resume|terminate|reject), 2 source entry id, 3 the batch's context
---       (the worker's settings, now ms, now RFC 3339: see context_of), 4 result JSON without
---       its closing brace (fields every result shares), 5 seq ('' if none), 6 traceparent
---       ('' if none), 7 the command's dedupe field ('@' .. 8 bytes of SHA-1 of
---       project/event_id), 8.. per op.
--- Returns {status, result stream id (a duplicate: its record, often empty) or next expected seq,
--- reason}: status is applied | rejected | duplicate | wait.
+-- KEYS: 1 results stream, 2 source stream, then per command in order: its session's meta key
+--       (the session's other keys are derived from it: bind_session_of), and for op 'reject'
+--       the record key of a command naming no session.
+-- ARGV: 1 the batch's context (the worker's settings, now ms, now RFC 3339: see the apply
+--       function), then per command: how many arguments follow for it, then op
+--       (spawn|pause|resume|terminate|reject), source entry id, result JSON without its
+--       closing brace (fields every result shares), seq ('' if none), traceparent ('' if
+--       none), the command's dedupe field ('@' .. 8 bytes of SHA-1 of project/event_id), and
+--       the op's own (args[o + 7] on: see each op).
+-- Returns one reply per command, in order: {status, result stream id (a duplicate: its record,
+-- often empty) or next expected seq, reason}: status is applied | rejected | duplicate | wait;
+-- or {'error', message} when the command raised an error (it is not acknowledged).
 --
--- Dedupe records live with their session: field ARGV[7] of the session's meta hash (an empty
+-- Dedupe records live with their session: the command's dedupe field in the session's meta hash (an empty
 -- value, 11 bytes of listpack; no key and no TTL of its own). At terminate the meta hash
 -- is folded into a compact tombstone: the state, last_seq and these records' digests packed
 -- into one field (PACKED), nothing else.
 -- A command for a session that does not exist (yet) leaves its record in a meta hash without
 -- 'state' (records only: no session), kept for the dedupe window. A command the worker refused
--- before running this script (ARGV[7] is ''; op 'reject') has its record at KEYS[4], a key of
+-- before running this function (its dedupe field is ''; op 'reject') has its record at a key of
 -- its own with the dedupe TTL: such commands are rare, and need not name a usable session.
 -- Fewer calls is less Redis CPU: each redis.call costs ~0.5 µs beyond the command itself.
 
@@ -35,10 +40,11 @@
 -- is one small allocation: state, last_seq and this field).
 local PACKED = '@'
 
--- This call's keys and arguments (bound by apply).
+-- This command's keys and arguments (bound by apply).
 local K_DEDUPE, K_RESULTS, K_SOURCE
-local args, op, entry_id, group, prefix  -- args: the call's ARGV
-local settings  -- the worker's settings and the batch's clock (ARGV[3], split; see context_of)
+local args, o  -- the call's ARGV; o: this command's offset (args[o] is its argument count)
+local op, entry_id, group, prefix
+local settings  -- the worker's settings and the batch's clock (ARGV[1], split)
 -- Numbers go back to Redis as the strings they came in as: a Lua number passed to redis.call
 -- or concatenated is formatted with printf (~0.3 µs each); arithmetic on a string converts it.
 local seq_text, seq, now, now_iso, default_ttl, dedupe_ttl, tombstone_ttl
@@ -51,24 +57,6 @@ META_FIELDS[PACKED] = 7
 -- Fields of the meta hash to write with the command's record, in one HSET at the end:
 -- updates[1..n_updates] (the table is reused across calls; entries past n_updates are stale).
 local updates, n_updates = {}, 0
-
--- The worker's settings and its clock arrive as one argument, the batch's context: group,
--- default session TTL ms, dedupe TTL ms, tombstone TTL ms, max checkpoints, memory pressure
--- 1|0 (see acknowledge), now ms, now RFC 3339, one per line. It is the same in every call of a
--- batch: split once and kept here, so each call passes 1 argument for them, not 8 (each
--- argument costs ~1.1k instructions: bench/redis_instructions.py). A new batch brings a new
--- context; the cache is emptied past 16 entries.
-local CONTEXTS, n_contexts = {}, 0
-local function context_of(text)
-  local found = CONTEXTS[text]
-  if not found then
-    found = {}
-    for part in string.gmatch(text, '[^\n]+') do found[#found + 1] = part end
-    if n_contexts >= 16 then CONTEXTS, n_contexts = {}, 0 end
-    CONTEXTS[text], n_contexts = found, n_contexts + 1
-  end
-  return found
-end
 
 -- Whether the 8-byte digest d is one of those packed in blob (at a multiple of 8).
 local function packed_in(blob, d)
@@ -87,13 +75,13 @@ local function update(field, value)
   n_updates = n_updates + 2
 end
 
--- Acknowledge the command; under memory pressure (settings[6], set by the worker while Redis
--- is nearly full) delete its entry too: it is not kept for the replay window, its memory goes
--- to the commands still waiting.
+-- The entries of the commands answered so far in this call: acknowledged together at its end
+-- (one XACK; under memory pressure one XDEL too: see apply). acks[1..n_acks] (reused).
+local acks, n_acks = {}, 0
+
 local function acknowledge()
-  call('XACK', K_SOURCE, group, entry_id)
-  -- pcall: a user whose ACL lacks XDEL (an upgrade) keeps the entry, and the call succeeds.
-  if settings[6] == '1' then redis.pcall('XDEL', K_SOURCE, entry_id) end
+  n_acks = n_acks + 1
+  acks[n_acks] = entry_id
 end
 
 -- Publish the result: prefix .. body .. '}' (or data, the whole result, when given: one string
@@ -169,22 +157,22 @@ local function spawn()
     return reject('already_exists', 'session already exists and is ' .. state
       .. '; spawn a new session_id, or resume/terminate this one')
   end
-  local agent_instance_id, agent_type_id, ttl_ms = args[8], args[9], args[10]
-  local n = tonumber(args[11])
+  local agent_instance_id, agent_type_id, ttl_ms = args[o + 7], args[o + 8], args[o + 9]
+  local n = tonumber(args[o + 10])
   -- A new session: only an agent's WorkingMemory may have written keys before it (seldom).
   local others = call('EXISTS', K_VEXP, K_TASK, K_SCRATCH, K_CPS, K_CPDATA) > 0
   if others then purge_expired(now) end
   if n > 0 then
     if 2 * n <= CHUNK then  -- straight from args: no table to build (and collect) per spawn
-      call('HSET', K_VARS, unpack(args, 12, 11 + 2 * n))
+      call('HSET', K_VARS, unpack(args, o + 11, o + 10 + 2 * n))
     else
       local pairs_ = {}
-      for i = 12, 11 + 2 * n do pairs_[#pairs_ + 1] = args[i] end
+      for i = o + 11, o + 10 + 2 * n do pairs_[#pairs_ + 1] = args[i] end
       chunked('HSET', K_VARS, pairs_)
     end
     if others then
       local names = {}
-      for i = 12, 11 + 2 * n, 2 do names[#names + 1] = args[i] end
+      for i = o + 11, o + 10 + 2 * n, 2 do names[#names + 1] = args[i] end
       chunked('ZREM', K_VEXP, names)
     end
   end
@@ -197,7 +185,7 @@ local function spawn()
   if agent_type_id ~= '' then update('agent_type_id', agent_type_id) end
   if seq then update('last_seq', seq_text) end
   state, meta[5] = 'active', ttl_ms
-  local out = finish('applied', ',"type":"agent.spawned","initial_items":' .. args[11])
+  local out = finish('applied', ',"type":"agent.spawned","initial_items":' .. args[o + 10])
   call('PEXPIRE', K_META, ttl_ms)
   if n > 0 then call('PEXPIRE', K_VARS, ttl_ms) end
   if others then
@@ -211,7 +199,7 @@ local function pause()
     advance_seq()
     return reject('invalid_transition', 'session is ' .. state .. '; pause applies only to an active session')
   end
-  local checkpoint_id, description = args[8], args[9]
+  local checkpoint_id, description = args[o + 7], args[o + 8]
   -- A session without checkpoints (the usual first pause) has no id to collide with.
   local n_checkpoints = call('ZCARD', K_CPS)
   if n_checkpoints > 0 and checkpoint_exists(checkpoint_id) then
@@ -241,7 +229,7 @@ local function resume()
     advance_seq()
     return reject('invalid_transition', 'session is ' .. state .. '; resume applies only to a paused session')
   end
-  local checkpoint_id, clear = args[8], args[9] == '1'
+  local checkpoint_id, clear = args[o + 7], args[o + 8] == '1'
   if checkpoint_id == '' then
     local newest = call('ZREVRANGE', K_CPS, 0, 0)
     if #newest == 0 then
@@ -265,7 +253,7 @@ local function resume()
 end
 
 local function terminate()
-  local outcome, consolidate, cleanup, extra = args[8], args[9] == '1', args[10] == '1', args[11]
+  local outcome, consolidate, cleanup, extra = args[o + 7], args[o + 8] == '1', args[o + 9] == '1', args[o + 10]
   local started_at, duration = 'null', 'null'
   if meta[4] then started_at = cjson.encode(meta[4]) end
   local started_ms = tonumber(meta[3])
@@ -319,17 +307,13 @@ local function terminate()
   return out
 end
 
-local function apply(keys, argv)
-  bind_session_of(keys[1])
-  K_RESULTS, K_SOURCE, K_DEDUPE = keys[2], keys[3], keys[4]
-  args, op, entry_id, prefix = argv, argv[1], argv[2], argv[4]
-  settings = context_of(argv[3])
-  group, default_ttl, dedupe_ttl, tombstone_ttl = settings[1], settings[2], settings[3], settings[4]
-  now, now_iso = settings[7], settings[8]
-  seq_text = argv[5]
+-- Apply the command at args[o..] to the session bound (bind_session_of); returns its reply.
+local function apply_one()
+  op, entry_id, prefix = args[o + 1], args[o + 2], args[o + 3]
+  seq_text = args[o + 4]
   seq = tonumber(seq_text)
-  traceparent = argv[6]
-  record = argv[7]
+  traceparent = args[o + 5]
+  record = args[o + 6]
   n_updates = 0
 
   if op == 'terminate' then
@@ -387,7 +371,7 @@ local function apply(keys, argv)
 
   if op == 'reject' then
     advance_seq()
-    return reject(args[8], args[9])
+    return reject(args[o + 7], args[o + 8])
   end
   if op == 'spawn' then return spawn() end
   if not state then
@@ -397,7 +381,51 @@ local function apply(keys, argv)
   if op == 'pause' then return pause() end
   if op == 'resume' then return resume() end
   if op == 'terminate' then return terminate() end
-  return redis.error_reply('memworker: unknown op ' .. tostring(op))
+  error('memworker: unknown op ' .. tostring(op))
+end
+
+local function apply(keys, argv)
+  call = redis.call
+  K_RESULTS, K_SOURCE = keys[1], keys[2]
+  -- The batch's context: group, default session TTL ms, dedupe TTL ms, tombstone TTL ms, max
+  -- checkpoints, memory pressure 1|0 (see below), now ms, now RFC 3339, one per line.
+  settings = {}
+  for part in string.gmatch(argv[1], '[^\n]+') do settings[#settings + 1] = part end
+  group, default_ttl, dedupe_ttl, tombstone_ttl = settings[1], settings[2], settings[3], settings[4]
+  now, now_iso = settings[7], settings[8]
+  args = argv
+  n_acks = 0
+  local replies, n = {}, 0
+  local key, at, last = 3, 2, #argv
+  while at <= last do
+    o = at
+    bind_session_of(keys[key])
+    key = key + 1
+    if argv[at + 1] == 'reject' then
+      K_DEDUPE, key = keys[key], key + 1
+    else
+      K_DEDUPE = nil
+    end
+    -- A command that raises (a key of the wrong type: a bad session, not a bad server) fails
+    -- alone; the others still apply. What it did before the error stays (as for any script).
+    local ok, reply = pcall(apply_one)
+    if not ok then
+      if type(reply) == 'table' then reply = reply.err end
+      reply = {'error', tostring(reply)}
+    end
+    n = n + 1
+    replies[n] = reply
+    at = at + 1 + tonumber(argv[at])
+  end
+  for i = 1, n_acks, CHUNK do
+    local j = math.min(i + CHUNK - 1, n_acks)
+    call('XACK', K_SOURCE, group, unpack(acks, i, j))
+    -- Under memory pressure (set by the worker while Redis is nearly full) the entries go too:
+    -- they are not kept for the replay window, their memory goes to the commands still
+    -- waiting. pcall: a user whose ACL lacks XDEL (an upgrade) keeps them, and the call works.
+    if settings[6] == '1' then redis.pcall('XDEL', K_SOURCE, unpack(acks, i, j)) end
+  end
+  return replies
 end
 
 redis.register_function{function_name = FUNCTION_NAME, callback = apply}
