@@ -49,11 +49,12 @@ local settings  -- the worker's settings and the batch's clock (ARGV[1], split)
 -- or concatenated is formatted with printf (~0.3 µs each); arithmetic on a string converts it.
 local seq_text, seq, now, now_iso, default_ttl, dedupe_ttl, tombstone_ttl
 local record, traceparent
--- The session as the call found it (and its state as the call changes it): meta holds the
--- fields below, then the command's record and PACKED; meta_flat the whole hash (terminate).
+-- The session as the call found it (and its state as the call changes it): meta holds state,
+-- last_seq, ttl_ms, the command's record, PACKED and (terminate only, which reads them)
+-- started_ms, started_at; meta_flat the whole hash (terminate).
 local meta, meta_flat, state
-local META_FIELDS = {state = 1, last_seq = 2, started_ms = 3, started_at = 4, ttl_ms = 5}
-META_FIELDS[PACKED] = 7
+local META_FIELDS = {state = 1, last_seq = 2, ttl_ms = 3, started_ms = 6, started_at = 7}
+META_FIELDS[PACKED] = 5
 -- Fields of the meta hash to write with the command's record, in one HSET at the end:
 -- updates[1..n_updates] (the table is reused across calls; entries past n_updates are stale).
 local updates, n_updates = {}, 0
@@ -128,7 +129,7 @@ end
 -- meta, vars and the checkpoint keys; of vexp, task and scratch unless bare (known not to
 -- exist); of the checkpoint zset unless new_cps (the caller just made it: no expiry to drop).
 local function touch_live(bare, new_cps)
-  local ttl = meta[5] or default_ttl
+  local ttl = meta[3] or default_ttl
   expire(K_META, ttl)
   expire(K_VARS, ttl)
   if not new_cps then expire(K_CPS, ttl) end
@@ -184,7 +185,7 @@ local function spawn()
   update('ttl_ms', ttl_ms)
   if agent_type_id ~= '' then update('agent_type_id', agent_type_id) end
   if seq then update('last_seq', seq_text) end
-  state, meta[5] = 'active', ttl_ms
+  state, meta[3] = 'active', ttl_ms
   local out = finish('applied', ',"type":"agent.spawned","initial_items":' .. args[o + 10])
   call('PEXPIRE', K_META, ttl_ms)
   if n > 0 then call('PEXPIRE', K_VARS, ttl_ms) end
@@ -255,8 +256,8 @@ end
 local function terminate()
   local outcome, consolidate, cleanup, extra = args[o + 7], args[o + 8] == '1', args[o + 9] == '1', args[o + 10]
   local started_at, duration = 'null', 'null'
-  if meta[4] then started_at = cjson.encode(meta[4]) end
-  local started_ms = tonumber(meta[3])
+  if meta[7] then started_at = cjson.encode(meta[7]) end
+  local started_ms = tonumber(meta[6])
   if started_ms then duration = string.format('%.3f', (now - started_ms) / 1000) end
   local bare = bare_now()
   if not bare then purge_expired(now) end
@@ -325,12 +326,11 @@ local function apply_one()
       if at then
         meta[at] = meta_flat[i + 1]
       elseif meta_flat[i] == record then
-        meta[6] = meta_flat[i + 1]
+        meta[4] = meta_flat[i + 1]
       end
     end
   else
-    meta = call('HMGET', K_META, 'state', 'last_seq', 'started_ms', 'started_at', 'ttl_ms',
-      record, PACKED)
+    meta = call('HMGET', K_META, 'state', 'last_seq', 'ttl_ms', record, PACKED)
   end
   state = meta[1]
 
@@ -341,8 +341,8 @@ local function apply_one()
   if record == '' then
     previous = call('GET', K_DEDUPE)
   else
-    previous = meta[6]
-    if not previous and meta[7] and packed_in(meta[7], string.sub(record, 2)) then previous = '' end
+    previous = meta[4]
+    if not previous and meta[5] and packed_in(meta[5], string.sub(record, 2)) then previous = '' end
   end
   if previous then
     acknowledge()
