@@ -9,6 +9,7 @@ from typing import Any
 from redis.asyncio import Redis
 
 from tests.helpers import command, publish, results, running_worker, stream_len_at_least
+from worker.applier import result_id_and_record
 from worker.keys import SessionKeys, StreamKeys
 from worker.settings import Settings
 
@@ -138,3 +139,28 @@ async def test_a_long_sessions_packed_tombstone_and_a_late_commands_record_still
     assert first[-1]["reason"] == "already_terminated"
     again = await run(redis, settings, [*bodies, late], 13)
     assert again == first
+
+
+async def test_records_an_earlier_version_kept_as_fields_still_dedupe_through_terminate(
+    redis: Redis, settings: Settings
+) -> None:
+    """Earlier versions kept each record as a field of its own (`@` + digest, empty value), not
+    packed into `@`: a session they wrote to must still answer those commands as duplicates,
+    live and once terminated (its tombstone packs them too)."""
+    await run(redis, settings, lifecycle()[:2], 2)  # spawn, pause
+    keys = SessionKeys.for_session(settings.stream_prefix, 1, "p1", "s1")
+    await redis.hdel(keys.meta, "@")  # as an earlier version left it
+    for event_id in ("e-spawn", "e-pause"):
+        await redis.hset(keys.meta, result_id_and_record("p1", event_id)[1], b"")
+    first = await run(redis, settings, lifecycle(), 4)  # spawn and pause are duplicates
+    assert [r["type"] for r in first] == [
+        "agent.spawned",
+        "agent.paused",
+        "agent.resumed",
+        "agent.terminated",
+    ]
+    again = await run(redis, settings, lifecycle(), 4)
+    assert again == first
+    tombstone = await redis.hgetall(keys.meta)
+    assert set(tombstone) == {b"state", b"@"}
+    assert len(tombstone[b"@"]) == 4 * 8  # the four commands' digests

@@ -25,20 +25,26 @@
 -- often empty) or next expected seq, reason}: status is applied | rejected | duplicate | wait;
 -- or {'error', message} when the command raised an error (it is not acknowledged).
 --
--- Dedupe records live with their session: the command's dedupe field in the session's meta hash (an empty
--- value, 11 bytes of listpack; no key and no TTL of its own). At terminate the meta hash
--- is folded into a compact tombstone: the state, last_seq and these records' digests packed
--- into one field (PACKED), nothing else.
+-- Dedupe records live with their session, in its meta hash: a record is the 8-byte digest of
+-- the command's dedupe field, packed end to end with the session's others into one field
+-- (PACKED, up to 8 of them: a listpack keeps a value of up to 64 bytes); past 8, a record is
+-- a field of its own (the dedupe field, empty value), as every record was in earlier versions
+-- (a session they wrote to still has such fields; every version reads both forms). No key
+-- and no TTL of its own. At terminate the meta hash is folded into a compact tombstone: the
+-- state, last_seq and every record's digest packed into PACKED, nothing else.
 -- A command for a session that does not exist (yet) leaves its record in a meta hash without
 -- 'state' (records only: no session), kept for the dedupe window. A command the worker refused
 -- before running this function (its dedupe field is ''; op 'reject') has its record at a key of
 -- its own with the dedupe TTL: such commands are rare, and need not name a usable session.
 -- Fewer calls is less Redis CPU: each redis.call costs ~0.5 µs beyond the command itself.
 
--- The field of a tombstone that packs its records: their 8-byte digests end to end (a hash
+-- The field of a meta hash that packs its records: their 8-byte digests end to end (a hash
 -- keeps a field of up to 64 bytes in its listpack, so a tombstone of up to 8 commands
--- is one small allocation: state, last_seq and this field).
+-- is one small allocation: state, last_seq and this field). Terminate reads it with the
+-- session's other fields in one HMGET, not the whole hash: a field per record made terminate
+-- read the hash with HGETALL (~40k instructions of its ~250k).
 local PACKED = '@'
+local PACKED_MAX = 64
 
 -- This command's keys and arguments (bound by apply).
 local K_DEDUPE, K_RESULTS, K_SOURCE
@@ -50,11 +56,9 @@ local settings  -- the worker's settings and the batch's clock (ARGV[1], split)
 local seq_text, seq, now, now_iso, default_ttl, dedupe_ttl, tombstone_ttl
 local record, traceparent
 -- The session as the call found it (and its state as the call changes it): meta holds state,
--- last_seq, ttl_ms, the command's record, PACKED and (terminate only, which reads them)
--- started_ms, started_at; meta_flat the whole hash (terminate).
-local meta, meta_flat, state
-local META_FIELDS = {state = 1, last_seq = 2, ttl_ms = 3, started_ms = 6, started_at = 7}
-META_FIELDS[PACKED] = 5
+-- last_seq, ttl_ms, the command's record as a field of its own, PACKED and (terminate only)
+-- started_ms, started_at and the other fields spawn writes (see terminate).
+local meta, state
 -- Fields of the meta hash to write with the command's record, in one HSET at the end:
 -- updates[1..n_updates] (the table is reused across calls; entries past n_updates are stale).
 local updates, n_updates = {}, 0
@@ -98,7 +102,14 @@ local function finish(status, body, data)
   if record == '' then
     call('SET', K_DEDUPE, id, 'PX', dedupe_ttl)
   elseif op ~= 'terminate' or status ~= 'applied' then  -- terminate packs its own record
-    update(record, '')
+    local packed = meta[5]
+    if not packed then
+      update(PACKED, string.sub(record, 2))
+    elseif #packed + 8 <= PACKED_MAX then
+      update(PACKED, packed .. string.sub(record, 2))
+    else
+      update(record, '')  -- past 8 records: a field of its own
+    end
   end
   if n_updates > 0 then
     call('HSET', K_META, unpack(updates, 1, n_updates))
@@ -265,17 +276,25 @@ local function terminate()
   local snapshot = false
   if consolidate then snapshot, items = snapshot_json(bare) end
   -- Fold the meta hash into the compact tombstone: state, last_seq and the records, packed.
-  local flat = meta_flat
-  local digests = {}
-  for i = 1, #flat, 2 do
-    local name = flat[i]
-    if name == PACKED then
-      digests[#digests + 1] = flat[i + 1]
-    elseif string.byte(name, 1) == 64 then  -- '@': one record
-      digests[#digests + 1] = string.sub(name, 2)
-    end
+  -- The HMGET (apply_one) read every field this version writes; more fields in the hash are
+  -- records of their own (past 8, or written by an earlier version): read the whole hash then.
+  local digests = meta[5] or ''
+  local known = 0
+  for i = 1, 10 do
+    if meta[i] then known = known + 1 end
   end
-  digests[#digests + 1] = string.sub(record, 2)
+  if call('HLEN', K_META) > known then
+    local flat = call('HGETALL', K_META)
+    local parts = {digests}
+    for i = 1, #flat, 2 do
+      local name = flat[i]
+      if name ~= PACKED and string.byte(name, 1) == 64 then  -- '@': one record
+        parts[#parts + 1] = string.sub(name, 2)
+      end
+    end
+    digests = table.concat(parts)
+  end
+  digests = digests .. string.sub(record, 2)
   local cleared = 0
   if cleanup then  -- the working memory, checkpoints and the meta hash in one DEL
     cleared = items or count_items()
@@ -300,7 +319,7 @@ local function terminate()
       .. ',"consolidate":false,"items_cleared":' .. cleared .. extra .. '}'
   end
   update('state', 'terminated')
-  update(PACKED, table.concat(digests))
+  update(PACKED, digests)
   if seq then update('last_seq', seq_text) elseif meta[2] then update('last_seq', meta[2]) end
   state = 'terminated'
   local out = finish('applied', nil, data)
@@ -318,25 +337,17 @@ local function apply_one()
   n_updates = 0
 
   if op == 'terminate' then
-    -- Terminate reads the whole meta hash anyway (to fold it into the tombstone): one call.
-    meta_flat = call('HGETALL', K_META)
-    meta = {false, false, false, false, false, false, false}
-    for i = 1, #meta_flat, 2 do
-      local at = META_FIELDS[meta_flat[i]]
-      if at then
-        meta[at] = meta_flat[i + 1]
-      elseif meta_flat[i] == record then
-        meta[4] = meta_flat[i + 1]
-      end
-    end
+    -- Also every other field spawn writes (terminate counts them: see there).
+    meta = call('HMGET', K_META, 'state', 'last_seq', 'ttl_ms', record, PACKED, 'started_ms',
+      'started_at', 'agent_instance_id', 'agent_type_id', 'updated_at')
   else
     meta = call('HMGET', K_META, 'state', 'last_seq', 'ttl_ms', record, PACKED)
   end
   state = meta[1]
 
-  -- A record in a meta hash is an empty value: its field is the whole record (the result's
-  -- event_id already follows from the command's); a tombstone packs its records' digests into
-  -- one field; a record key holds the result's stream id.
+  -- A record in a meta hash is its digest in PACKED, or (past 8) a field of its own with an
+  -- empty value (the result's event_id already follows from the command's); a record key
+  -- holds the result's stream id.
   local previous
   if record == '' then
     previous = call('GET', K_DEDUPE)
