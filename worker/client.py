@@ -267,20 +267,20 @@ class LifecycleClient:
         except Exception as exc:
             if "BUSYGROUP" not in str(exc):
                 raise
-        last = "0"
+        last = "0"  # first what this consumer was given before and did not acknowledge
         while True:
             reply: Any = await self.redis.xreadgroup(
                 group, consumer, {stream: last}, count=100, block=block_ms
             )
             entries = reply[0][1] if reply else []
-            if not entries and last == "0":
+            if not entries and last != ">":  # none (left) of its own: new entries from now on
                 last = ">"
                 continue
             for entry_id, fields in entries:
                 data = fields.get(b"data") or b"{}"
                 yield entry_id.decode(), orjson.loads(data)
                 await self.redis.xack(stream, group, entry_id)
-            if last != ">" and entries:
+            if last != ">":
                 last = entries[-1][0].decode()
 
     async def follow_results(

@@ -89,12 +89,21 @@ async def test_follow_resumes_where_the_subscriber_group_left_off(
         if len(seen) == 2:
             break
     await redis.xadd(stream, {"data": json.dumps({"n": 3})})
-    async for _entry_id, data in client.follow(stream, "mine", "c1", block_ms=100):
-        seen.append(data["n"])
-        if len(seen) == 4:
-            break
-    # The entry in hand when the subscriber stopped was not acknowledged: it comes again.
-    assert seen == [0, 1, 1, 2]
+
+    async def restarted() -> None:
+        async for _entry_id, data in client.follow(stream, "mine", "c1", block_ms=100):
+            seen.append(data["n"])
+            if len(seen) == 5:
+                await redis.xadd(stream, {"data": json.dumps({"n": 4})})
+            if len(seen) == 6:
+                break
+
+    await asyncio.wait_for(restarted(), timeout=10)
+    # The entries it was given and did not acknowledge come again (1, the entry in hand, and
+    # 2, read in the same batch), then what it had not read yet, then what comes later.
+    assert seen == [0, 1, 1, 2, 3, 4]
+    pending: Any = await redis.xpending(stream, "mine")
+    assert pending["pending"] == 1  # only the entry in hand
 
 
 async def test_cli_publish_wait_prints_the_result(redis: Redis, settings: Settings) -> None:
