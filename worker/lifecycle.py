@@ -117,6 +117,13 @@ class RetryBook:
         return out
 
 
+BATCH_HEADROOM_BYTES = 8 * 1024 * 1024
+"""With less room than this (or the admission reserve, if larger) under a server's maxmemory,
+at the last check (every MEMWORKER_ADMISSION_INTERVAL_MS), the worker sends one command per
+apply call instead of up to ``COMMANDS_PER_CALL``: Redis refuses a call that may grow memory
+only when it starts, so a call of 64 commands could pass maxmemory by 64 commands' writes."""
+
+
 class LifecycleWorker:
     """One consumer of every lifecycle shard stream."""
 
@@ -139,6 +146,8 @@ class LifecycleWorker:
         self._condition_logged: dict[str, float] = {}
         self._trimming_while_full: asyncio.Task[None] | None = None
         self._closed_servers: set[str] = set()
+        self._tight_servers: set[str] = set()
+        """Servers with less room under maxmemory than ``batch_headroom`` at the last check."""
         """The servers (URLs) past maxmemory less the reserve: admission closed there."""
         self._admission_refused = False
         self._trimmed_logged_at, self._trimmed_unlogged = -60.0, 0
@@ -412,12 +421,14 @@ class LifecycleWorker:
 
     def _update_pressure(self) -> None:
         """Under memory pressure (admission closed, or Redis refusing writes as full) each
-        applied command's entry is deleted with its acknowledgement, and each command goes to
-        Redis in a call of its own: Redis checks ``maxmemory`` once per call, so a call of one
-        command can pass the limit by one command's writes at most, not a batch's."""
+        applied command's entry is deleted with its acknowledgement. Near maxmemory (less room
+        than ``BATCH_HEADROOM_BYTES`` or the admission reserve) each command goes to Redis in a
+        call of its own: Redis checks ``maxmemory`` once per call, so a call of one command can
+        pass the limit by one command's writes at most, not a batch's."""
         nearly_full = self._admission_closed or self._full()
         self.applier.pressure = self.settings.trim_when_full and nearly_full
-        self.applier.commands_per_call = 1 if nearly_full else COMMANDS_PER_CALL
+        tight = nearly_full or bool(self._tight_servers)
+        self.applier.commands_per_call = 1 if tight else COMMANDS_PER_CALL
 
     def _trim_soon(self) -> None:
         trimming = self._trimming_while_full
@@ -668,17 +679,17 @@ class LifecycleWorker:
         fill it with commands nobody can apply. Each server (a cluster node, the Sentinel's
         primary, the one server) is judged by its own ``INFO memory``, for its own shards."""
         reserve = self.settings.admission_reserve
-        if reserve <= 0 or self._admission_refused:
-            return
         servers: dict[str, list[int]] = {}
         for shard in range(self.settings.shards):
             servers.setdefault(self.applier.url_of(shard), []).append(shard)
-        was_closed = self._admission_closed
+        was_closed, was_tight = self._admission_closed, bool(self._tight_servers)
         self._closed_servers &= servers.keys()  # a server no longer holding a shard (failover)
+        self._tight_servers &= servers.keys()
         for url, shards in servers.items():
             await self._admit(url, shards, reserve)
         if self._admission_closed != was_closed:
             ADMISSION_CLOSED.set(1 if self._admission_closed else 0)
+        if self._admission_closed != was_closed or bool(self._tight_servers) != was_tight:
             self._update_pressure()
         if self._admission_closed:
             self._trim_soon()
@@ -695,6 +706,12 @@ class LifecycleWorker:
         figures = _info_fields(info)
         cap = figures.get("maxmemory", 0)
         used = figures.get("used_memory", 0) - figures.get("mem_not_counted_for_evict", 0)
+        if cap and cap - used < max(BATCH_HEADROOM_BYTES, cap * reserve):
+            self._tight_servers.add(url)
+        else:
+            self._tight_servers.discard(url)
+        if reserve <= 0 or self._admission_refused:
+            return
         limit = int(cap * (1 - reserve))
         keys = [self.streams(shard).admission for shard in shards]
         if cap and used >= limit:
