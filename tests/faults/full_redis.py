@@ -264,6 +264,12 @@ async def run_full_redis(
 
     started = time.monotonic()
     await admin.config_set("maxmemory-policy", "noeviction")
+    # Exact client memory: with maxmemory-clients set, Redis (and Valkey) update each client's
+    # memory after every command; without it mem_clients_normal is refreshed by a cron, so a
+    # read's fresh reply buffer (the worker's XREADGROUP of 8 KB commands: MBs) showed in
+    # used_memory but not yet among clients' buffers, i.e. as data over the cap. 1 GB: never
+    # reached here, nothing is evicted.
+    await admin.config_set("maxmemory-clients", "1gb")
     await admin.config_set("maxmemory", str(maxmemory))
     sampler = asyncio.create_task(sample())
     raiser = asyncio.create_task(operator())
