@@ -407,7 +407,9 @@ async def script_costs(binary: str, sessions: int) -> list[tuple[str, float]]:
     source = apply.source
 
     def cut(marker: str) -> str:
-        return source.replace(marker, "if op then return 1 end\n  " + marker, 1)
+        if source.count(marker) != 1:
+            raise SystemExit(f"apply_command.lua changed: no single {marker!r} to cut at")
+        return source.replace(marker, "if op then return 1 end\n  " + marker)
 
     returns_1 = (
         f"#!lua name={apply.function}\n"
@@ -419,7 +421,11 @@ async def script_costs(binary: str, sessions: int) -> list[tuple[str, float]]:
     )
     cuts = [
         ("FCALL of a function returning 1, with the same KEYS and ARGV", returns_1, "fcall"),
-        ("+ binding its keys and arguments", cut("meta = call('HMGET'"), "fcall"),
+        (
+            "+ binding its keys and arguments",
+            cut("if op == 'terminate' then\n    -- Also every other field"),
+            "fcall",
+        ),
         (
             "+ the set-up: one HMGET (state, seq, the record), dedupe check, seq rule",
             cut("if op == 'reject' then"),
