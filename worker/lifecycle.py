@@ -146,9 +146,10 @@ class LifecycleWorker:
         self._condition_logged: dict[str, float] = {}
         self._trimming_while_full: asyncio.Task[None] | None = None
         self._closed_servers: set[str] = set()
-        self._tight_servers: set[str] = set()
-        """Servers with less room under maxmemory than ``batch_headroom`` at the last check."""
         """The servers (URLs) past maxmemory less the reserve: admission closed there."""
+        self._tight_servers: set[str] = set()
+        """Servers with less room under maxmemory than ``BATCH_HEADROOM_BYTES`` (or the
+        reserve) at the last check: one command per apply call there."""
         self._admission_refused = False
         self._trimmed_logged_at, self._trimmed_unlogged = -60.0, 0
         self.brokers: dict[str, RedisBroker] = {}
@@ -685,12 +686,14 @@ class LifecycleWorker:
         was_closed, was_tight = self._admission_closed, bool(self._tight_servers)
         self._closed_servers &= servers.keys()  # a server no longer holding a shard (failover)
         self._tight_servers &= servers.keys()
-        for url, shards in servers.items():
-            await self._admit(url, shards, reserve)
-        if self._admission_closed != was_closed:
-            ADMISSION_CLOSED.set(1 if self._admission_closed else 0)
-        if self._admission_closed != was_closed or bool(self._tight_servers) != was_tight:
-            self._update_pressure()
+        try:
+            for url, shards in servers.items():
+                await self._admit(url, shards, reserve)
+        finally:  # what earlier servers changed holds even if a later one failed to answer
+            if self._admission_closed != was_closed:
+                ADMISSION_CLOSED.set(1 if self._admission_closed else 0)
+            if self._admission_closed != was_closed or bool(self._tight_servers) != was_tight:
+                self._update_pressure()
         if self._admission_closed:
             self._trim_soon()
 

@@ -205,3 +205,45 @@ async def test_admission_closes_only_for_the_shards_of_the_nearly_full_node(
 
 async def _is(value: bool) -> bool:
     return value
+
+
+async def test_a_command_whose_session_slot_is_migrating_is_held_not_dead_lettered(
+    cluster_settings: Settings,
+) -> None:
+    """The apply function is given a session's meta key; its other keys it derives. While
+    the session's slot migrates, a key not on the node (a pause's checkpoints) is a cluster
+    condition (TRYAGAIN): the command is held and applied once the slot is stable, never
+    dead-lettered however long the migration takes."""
+    settings = cluster_settings.model_copy(update={"max_deliveries": 2})
+    redis: Any = client_for(settings)
+    client = LifecycleClient(redis, settings)
+    keys = SessionKeys.for_session(settings.stream_prefix, 4, "proj", "moving")
+    urls = await shard_urls(settings)
+    owner: Any = Redis.from_url(urls[keys.shard])
+    other_url = next(u for u in set(urls.values()) if u != urls[keys.shard])
+    other: Any = Redis.from_url(other_url)
+    try:
+        async with running_worker(settings):
+            spawned = await client.wait(await client.spawn("proj", "moving", "a", {"n": 1}))
+            assert spawned.type == "agent.spawned"
+            slot = int(await owner.execute_command("CLUSTER", "KEYSLOT", keys.meta))
+            owner_id = (await owner.execute_command("CLUSTER", "MYID")).decode()
+            other_id = (await other.execute_command("CLUSTER", "MYID")).decode()
+            await other.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", owner_id)
+            await owner.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", other_id)
+            try:
+                paused = await client.pause("proj", "moving", "a")
+                await asyncio.sleep(3)  # many retries, far past max_deliveries were they errors
+                assert await redis.xlen(keys.streams.dlq) == 0
+                results = await redis.xrange(keys.streams.results)
+                assert [orjson.loads(f[b"data"])["type"] for _, f in results] == ["agent.spawned"]
+            finally:
+                await owner.execute_command("CLUSTER", "SETSLOT", slot, "STABLE")
+                await other.execute_command("CLUSTER", "SETSLOT", slot, "STABLE")
+            result = await client.wait(paused, timeout=30)
+            assert result.type == "agent.paused"
+            assert await redis.xlen(keys.streams.dlq) == 0
+    finally:
+        await owner.aclose()
+        await other.aclose()
+        await redis.aclose()

@@ -422,7 +422,17 @@ local function apply(keys, argv)
     local ok, reply = pcall(apply_one)
     if not ok then
       if type(reply) == 'table' then reply = reply.err end
-      reply = {'error', tostring(reply)}
+      reply = tostring(reply)
+      -- A key of the session not on this node (a Redis Cluster moving its slot: the session's
+      -- other keys are not declared, see bind_session_of; a declared one would have had the
+      -- call redirected before it ran), or the cluster down: the server's state, not the
+      -- command's. Fail the whole call as TRYAGAIN before anything is acknowledged: the worker
+      -- holds its commands and retries them (those applied before in it are then duplicates).
+      -- Each op reads the keys it may miss before it writes, so the failed one did nothing.
+      if string.find(reply, 'non local key', 1, true) or string.find(reply, 'cluster is down', 1, true) then
+        return redis.error_reply('TRYAGAIN memworker: ' .. reply)
+      end
+      reply = {'error', reply}
     end
     n = n + 1
     replies[n] = reply
