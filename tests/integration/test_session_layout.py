@@ -27,6 +27,10 @@ async def run(redis: Redis, settings: Settings, bodies: list[Any], total: int) -
     return await results(redis, settings)
 
 
+LIFECYCLE_RESULTS = ["agent.spawned", "agent.paused", "agent.resumed", "agent.terminated"]
+"""The result types of ``lifecycle()``, in order."""
+
+
 def lifecycle(project: str = "p1", session: str = "s1") -> list[dict[str, Any]]:
     return [
         command("spawn", "e-spawn", session, project, initial_state={"a": 1, "b": "two"}),
@@ -40,12 +44,7 @@ async def test_an_event_id_republished_after_its_sessions_terminate_has_no_secon
     redis: Redis, settings: Settings
 ) -> None:
     first = await run(redis, settings, lifecycle(), 4)
-    assert [r["type"] for r in first] == [
-        "agent.spawned",
-        "agent.paused",
-        "agent.resumed",
-        "agent.terminated",
-    ]
+    assert [r["type"] for r in first] == LIFECYCLE_RESULTS
     # The orchestrator republishes the whole session: no command applies again (the spawn
     # does not bring the session back), and no second result appears.
     again = await run(redis, settings, lifecycle(), 4)
@@ -153,12 +152,7 @@ async def test_records_an_earlier_version_kept_as_fields_still_dedupe_through_te
     for event_id in ("e-spawn", "e-pause"):
         await redis.hset(keys.meta, result_id_and_record("p1", event_id)[1], b"")
     first = await run(redis, settings, lifecycle(), 4)  # spawn and pause are duplicates
-    assert [r["type"] for r in first] == [
-        "agent.spawned",
-        "agent.paused",
-        "agent.resumed",
-        "agent.terminated",
-    ]
+    assert [r["type"] for r in first] == LIFECYCLE_RESULTS
     again = await run(redis, settings, lifecycle(), 4)
     assert again == first
     tombstone = await redis.hgetall(keys.meta)
