@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -150,6 +150,10 @@ class LifecycleWorker:
         self._tight_servers: set[str] = set()
         """Servers with less room under maxmemory than ``BATCH_HEADROOM_BYTES`` (or the
         reserve) at the last check: one command per apply call there."""
+        self._near_full_servers: set[str] = set()
+        """Servers with less room under their admission limit than the reserve (or
+        ``BATCH_HEADROOM_BYTES``), or past it, at the last check: checked every
+        ``admission_interval_near_full_ms`` instead of ``admission_interval_ms``."""
         self._admission_refused = False
         self._trimmed_logged_at, self._trimmed_unlogged = -60.0, 0
         self.brokers: dict[str, RedisBroker] = {}
@@ -571,12 +575,18 @@ class LifecycleWorker:
             batch = [(entry_id, held.fields) for entry_id, held in items if entry_id in owned]
             await self.apply_batch(shard, batch)
 
-    async def _loop(self, every: float, step: Any, name: str) -> None:
-        backoff = every
+    async def _loop(self, every: float | Callable[[], float], step: Any, name: str) -> None:
+        """Run ``step`` every ``every`` seconds (a callable: asked before each wait), backing
+        off while Redis is unavailable."""
+
+        def interval() -> float:
+            return every() if callable(every) else every
+
+        backoff = interval()
         while not self._stopping.is_set():
             try:
                 await step()
-                backoff = every
+                backoff = interval()
             except (*_CONNECTION_ERRORS, RedisError) as exc:
                 if (condition := server_condition(exc)) is None:
                     log.error("loop_error", loop=name, error=str(exc))
@@ -686,6 +696,7 @@ class LifecycleWorker:
         was_closed, was_tight = self._admission_closed, bool(self._tight_servers)
         self._closed_servers &= servers.keys()  # a server no longer holding a shard (failover)
         self._tight_servers &= servers.keys()
+        self._near_full_servers &= servers.keys()
         try:
             for url, shards in servers.items():
                 await self._admit(url, shards, reserve)
@@ -696,6 +707,12 @@ class LifecycleWorker:
                 self._update_pressure()
         if self._admission_closed:
             self._trim_soon()
+
+    def _admission_interval(self) -> float:
+        """Seconds to the next admission check: shorter near a server's limit."""
+        if self._near_full_servers or self._closed_servers:
+            return self.settings.admission_interval_near_full_ms / 1000
+        return self.settings.admission_interval_ms / 1000
 
     @property
     def _admission_closed(self) -> bool:
@@ -709,13 +726,18 @@ class LifecycleWorker:
         figures = _info_fields(info)
         cap = figures.get("maxmemory", 0)
         used = figures.get("used_memory", 0) - figures.get("mem_not_counted_for_evict", 0)
-        if cap and cap - used < max(BATCH_HEADROOM_BYTES, cap * reserve):
+        margin = max(BATCH_HEADROOM_BYTES, cap * reserve)
+        if cap and cap - used < margin:
             self._tight_servers.add(url)
         else:
             self._tight_servers.discard(url)
+        limit = int(cap * (1 - reserve))
+        if cap and limit - used < margin:
+            self._near_full_servers.add(url)
+        else:
+            self._near_full_servers.discard(url)
         if reserve <= 0 or self._admission_refused:
             return
-        limit = int(cap * (1 - reserve))
         keys = [self.streams(shard).admission for shard in shards]
         if cap and used >= limit:
             reason = (
@@ -792,9 +814,7 @@ class LifecycleWorker:
             ),
             asyncio.create_task(self._loop(self.settings.lag_probe_seconds, self.probe_lag, "lag")),
             asyncio.create_task(
-                self._loop(
-                    self.settings.admission_interval_ms / 1000, self.admission_once, "admission"
-                )
+                self._loop(self._admission_interval, self.admission_once, "admission")
             ),
         ]
         log.info("lifecycle_worker_started", consumer=self.consumer, shards=self.settings.shards)

@@ -447,6 +447,47 @@ async def test_publishes_are_refused_clearly_before_redis_is_full_so_accepted_co
         assert len(rows) == 1  # kept for replay again
 
 
+async def test_the_worker_checks_memory_more_often_near_the_admission_limit(
+    own_redis: RedisProcess, client: Redis, prefix: str
+) -> None:
+    # A burst of publishes between two admission checks eats the reserve; near the limit the
+    # worker checks every MEMWORKER_ADMISSION_INTERVAL_NEAR_FULL_MS instead, and back at its
+    # own pace once there is room again. Counted by the server (INFO commandstats), compared
+    # within this run: the worker's checks are its only INFO calls at this pace.
+    settings = Settings(
+        redis_url=own_redis.url,
+        stream_prefix=prefix,
+        admission_interval_ms=250,
+        admission_interval_near_full_ms=10,
+    )
+    await ensure_groups(client, settings)
+
+    async def checks_in(seconds: float) -> int:
+        before = await _info_calls(client)
+        await asyncio.sleep(seconds)
+        return await _info_calls(client) - before - 1  # less the test's first reading
+
+    async with running_worker(settings) as worker:
+        roomy = await checks_in(2.0)
+        used = int((await client.info("memory"))["used_memory"])
+        await client.config_set("maxmemory-policy", "noeviction")
+        await client.config_set("maxmemory", str(used * 100 // 85))  # used is 85 % of the cap
+        await wait_until(lambda: _true(bool(worker._near_full_servers)), timeout=30)
+        near = await checks_in(2.0)
+        assert not worker._admission_closed  # under the limit (90 %): publishes still accepted
+        assert await LifecycleClient(client, settings).spawn("p1", "s1", "agent-1", {"k": 1})
+        await uncap(client)
+        await wait_until(lambda: _true(not worker._near_full_servers), timeout=30)
+        again = await checks_in(2.0)
+    assert near >= 4 * max(roomy, again), (roomy, near, again)
+    assert roomy >= 1 and again >= 1
+
+
+async def _info_calls(client: Redis) -> int:
+    stats = await client.info("commandstats")
+    return int(stats.get("cmdstat_info", {}).get("calls", 0))
+
+
 async def _every_publisher_refused(
     client: Redis, settings: Settings, text: str
 ) -> tuple[RedisConditionError, str]:
