@@ -365,7 +365,7 @@ class CommandApplier:
             index, position = slot
             reply = replies[index]
             if position >= 0 and not isinstance(reply, Exception):
-                reply = reply[position]
+                reply = reply[3 * position : 3 * position + 3]  # status, detail, reason
                 if reply[0] == b"error":  # this command raised; the others in its call applied
                     reply = ResponseError(reply[1].decode(errors="replace"))
             outcomes.append(self._outcome(planned, reply))
@@ -412,7 +412,7 @@ class CommandApplier:
             return planned
         status = reply[0].decode()
         detail = reply[1].decode() if isinstance(reply[1], bytes) else str(reply[1])
-        reason = reply[2].decode() if len(reply) > 2 else None
+        reason = reply[2].decode() or None if len(reply) > 2 else None
         return Outcome(
             planned.entry_id,
             status,

@@ -10,9 +10,18 @@ local CHUNK = 1000
 -- redis.call, bound per call (a function library cannot read it at load): an upvalue, where
 -- `redis.call` is two table lookups on every call.
 local call
+-- Globals as locals (upvalues of the functions below): a global is a lookup by name on every
+-- use, an upvalue is not. Bound per call with `call` (a library's code sees neither at load).
+local tonumber, tostring, type, unpack, ipairs, string, table, math, cjson
+
+local function bind_globals()
+  call = redis.call
+  tonumber, tostring, type, unpack, ipairs = _G.tonumber, _G.tostring, _G.type, _G.unpack, _G.ipairs
+  string, table, math, cjson = _G.string, _G.table, _G.math, _G.cjson
+end
 
 local function bind_session(keys)
-  call = redis.call
+  bind_globals()
   K_META, K_VARS, K_VEXP, K_TASK, K_SCRATCH, K_CPS, K_CPDATA =
     keys[1], keys[2], keys[3], keys[4], keys[5], keys[6], keys[7]
 end
@@ -157,9 +166,10 @@ local function checkpoint_create(id, description, now, now_iso, bare, fresh)
     items = count_items()
   end
   fields[#fields + 1] = id .. '|info'
-  fields[#fields + 1] = cjson.encode({
-    checkpoint_id = id, description = description or '', created_at = now_iso, items = items
-  })
+  -- One concatenation, not a table to build, encode and collect per checkpoint.
+  fields[#fields + 1] = '{"checkpoint_id":' .. cjson.encode(id) .. ',"description":'
+    .. cjson.encode(description or '') .. ',"created_at":' .. cjson.encode(now_iso)
+    .. ',"items":' .. items .. '}'
   call('HSET', K_CPDATA, unpack(fields))
   call('ZADD', K_CPS, now, id)
   return items

@@ -21,9 +21,10 @@
 --       closing brace (fields every result shares), seq ('' if none), traceparent ('' if
 --       none), the command's dedupe field ('@' .. 8 bytes of SHA-1 of project/event_id), and
 --       the op's own (args[o + 7] on: see each op).
--- Returns one reply per command, in order: {status, result stream id (a duplicate: its record,
--- often empty) or next expected seq, reason}: status is applied | rejected | duplicate | wait;
--- or {'error', message} when the command raised an error (it is not acknowledged).
+-- Returns three strings per command, in order, in one flat array: status, result stream id (a
+-- duplicate: its record, often empty) or next expected seq, reason ('' if none): status is
+-- applied | rejected | duplicate | wait; or 'error', message, '' when the command raised an
+-- error (it is not acknowledged).
 --
 -- Dedupe records live with their session, in its meta hash: a record is the 8-byte digest of
 -- the command's dedupe field, packed end to end with the session's others into one field
@@ -298,7 +299,11 @@ local function terminate()
   local cleared = 0
   if cleanup then  -- the working memory, checkpoints and the meta hash in one DEL
     cleared = items or count_items()
-    call('DEL', K_META, K_VARS, K_VEXP, K_TASK, K_SCRATCH, K_CPS, K_CPDATA)
+    if bare then  -- vexp, task and scratch are known not to exist: no lookups for them
+      call('DEL', K_META, K_VARS, K_CPS, K_CPDATA)
+    else
+      call('DEL', K_META, K_VARS, K_VEXP, K_TASK, K_SCRATCH, K_CPS, K_CPDATA)
+    end
   else
     for _, k in ipairs({K_VARS, K_VEXP, K_TASK, K_SCRATCH, K_CPS, K_CPDATA}) do
       call('PEXPIRE', k, tombstone_ttl)
@@ -396,7 +401,7 @@ local function apply_one()
 end
 
 local function apply(keys, argv)
-  call = redis.call
+  bind_globals()
   K_RESULTS, K_SOURCE = keys[1], keys[2]
   -- The batch's context: group, default session TTL ms, dedupe TTL ms, tombstone TTL ms, max
   -- checkpoints, memory pressure 1|0 (see below), now ms, now RFC 3339, one per line.
@@ -434,8 +439,10 @@ local function apply(keys, argv)
       end
       reply = {'error', reply}
     end
-    n = n + 1
-    replies[n] = reply
+    -- Three strings per command, flat (a table per command would be one more reply array
+    -- for Redis to check and write): status, id or detail, reason ('' if none).
+    replies[n + 1], replies[n + 2], replies[n + 3] = reply[1], reply[2], reply[3] or ''
+    n = n + 3
     at = at + 1 + tonumber(argv[at])
   end
   for i = 1, n_acks, CHUNK do
