@@ -117,16 +117,18 @@ async def publishing(redis: Redis, settings: Settings) -> AsyncIterator[None]:
 async def test_stats_says_when_a_capped_redis_fills_at_the_current_rate(
     capped_redis: RedisProcess, prefix: str
 ) -> None:
-    settings = Settings(redis_url=capped_redis.url, stream_prefix=prefix)
+    # A day of retention: at any rate this publisher reaches (≥ 1 command/s, however busy
+    # the machine), the streams alone then hold more than the 50 MB of room below.
+    settings = Settings(redis_url=capped_redis.url, stream_prefix=prefix, retention_seconds=86_400)
+    day = {"MEMWORKER_RETENTION_SECONDS": "86400"}
     redis = Redis.from_url(capped_redis.url)
     try:
         async with running_worker(settings), publishing(redis, settings):
             await asyncio.sleep(1)
             used = int((await redis.info("memory"))["used_memory"])
-            # 50 MB of room (minutes at this rate): a day of retention holds far more.
             await redis.config_set("maxmemory", str(used + 50_000_000))
             done = await asyncio.to_thread(
-                memworker, settings, "stats", "--json", "--rate-seconds", "1"
+                memworker, settings, "stats", "--json", "--rate-seconds", "1", env=day
             )
         assert done.returncode == 0, done.stderr
         capacity = json.loads(done.stdout)["capacity"]
@@ -138,7 +140,7 @@ async def test_stats_says_when_a_capped_redis_fills_at_the_current_rate(
 
         # With nothing arriving, it is not filling.
         done = await asyncio.to_thread(
-            memworker, settings, "stats", "--json", "--rate-seconds", "1"
+            memworker, settings, "stats", "--json", "--rate-seconds", "1", env=day
         )
         capacity = json.loads(done.stdout)["capacity"]
         assert capacity["commands_per_second"] == 0

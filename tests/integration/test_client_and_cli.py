@@ -20,11 +20,11 @@ from worker.spec import EVENT_MODELS, asyncapi_document
 
 
 def memworker(
-    settings: Settings, *args: str, timeout: float = 60
+    settings: Settings, *args: str, timeout: float = 60, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "worker.cli", *args],
-        env=worker_env(settings),
+        env=worker_env(settings, **(env or {})),
         capture_output=True,
         text=True,
         timeout=timeout,
