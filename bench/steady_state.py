@@ -409,7 +409,7 @@ async def script_costs(binary: str, sessions: int) -> list[tuple[str, float]]:
     def cut(marker: str) -> str:
         if source.count(marker) != 1:
             raise SystemExit(f"apply_command.lua changed: no single {marker!r} to cut at")
-        return source.replace(marker, "if op then return 1 end\n  " + marker)
+        return source.replace(marker, "if op then return {'cut', ''} end\n  " + marker)
 
     returns_1 = (
         f"#!lua name={apply.function}\n"
