@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from redis import Redis
 
 from tests.cli_process import Memworker
 from tests.redis_process import free_port
@@ -47,6 +48,10 @@ def dev(prefix: str, database_url: str, redis_url: str, tmp_path: Path) -> Itera
         if proc.proc.poll() is None:
             proc.stop_with(signal.SIGTERM)
         proc.close()
+    with Redis.from_url(redis_url) as redis:  # what the dev instances left under this prefix
+        keys = list(redis.scan_iter(match=f"{prefix}:*", count=1000))
+        if keys:
+            redis.unlink(*keys)
 
 
 def test_a_second_dev_on_the_same_data_dir_is_refused_and_leaves_dev_env_alone(

@@ -129,4 +129,8 @@ async def test_every_readme_block_runs_as_written(
         if dev.proc.poll() is None:
             dev.stop_with(signal.SIGINT)
         dev.close()
+        # Streams a block publishes to by a name of its own, outside this test's prefix.
+        for block in readme_blocks():
+            for stream in re.findall(r"--publish-to\s+(\S+)", block.code):
+                await redis.delete(stream)
     assert not failures, "\n\n".join(failures)

@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import orjson
+import pytest
 from sqlalchemy import make_url
 
 from tests.helpers import wait_until, worker_env
@@ -62,6 +63,7 @@ def warnings(log: Path) -> list[dict[str, object]]:
     return [orjson.loads(line) for line in lines if line.startswith("{")]
 
 
+@pytest.mark.usefixtures("redis")  # its teardown deletes the streams left under prefix
 async def test_a_consolidator_that_cannot_log_in_to_postgres_is_not_ready_and_says_why(
     redis_url: str, postgres_url: str, prefix: str, tmp_path: Path
 ) -> None:
@@ -87,6 +89,7 @@ async def test_a_consolidator_that_cannot_log_in_to_postgres_is_not_ready_and_sa
     assert "\n" not in line
 
 
+@pytest.mark.usefixtures("redis")  # its teardown deletes the streams left under prefix
 async def test_a_consolidator_that_can_use_both_servers_is_ready_and_its_gauge_agrees(
     redis_url: str, database_url: str, prefix: str, tmp_path: Path
 ) -> None:
