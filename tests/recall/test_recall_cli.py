@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 from redis.asyncio import Redis
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -54,6 +55,7 @@ async def test_recall_json_lists_the_projects_best_episodes_first_with_their_fie
     assert "Fix the login bug" in table.stdout
 
 
+@pytest.mark.usefixtures("redis")  # its teardown deletes the episodes stream `remember` writes
 async def test_remember_from_the_shell_is_idempotent_and_a_bad_outcome_is_one_line(
     vector_engine: AsyncEngine, vector_settings: Settings
 ) -> None:
