@@ -412,7 +412,7 @@ class CommandApplier:
             return planned
         status = reply[0].decode()
         detail = reply[1].decode() if isinstance(reply[1], bytes) else str(reply[1])
-        reason = reply[2].decode() or None if len(reply) > 2 else None
+        reason = reply[2].decode() or None  # '' when the command has no reason
         return Outcome(
             planned.entry_id,
             status,

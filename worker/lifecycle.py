@@ -710,7 +710,7 @@ class LifecycleWorker:
 
     def _admission_interval(self) -> float:
         """Seconds to the next admission check: shorter near a server's limit."""
-        if self._near_full_servers or self._closed_servers:
+        if self._near_full_servers:  # past the limit (admission closed) counts as near
             return self.settings.admission_interval_near_full_ms / 1000
         return self.settings.admission_interval_ms / 1000
 
