@@ -24,19 +24,19 @@ from sqlalchemy.dialects.postgresql import insert
 
 from schemas.results import AgentTerminated
 from schemas.streams import EpisodeRecorded
-from worker.applier import CommandApplier
-from worker.consolidator import (
+from worker.consolidation.consolidator import (
     ParsedResult,
     decode_entry,
     episode_row,
     event_row,
     parse_result,
 )
+from worker.consumers.loop import StreamEntry
 from worker.db.engine import create_database_engine
 from worker.db.models import Episode, LifecycleEvent
-from worker.group_consumer import StreamEntry
 from worker.keys import CONSOLIDATION_GROUP, LIFECYCLE_GROUP, StreamKeys, episodes_stream
-from worker.lifecycle import keep_raw_message, raw_entries
+from worker.lifecycle.apply import CommandApplier
+from worker.lifecycle.worker import keep_raw_message, raw_entries
 from worker.logs import configure_logging
 from worker.settings import Settings
 

@@ -39,10 +39,10 @@ from harness import DEFAULT_REDIS_URL, cleanup, invocation, markdown_table
 from memory_footprint import private_server, server_binary
 from redis.asyncio import Redis
 
-from worker.capacity import CapacityProbe, measure_capacity
-from worker.client import LifecycleClient
-from worker.lifecycle import LifecycleWorker
+from worker.lifecycle.client import LifecycleClient
+from worker.lifecycle.worker import LifecycleWorker
 from worker.logs import configure_logging
+from worker.ops.capacity import CapacityProbe, measure_capacity
 from worker.settings import Settings
 
 FIGURES = (

@@ -51,7 +51,7 @@ from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from worker.connections import redis_client
-from worker.consolidator import (
+from worker.consolidation.consolidator import (
     Consolidator,
     ParsedResult,
     decode_entry,
@@ -59,9 +59,9 @@ from worker.consolidator import (
     event_row,
     parse_result,
 )
+from worker.consumers.loop import StreamEntry
 from worker.db.engine import create_database_engine
 from worker.db.models import Episode, LifecycleEvent
-from worker.group_consumer import StreamEntry
 from worker.keys import CONSOLIDATION_GROUP, StreamKeys
 from worker.settings import Settings
 

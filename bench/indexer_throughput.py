@@ -32,10 +32,10 @@ from recall_common import pgvector_server
 from redis.asyncio import Redis
 from sqlalchemy import text
 
-from worker.consolidator import Consolidator
+from worker.consolidation.consolidator import Consolidator
 from worker.db.engine import create_database_engine
-from worker.embedding import LocalEmbedder
-from worker.indexer import Indexer
+from worker.episodes.embedding import LocalEmbedder
+from worker.episodes.indexer import Indexer
 from worker.keys import StreamKeys
 from worker.settings import Settings
 

@@ -19,9 +19,9 @@ from baselines import plain_subscriber
 from faststream.redis import RedisBroker
 from redis.asyncio import Redis
 
-from worker.applier import CommandApplier
 from worker.keys import LIFECYCLE_GROUP, StreamKeys
-from worker.lifecycle import LifecycleWorker, ensure_group
+from worker.lifecycle.apply import CommandApplier
+from worker.lifecycle.worker import LifecycleWorker, ensure_group
 from worker.logs import configure_logging
 from worker.settings import Settings
 

@@ -57,7 +57,7 @@ from redis.asyncio import Redis
 from scaling import prefill, results_count, staging
 
 from worker.keys import LIFECYCLE_GROUP, SessionKeys, StreamKeys
-from worker.lifecycle import LifecycleWorker, ensure_group
+from worker.lifecycle.worker import LifecycleWorker, ensure_group
 from worker.logs import configure_logging
 from worker.memory import WorkingMemory
 from worker.settings import Settings

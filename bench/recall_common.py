@@ -11,7 +11,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from worker.embedded import EmbeddedPostgres
+from worker.ops.embedded import EmbeddedPostgres
 
 
 @contextlib.contextmanager

@@ -27,9 +27,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from tests.recall_set import load_recall_set, remember_all
 from worker.db.engine import create_database_engine
 from worker.db.vectors import VECTOR_TABLE, hnsw_index_sql
-from worker.embedding import LOCAL_MODEL_DIMENSION, LOCAL_MODEL_NAME, LocalEmbedder
-from worker.episodes import EpisodeStore
-from worker.indexer import Indexer
+from worker.episodes.embedding import LOCAL_MODEL_DIMENSION, LOCAL_MODEL_NAME, LocalEmbedder
+from worker.episodes.indexer import Indexer
+from worker.episodes.store import EpisodeStore
 from worker.settings import Settings
 
 PROJECT = "bench"

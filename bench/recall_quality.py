@@ -20,9 +20,9 @@ from redis.asyncio import Redis
 
 from tests.recall_set import load_recall_set, remember_all
 from worker.db.engine import create_database_engine
-from worker.embedding import LocalEmbedder, episode_text
-from worker.episodes import EpisodeStore, RecallMode
-from worker.indexer import Indexer
+from worker.episodes.embedding import LocalEmbedder, episode_text
+from worker.episodes.indexer import Indexer
+from worker.episodes.store import EpisodeStore, RecallMode
 from worker.settings import Settings
 
 MODES: tuple[tuple[str, RecallMode], ...] = (

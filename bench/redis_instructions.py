@@ -37,7 +37,7 @@ PHASES = ("spawn", "pause", "resume", "terminate")
 RUNNER = r"""
 import asyncio, glob, json, os, subprocess, sys, time, orjson
 from redis.asyncio import Redis
-from worker.applier import CommandApplier
+from worker.lifecycle.apply import CommandApplier
 from worker.settings import Settings
 
 port, pid, out, sessions, floor = sys.argv[1:6]

@@ -30,9 +30,9 @@ from typing import Any
 import orjson
 from redis.asyncio import Redis
 
-from worker.embedded import EmbeddedRedis
 from worker.keys import LIFECYCLE_GROUP, StreamKeys
-from worker.lifecycle import ensure_group
+from worker.lifecycle.worker import ensure_group
+from worker.ops.embedded import EmbeddedRedis
 
 KINDS = ("spawn", "pause", "resume", "terminate")
 TICK = 0.1

@@ -57,7 +57,7 @@ RUNNER = r"""
 import asyncio, json, sys, uuid, orjson
 from redis.asyncio import Redis
 from worker.keys import StreamKeys
-from worker.lifecycle import LifecycleWorker, ensure_group
+from worker.lifecycle.worker import LifecycleWorker, ensure_group
 from worker.logs import configure_logging
 from worker.settings import Settings
 
@@ -399,7 +399,7 @@ async def script_costs(binary: str, sessions: int) -> list[tuple[str, float]]:
     import orjson
     from redis.asyncio import Redis
 
-    from worker.applier import CommandApplier
+    from worker.lifecycle.apply import CommandApplier
     from worker.scripts import function
     from worker.settings import Settings
 

@@ -32,7 +32,7 @@ def forget_apply_function(url: str) -> None:
     import redis
     from redis.exceptions import ResponseError
 
-    from worker.applier import APPLY
+    from worker.lifecycle.apply import APPLY
 
     client = redis.Redis.from_url(url)
     try:

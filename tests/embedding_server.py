@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 
 from tests import servers
-from worker.embedding import LOCAL_MODEL_NAME
+from worker.episodes.embedding import LOCAL_MODEL_NAME
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVER_VENV = ROOT / ".venv-embedding-server"

@@ -16,7 +16,7 @@ import orjson
 from redis.asyncio import Redis
 
 from worker.keys import StreamKeys, shard_of
-from worker.lifecycle import LifecycleWorker
+from worker.lifecycle.worker import LifecycleWorker
 from worker.settings import Settings
 
 

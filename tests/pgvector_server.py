@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from tests import servers
-from worker.embedded import EmbeddedPostgres
+from worker.ops.embedded import EmbeddedPostgres
 
 
 @contextlib.contextmanager

@@ -10,7 +10,7 @@ from pathlib import Path
 from redis.asyncio import Redis
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from worker.remember import remember
+from worker.episodes.remember import remember
 
 RECALL_SET = Path(__file__).parent / "data" / "recall_set.json"
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from worker.embedded import EmbeddedPostgres, EmbeddedRedis
+from worker.ops.embedded import EmbeddedPostgres, EmbeddedRedis
 
 
 def in_ci() -> bool:

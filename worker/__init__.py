@@ -11,17 +11,17 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from worker.hooks import LifecycleEvent, LifecycleHooks
-    from worker.lifecycle_manager import AgentLifecycleManager, LifecycleResult
+    from worker.agents.hooks import LifecycleEvent, LifecycleHooks
+    from worker.agents.manager import AgentLifecycleManager, LifecycleResult
 
 __version__ = "0.1.0"
 __all__ = ["AgentLifecycleManager", "LifecycleEvent", "LifecycleHooks", "LifecycleResult"]
 
 _LAZY = {
-    "AgentLifecycleManager": "worker.lifecycle_manager",
-    "LifecycleResult": "worker.lifecycle_manager",
-    "LifecycleEvent": "worker.hooks",
-    "LifecycleHooks": "worker.hooks",
+    "AgentLifecycleManager": "worker.agents.manager",
+    "LifecycleResult": "worker.agents.manager",
+    "LifecycleEvent": "worker.agents.hooks",
+    "LifecycleHooks": "worker.agents.hooks",
 }
 
 

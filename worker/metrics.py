@@ -118,7 +118,7 @@ EPISODES_INDEXED = Counter(
     "memworker_episodes_indexed_total", "Episodes embedded and stored by the indexer."
 )
 
-# Capacity (worker/capacity.py), refreshed with the lag gauges by sampling, never per command.
+# Capacity (worker/ops/capacity.py), refreshed with the lag gauges by sampling, never per command.
 REDIS_USED_MEMORY = Gauge("memworker_redis_used_memory_bytes", "Redis used_memory (INFO memory).")
 REDIS_MAX_MEMORY = Gauge(
     "memworker_redis_max_memory_bytes", "Redis maxmemory (INFO memory); 0 when none is set."

@@ -5,7 +5,7 @@ restart still loading its data (``LOADING``), a failover (``READONLY``, ``MASTER
 cluster resharding or failing over (``MOVED``, ``ASK``, ``TRYAGAIN``, ``CLUSTERDOWN``), a
 server that cannot persist (``MISCONF``) or lacks replicas (``NOREPLICAS``), and the server
 being unreachable (connection errors, timeouts) are all *the server's* state. Every consumer
-treats them alike (``worker.group_consumer``, the lifecycle worker): hold the entry, report not
+treats them alike (``worker.consumers.loop``, the lifecycle worker): hold the entry, report not
 ready, back off, resume; never count a failed delivery, never dead-letter. ``WorkingMemory``
 and ``LifecycleClient`` raise ``RedisConditionError``, whose message names the condition and
 what to do.

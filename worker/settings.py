@@ -94,7 +94,7 @@ class Settings(BaseSettings):
     consolidation_max_attempts: int = Field(default=10, ge=1)
     context_summary_max_chars: int = Field(default=4_000, ge=200)
 
-    # Recall by meaning (worker.embedding, worker.indexer, EpisodeStore.recall).
+    # Recall by meaning (worker.episodes.embedding, worker.episodes.indexer, EpisodeStore.recall).
     embedding_provider: Literal["local", "openai"] = "local"
     embedding_base_url: str | None = None
     """An OpenAI-compatible API, ending in ``/v1`` (provider ``openai``)."""

@@ -19,11 +19,11 @@ from sqlalchemy.ext.asyncio import create_async_engine
 
 from tests.helpers import running_worker, wait_until, worker_env
 from tests.redis_process import free_port
-from worker.client import LifecycleClient
-from worker.consolidator import Consolidator, replay_results
+from worker.consolidation.consolidator import Consolidator, replay_results
+from worker.db.migrate import migrate
 from worker.db.models import Episode
 from worker.keys import StreamKeys, episodes_stream
-from worker.migrate import migrate
+from worker.lifecycle.client import LifecycleClient
 from worker.settings import Settings
 
 pytestmark = pytest.mark.slow

@@ -22,12 +22,12 @@ from sqlalchemy.ext.asyncio import create_async_engine
 
 from tests.helpers import dead_letters, wait_until, worker_process
 from worker import AgentLifecycleManager, LifecycleEvent, LifecycleHooks, LifecycleResult
-from worker.client import LifecycleClient, ResultTimeoutError
-from worker.consolidator import Consolidator
+from worker.consolidation.consolidator import Consolidator
+from worker.db.migrate import migrate
 from worker.db.models import Episode
 from worker.keys import StreamKeys
+from worker.lifecycle.client import LifecycleClient, ResultTimeoutError
 from worker.memory import MemoryNotFoundError, TaskState, WorkingMemory
-from worker.migrate import migrate
 from worker.settings import Settings, get_settings
 
 pytestmark = pytest.mark.slow

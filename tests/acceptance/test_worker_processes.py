@@ -13,7 +13,7 @@ from redis.asyncio import Redis
 
 from tests.helpers import all_results, command, stream_len_at_least, worker_process
 from worker.keys import LIFECYCLE_GROUP, SessionKeys, StreamKeys, shard_of
-from worker.lifecycle import ensure_group
+from worker.lifecycle.worker import ensure_group
 from worker.settings import Settings
 
 pytestmark = pytest.mark.slow

@@ -22,7 +22,7 @@ import typer
 import yaml
 
 from tests.deploy.acl_redis import dev_password
-from worker.cli import app
+from worker.cli.app import app
 from worker.keys import CONSOLIDATION_GROUP, LIFECYCLE_GROUP, StreamKeys
 from worker.settings import Settings
 

@@ -22,12 +22,12 @@ from sqlalchemy import make_url
 
 from tests.deploy.acl_redis import AclRedis
 from tests.helpers import running_worker
-from worker.client import LifecycleClient
-from worker.consolidator import Consolidator
+from worker.consolidation.consolidator import Consolidator
 from worker.db.engine import create_database_engine
-from worker.episodes import EpisodeStore
+from worker.db.migrate import migrate
+from worker.episodes.store import EpisodeStore
 from worker.keys import StreamKeys, episodes_stream
-from worker.migrate import migrate
+from worker.lifecycle.client import LifecycleClient
 from worker.settings import Settings
 
 asyncpg: Any = importlib.import_module("asyncpg")  # untyped: imported as Any, not stubbed

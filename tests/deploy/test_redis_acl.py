@@ -20,9 +20,6 @@ from redis.exceptions import AuthenticationError, NoPermissionError, ResponseErr
 
 from tests.deploy.acl_redis import AclRedis
 from tests.helpers import running_worker, wait_until
-from worker.capacity import measure_capacity, recent_commands_per_session
-from worker.client import LifecycleClient
-from worker.inspection import prune_dead_consumers, stream_stats
 from worker.keys import (
     CONSOLIDATION_GROUP,
     LIFECYCLE_GROUP,
@@ -30,7 +27,10 @@ from worker.keys import (
     StreamKeys,
     episodes_stream,
 )
+from worker.lifecycle.client import LifecycleClient
 from worker.memory import WorkingMemory
+from worker.ops.capacity import measure_capacity, recent_commands_per_session
+from worker.ops.inspection import prune_dead_consumers, stream_stats
 from worker.redis_conditions import RedisConditionError
 from worker.settings import Settings
 
@@ -416,8 +416,8 @@ async def test_a_worker_user_from_an_acl_file_without_the_apply_function_is_told
 ) -> None:
     """An ACL file written before the apply function became one (no FCALL, no FUNCTION LOAD):
     the worker does not start, and says which permissions its user lacks and where they are."""
-    from worker.error_messages import one_line
-    from worker.lifecycle import LifecycleWorker
+    from worker.errors import one_line
+    from worker.lifecycle.worker import LifecycleWorker
 
     rules = shipped_rules("lifecycle-worker")
     old = [r for r in rules if r not in ("+fcall", "+function|load") and not r.startswith("#")]

@@ -21,7 +21,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from tests.helpers import running_worker
 from tests.redis_process import free_port, server_binary
 from tests.servers import unavailable
-from worker.client import LifecycleClient
+from worker.lifecycle.client import LifecycleClient
 from worker.settings import Settings
 
 

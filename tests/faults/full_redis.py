@@ -21,11 +21,11 @@ from typing import Any
 import orjson
 from redis.asyncio import Redis
 
-from worker.client import LifecycleClient
-from worker.consolidator import Consolidator
+from worker.consolidation.consolidator import Consolidator
 from worker.db.engine import create_database_engine
 from worker.keys import CONSOLIDATION_GROUP, LIFECYCLE_GROUP, StreamKeys, episodes_stream
-from worker.lifecycle import LifecycleWorker
+from worker.lifecycle.client import LifecycleClient
+from worker.lifecycle.worker import LifecycleWorker
 from worker.redis_conditions import RedisConditionError
 from worker.settings import Settings
 

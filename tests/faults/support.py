@@ -24,7 +24,7 @@ from redis.asyncio import Redis
 from tests.helpers import command, worker_env
 from tests.redis_process import RedisProcess
 from worker.keys import LIFECYCLE_GROUP, SessionKeys, StreamKeys, shard_of
-from worker.lifecycle import ensure_group
+from worker.lifecycle.worker import ensure_group
 from worker.settings import Settings
 
 KINDS = ("spawn", "pause", "resume", "terminate")

@@ -25,7 +25,7 @@ from tests.faults.support import (
 )
 from tests.helpers import running_worker
 from worker.keys import CONSOLIDATION_GROUP, StreamKeys
-from worker.lifecycle import ensure_group
+from worker.lifecycle.worker import ensure_group
 from worker.settings import Settings
 
 pytestmark = pytest.mark.faults

@@ -32,10 +32,10 @@ from tests.helpers import running_worker, wait_until, worker_env
 from tests.integration.results_factory import migrated_engine, terminated
 from tests.integration.results_factory import publish as publish_results
 from tests.redis_process import RedisProcess
-from worker.client import LifecycleClient
-from worker.consolidator import Consolidator
+from worker.consolidation.consolidator import Consolidator
+from worker.consumers.loop import ensure_group
+from worker.consumers.retention import trim_stream
 from worker.db.models import Episode
-from worker.group_consumer import ensure_group
 from worker.keys import (
     CONSOLIDATION_GROUP,
     SessionKeys,
@@ -43,11 +43,11 @@ from worker.keys import (
     episodes_stream,
     shard_of,
 )
-from worker.lifecycle import LifecycleWorker
+from worker.lifecycle.client import LifecycleClient
+from worker.lifecycle.worker import LifecycleWorker
 from worker.memory import RedisUnavailableError, WorkingMemory
 from worker.metrics import REDIS_CONDITIONS, TRIMMED_WHILE_FULL
 from worker.redis_conditions import RedisConditionError
-from worker.retention import trim_stream
 from worker.settings import Settings
 
 pytestmark = pytest.mark.faults

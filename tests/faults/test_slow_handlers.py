@@ -26,9 +26,9 @@ from tests.faults.support import (
     wait_for_results,
 )
 from tests.helpers import running_worker
-from worker.applier import Outcome
 from worker.keys import SessionKeys
-from worker.lifecycle import Entry, LifecycleWorker
+from worker.lifecycle.apply import Outcome
+from worker.lifecycle.worker import Entry, LifecycleWorker
 from worker.settings import Settings
 
 pytestmark = pytest.mark.faults

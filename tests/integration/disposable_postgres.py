@@ -12,7 +12,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from worker.embedded import socket_database_url
+from worker.ops.embedded import socket_database_url
 
 
 class DisposablePostgres:

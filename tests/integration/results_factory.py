@@ -13,8 +13,8 @@ from redis.asyncio import Redis
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from worker.db.engine import create_database_engine
+from worker.db.migrate import migrate
 from worker.keys import StreamKeys, shard_of
-from worker.migrate import migrate
 from worker.settings import Settings
 
 T0 = datetime(2025, 1, 1, tzinfo=UTC)

@@ -17,9 +17,9 @@ from redis.asyncio import Redis
 from tests.helpers import running_worker
 from tests.integration.test_client_and_cli import memworker
 from tests.redis_process import RedisProcess
-from worker.capacity import measure_capacity
-from worker.client import LifecycleClient
 from worker.keys import CONSOLIDATION_GROUP, StreamKeys
+from worker.lifecycle.client import LifecycleClient
+from worker.ops.capacity import measure_capacity
 from worker.settings import Settings
 
 

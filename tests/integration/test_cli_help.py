@@ -8,7 +8,7 @@ from typing import Any
 
 import typer
 
-from worker.cli import app
+from worker.cli.app import app
 
 
 def command_paths(command: Any, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:

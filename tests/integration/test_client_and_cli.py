@@ -13,10 +13,10 @@ import pytest
 from redis.asyncio import Redis
 
 from tests.helpers import running_worker, worker_env
-from worker.client import LifecycleClient, ResultTimeoutError
 from worker.keys import StreamKeys
+from worker.lifecycle.client import LifecycleClient, ResultTimeoutError
+from worker.ops.spec import EVENT_MODELS, asyncapi_document
 from worker.settings import Settings
-from worker.spec import EVENT_MODELS, asyncapi_document
 
 
 def memworker(

@@ -22,7 +22,7 @@ from tests.integration.results_factory import (
     session_story,
     terminated,
 )
-from worker.consolidator import Consolidator
+from worker.consolidation.consolidator import Consolidator
 from worker.db.models import Episode, LifecycleEvent, episode_id_for
 from worker.keys import CONSOLIDATION_GROUP, StreamKeys, episodes_stream
 from worker.settings import Settings

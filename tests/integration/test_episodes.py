@@ -19,9 +19,9 @@ from tests.integration.results_factory import (
     session_story,
     terminated,
 )
-from worker.consolidator import Consolidator
+from worker.consolidation.consolidator import Consolidator
 from worker.db.models import episode_id_for
-from worker.episodes import EpisodeStore, ForgetResult
+from worker.episodes.store import EpisodeStore, ForgetResult
 from worker.keys import SessionKeys
 from worker.settings import Settings
 

@@ -10,7 +10,7 @@ from typing import Any
 import orjson
 from redis.asyncio import Redis
 
-from worker.group_consumer import (
+from worker.consumers.loop import (
     BatchOutcome,
     Failure,
     GroupConsumer,

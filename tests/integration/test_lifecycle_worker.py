@@ -21,7 +21,7 @@ from tests.helpers import (
     wait_until,
 )
 from worker.keys import LIFECYCLE_GROUP, SessionKeys, StreamKeys, shard_of
-from worker.lifecycle import ensure_group
+from worker.lifecycle.worker import ensure_group
 from worker.settings import Settings
 
 
@@ -117,7 +117,7 @@ async def test_a_session_lifecycle_yields_one_valid_result_per_command(
 async def test_result_ids_are_deterministic_from_the_command(
     redis: Redis, settings: Settings
 ) -> None:
-    from worker.applier import result_event_id
+    from worker.lifecycle.apply import result_event_id
 
     out = await run_commands(redis, settings, [command("spawn", "e1")], expect_results=1)
     assert out[0]["event_id"] == result_event_id("p1", "e1")
@@ -566,7 +566,7 @@ async def test_a_server_that_lost_the_apply_function_gets_it_back_and_applies_no
     FUNCTION FLUSH, as a restart without persistence does) answers ``Function not found``; the
     worker loads it again and redoes the batch, with no command lost, doubled or dead-lettered."""
     from tests.redis_process import RedisProcess
-    from worker.applier import APPLY
+    from worker.lifecycle.apply import APPLY
 
     server = RedisProcess(tmp_path, persistent=False)
     server.start()

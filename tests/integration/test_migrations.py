@@ -10,9 +10,9 @@ from alembic.runtime.migration import MigrationContext
 from sqlalchemy import Connection, inspect
 
 from worker.db.engine import create_database_engine
+from worker.db.migrate import current_revision, head_revision, migrate
 from worker.db.models import Base
 from worker.db.vectors import include_name
-from worker.migrate import current_revision, head_revision, migrate
 
 
 def _diffs(connection: Connection) -> list[object]:

@@ -10,7 +10,7 @@ from redis.asyncio import Redis
 
 from tests.helpers import command, running_worker, stream_len_at_least
 from tests.integration.results_factory import migrated_engine, publish, terminated
-from worker.consolidator import Consolidator
+from worker.consolidation.consolidator import Consolidator
 from worker.keys import StreamKeys
 from worker.settings import Settings
 

@@ -13,10 +13,10 @@ from sqlalchemy import text
 
 from tests.recall_set import load_recall_set, remember_all
 from worker.db.engine import create_database_engine
+from worker.db.migrate import head_revision, migrate_reporting
 from worker.db.vectors import MISSING_PGVECTOR, VECTOR_TABLE
-from worker.embedding import Embedder
-from worker.episodes import EpisodeStore
-from worker.migrate import head_revision, migrate_reporting
+from worker.episodes.embedding import Embedder
+from worker.episodes.store import EpisodeStore
 from worker.settings import Settings
 
 

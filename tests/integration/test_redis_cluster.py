@@ -16,9 +16,9 @@ from redis.asyncio import Redis
 
 from tests.helpers import running_worker, wait_until, worker_env
 from tests.redis_cluster import redis_cluster
-from worker.client import LifecycleClient
 from worker.connections import client_for, shard_urls
 from worker.keys import SessionKeys, StreamKeys, shard_of
+from worker.lifecycle.client import LifecycleClient
 from worker.memory import WorkingMemory
 from worker.redis_conditions import RedisConditionError
 from worker.settings import Settings
@@ -104,9 +104,9 @@ async def test_the_consolidator_stores_episodes_from_every_shard_of_a_cluster(
     from sqlalchemy import func, select
     from sqlalchemy.ext.asyncio import create_async_engine
 
-    from worker.consolidator import Consolidator
+    from worker.consolidation.consolidator import Consolidator
+    from worker.db.migrate import migrate
     from worker.db.models import Episode
-    from worker.migrate import migrate
 
     settings = cluster_settings.model_copy(update={"database_url": database_url})
     await migrate(database_url)

@@ -14,8 +14,8 @@ import redis as sync_redis
 
 from tests.helpers import running_worker
 from tests.redis_process import RedisProcess, free_port, server_binary
-from worker.client import LifecycleClient
 from worker.connections import client_for, shard_urls
+from worker.lifecycle.client import LifecycleClient
 from worker.memory import WorkingMemory
 from worker.settings import Settings
 

@@ -18,9 +18,9 @@ from redis.exceptions import ReadOnlyError
 
 from tests.helpers import running_worker, wait_until
 from tests.redis_process import free_port, server_binary
-from worker.client import LifecycleClient
 from worker.connections import client_for
 from worker.keys import StreamKeys
+from worker.lifecycle.client import LifecycleClient
 from worker.settings import Settings
 
 

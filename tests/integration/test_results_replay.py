@@ -14,12 +14,12 @@ from sqlalchemy import func, select, update
 
 from tests.helpers import running_worker
 from tests.integration.test_client_and_cli import memworker
-from worker.client import LifecycleClient
-from worker.consolidator import Consolidator
+from worker.consolidation.consolidator import Consolidator
 from worker.db.engine import create_database_engine
+from worker.db.migrate import migrate
 from worker.db.models import Episode, LifecycleEvent
 from worker.keys import StreamKeys, episodes_stream
-from worker.migrate import migrate
+from worker.lifecycle.client import LifecycleClient
 from worker.settings import Settings
 
 

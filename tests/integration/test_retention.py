@@ -7,7 +7,7 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from worker.retention import trim_stream
+from worker.consumers.retention import trim_stream
 
 
 async def test_trimming_keeps_pending_and_undelivered_entries(redis: Redis, prefix: str) -> None:

@@ -9,8 +9,8 @@ from typing import Any
 from redis.asyncio import Redis
 
 from tests.helpers import command, publish, results, running_worker, stream_len_at_least
-from worker.applier import result_id_and_record
 from worker.keys import SessionKeys, StreamKeys
+from worker.lifecycle.apply import result_id_and_record
 from worker.settings import Settings
 
 FINISHED_SESSION_BYTES = 160

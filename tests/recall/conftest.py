@@ -12,8 +12,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from tests.pgvector_server import pgvector_server
 from worker.db.engine import create_database_engine
-from worker.embedding import LocalEmbedder
-from worker.migrate import migrate_reporting
+from worker.db.migrate import migrate_reporting
+from worker.episodes.embedding import LocalEmbedder
 from worker.settings import Settings
 
 

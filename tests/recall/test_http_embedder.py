@@ -12,16 +12,16 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from tests.embedding_server import embedding_server
 from tests.recall_set import load_recall_set, remember_all
-from worker.embedding import (
+from worker.consumers.loop import StorageUnavailableError
+from worker.episodes.embedding import (
     LOCAL_MODEL_DIMENSION,
     LOCAL_MODEL_NAME,
     EmbeddingError,
     LocalEmbedder,
     OpenAIEmbedder,
 )
-from worker.episodes import EpisodeStore
-from worker.group_consumer import StorageUnavailableError
-from worker.indexer import INDEXER_GROUP, Indexer, indexer_dlq
+from worker.episodes.indexer import INDEXER_GROUP, Indexer, indexer_dlq
+from worker.episodes.store import EpisodeStore
 from worker.keys import episodes_stream
 from worker.settings import Settings
 

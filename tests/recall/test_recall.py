@@ -16,13 +16,13 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from tests.integration.results_factory import publish, terminated
 from tests.recall_set import LabeledEpisode, load_recall_set, remember_all
-from worker.consolidator import Consolidator
+from worker.consolidation.consolidator import Consolidator
 from worker.db.vectors import store_vectors
-from worker.embedding import LocalEmbedder
-from worker.episodes import EpisodeStore, RecallMode
-from worker.indexer import INDEXER_GROUP, Indexer, reindex
+from worker.episodes.embedding import LocalEmbedder
+from worker.episodes.indexer import INDEXER_GROUP, Indexer, reindex
+from worker.episodes.remember import remember
+from worker.episodes.store import EpisodeStore, RecallMode
 from worker.keys import episodes_stream
-from worker.remember import remember
 from worker.settings import Settings
 
 

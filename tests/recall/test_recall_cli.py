@@ -12,8 +12,8 @@ from redis.asyncio import Redis
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from tests.recall_set import load_recall_set, remember_all
-from worker.embedding import LocalEmbedder
-from worker.indexer import Indexer
+from worker.episodes.embedding import LocalEmbedder
+from worker.episodes.indexer import Indexer
 from worker.settings import Settings
 
 

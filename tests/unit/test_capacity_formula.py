@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from worker.capacity import KeySample, RateMeter, StreamUsage, assess
 from worker.keys import DEDUPE_KIND, SEQ_KIND
+from worker.ops.capacity import KeySample, RateMeter, StreamUsage, assess
 from worker.settings import Settings
 
 SETTINGS = Settings(

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from schemas.results import AgentTerminated
-from worker.context_summary import build_context_summary
+from worker.episodes.summary import build_context_summary
 
 
 def result(**fields: Any) -> AgentTerminated:

@@ -6,7 +6,7 @@ import uuid
 
 import pytest
 
-from worker.applier import (
+from worker.lifecycle.apply import (
     CHECKPOINT_NAMESPACE,
     RESULT_NAMESPACE,
     default_checkpoint_id,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from worker.intake import encode_as_nested
+from worker.lifecycle.intake import encode_as_nested
 
 
 def test_a_value_is_encoded_as_itself_and_refused_when_too_deep_for_a_result() -> None:

@@ -10,8 +10,8 @@ from redis.exceptions import ResponseError
 
 from schemas.results import RESULT_ADAPTER, Result
 from worker import LifecycleEvent, LifecycleHooks
+from worker.agents.hooks import is_unavailable
 from worker.db.models import episode_id_for
-from worker.hooks import is_unavailable
 
 
 def result(type_: str, **fields: Any) -> Result:

@@ -1,10 +1,10 @@
-"""The hybrid ranking (``worker.recall.fuse``): no server needed."""
+"""The hybrid ranking (``worker.episodes.ranking.fuse``): no server needed."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from worker.recall import DEFAULT_WEIGHTS, Candidate, RecallWeights, fuse
+from worker.episodes.ranking import DEFAULT_WEIGHTS, Candidate, RecallWeights, fuse
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 

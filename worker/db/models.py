@@ -26,8 +26,6 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB, TSVECTOR, UUID
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from worker.context_summary import STEPS_HEADING, TASK_STATE_HEADING, VARIABLES_HEADING
-
 EPISODE_NAMESPACE = uuid.UUID("6f1c54b2-7d0e-5f39-9a52-3b0c1e8d4a71")
 """uuid5 namespace of episode ids: an episode's id is derived from its result's ``event_id``."""
 
@@ -35,6 +33,13 @@ SEARCH_CONFIG = "english"
 """The text-search configuration of ``episodes.search_vector`` and of every search query."""
 
 SEARCH_SUMMARY_CHARS = 1_000
+
+TASK_STATE_HEADING = "Task state"
+STEPS_HEADING = "Last steps"
+VARIABLES_HEADING = "Variables"
+"""Headings of an episode's ``context_summary`` (``worker.episodes.summary`` writes them).
+Full-text search indexes the summary from the task state (or the last steps) up to the
+variables: the task and the lessons before it are indexed from their own columns."""
 
 
 def _searched_summary(summary: str) -> str:

@@ -25,7 +25,7 @@ from redis.asyncio.cluster import RedisCluster
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from schemas.commands import Outcome
-from worker.consolidator import Announcement
+from worker.consolidation.consolidator import Announcement
 from worker.db.batch import insert_batch, mark_announced
 from worker.db.models import episode_id_for
 from worker.keys import episodes_stream, validate_id

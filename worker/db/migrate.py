@@ -18,8 +18,8 @@ from sqlalchemy.engine import Connection
 
 from worker.db.engine import create_database_engine
 from worker.db.vectors import create_vector_schema
-from worker.embedding import LOCAL_MODEL_DIMENSION
-from worker.error_messages import ActionableError
+from worker.episodes.embedding import LOCAL_MODEL_DIMENSION
+from worker.errors import ActionableError
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 MIGRATION_LOCK_KEY = zlib.crc32(b"memworker.migrate")

@@ -43,10 +43,10 @@ from redis.asyncio import Redis
 from sqlalchemy import Select, and_, func, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from worker.consolidator import Consolidator, UnusableEntryError, decode_entry
+from worker.consolidation.consolidator import Consolidator, UnusableEntryError, decode_entry
+from worker.consumers.loop import StreamEntry
 from worker.db.engine import create_database_engine
 from worker.db.models import Episode, LifecycleEvent
-from worker.group_consumer import StreamEntry
 from worker.keys import StreamKeys, shard_of
 from worker.settings import Settings
 
@@ -178,7 +178,7 @@ async def replay_results_from_stream(
     progress: Progress | None = None,
 ) -> Counter[str]:
     """Replay ``P:results:{shard}`` entries in ``what``; counts of what changed."""
-    from worker.replay import read_range
+    from worker.lifecycle.replay import read_range
 
     stream = StreamKeys(settings.stream_prefix, shard).results
     start, end = what.stream_bounds()

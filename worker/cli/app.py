@@ -27,7 +27,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from worker.connections import client_for
-from worker.error_messages import ActionableError, one_line
+from worker.errors import ActionableError, one_line
 from worker.keys import InvalidIdError, StreamKeys, episodes_stream, shard_of, validate_id
 from worker.logs import configure_logging
 from worker.redis_conditions import RedisConditionError
@@ -163,7 +163,7 @@ def run(
         raise typer.Exit(_run_processes(workers, consumer, metrics_port))
 
     async def serve() -> None:
-        from worker.lifecycle import LifecycleWorker
+        from worker.lifecycle.worker import LifecycleWorker
 
         worker = LifecycleWorker(settings, consumer=consumer)
         stop = asyncio.Event()
@@ -222,7 +222,7 @@ def consolidate(
     settings = settings_from_env()
     configure_logging(settings.log_level, settings.log_json)
 
-    from worker.consolidator import Consolidator
+    from worker.consolidation.consolidator import Consolidator
 
     run_async(serve_consumer(settings, metrics_port, Consolidator.from_settings(settings)))
 
@@ -231,7 +231,7 @@ def consolidate(
 def migrate() -> None:
     """Create or upgrade the Postgres schema (safe to run from several replicas at once)."""
     settings = settings_from_env()
-    from worker.migrate import migrate_reporting
+    from worker.db.migrate import migrate_reporting
 
     revision, vectors = run_async(migrate_reporting(settings.database_url))
     out.print(f"schema at revision {revision}")
@@ -250,7 +250,7 @@ def dev(
 
     The embedded servers start unless REDIS_URL / DATABASE_URL are set.
     """
-    from worker.devmode import run_dev
+    from worker.ops.dev import run_dev
 
     run_async(run_dev(data_dir, metrics_port))
 
@@ -323,7 +323,7 @@ def publish(
     settings = settings_from_env()
 
     async def go(redis: Redis) -> Any:
-        from worker.client import LifecycleClient, ResultTimeoutError
+        from worker.lifecycle.client import LifecycleClient, ResultTimeoutError
 
         client = LifecycleClient(redis, settings)
         sent = await client.publish(body, assign_seq=not no_seq)
@@ -421,7 +421,7 @@ def inspect(
     check_ids(project_id=project, session_id=session)
 
     async def go(redis: Redis) -> dict[str, Any]:
-        from worker.inspection import inspect_session
+        from worker.ops.inspection import inspect_session
 
         return await inspect_session(redis, settings, project, session)
 
@@ -467,9 +467,9 @@ def stats(
     settings = settings_from_env()
 
     async def go(redis: Redis) -> tuple[list[Any], Any, list[tuple[str, str, str]]]:
-        from worker.capacity import measure_capacity
-        from worker.inspection import prune_dead_consumers as prune
-        from worker.inspection import stream_stats
+        from worker.ops.capacity import measure_capacity
+        from worker.ops.inspection import prune_dead_consumers as prune
+        from worker.ops.inspection import stream_stats
 
         pruned = await prune(redis, settings, dead_after) if prune_dead_consumers else []
         rows = await stream_stats(redis, settings, dead_after)
@@ -524,7 +524,7 @@ def stats(
     if capacity is None:
         out.print("capacity: not measured on a Redis Cluster (keys are spread over the nodes)")
         return
-    from worker.capacity import render_capacity
+    from worker.ops.capacity import render_capacity
 
     out.print(render_capacity(capacity, settings), highlight=False)
 
@@ -575,7 +575,7 @@ def replay(
     shards = [shard] if shard is not None else list(range(settings.shards))
     if any(s < 0 or s >= settings.shards for s in shards):
         raise typer.BadParameter(f"must be 0..{settings.shards - 1}", param_hint="--shard")
-    from worker.results_replay import STREAM_ID, ResultRange, parse_instant
+    from worker.consolidation.replay import STREAM_ID, ResultRange, parse_instant
 
     for hint, entry_id, edge in (("--from", start, "-"), ("--to", end, "+")):
         if entry_id != edge and not STREAM_ID.match(entry_id):
@@ -617,12 +617,12 @@ def replay(
     selected = ResultRange(start, end, project=project, **bounds)
 
     async def go(redis: Redis) -> dict[str, int]:
-        from worker.replay import count_range
+        from worker.lifecycle.replay import count_range
 
         total = 0
         if source == "postgres":
+            from worker.consolidation.replay import count_archived
             from worker.db.engine import create_database_engine
-            from worker.results_replay import count_archived
 
             engine = create_database_engine(settings.database_url)
             try:
@@ -651,7 +651,7 @@ def replay(
                 progress.advance(task, n)
 
             if source == "postgres":
-                from worker.results_replay import replay_results_from_postgres
+                from worker.consolidation.replay import replay_results_from_postgres
 
                 counts = await replay_results_from_postgres(
                     redis, settings, shards, selected, publish_to, advance
@@ -661,11 +661,11 @@ def replay(
                 return summary
             for s in shards:
                 if what == "lifecycle":
-                    from worker.replay import replay_lifecycle
+                    from worker.lifecycle.replay import replay_lifecycle
 
                     counts = await replay_lifecycle(redis, settings, s, start, end, advance)
                 else:
-                    from worker.results_replay import replay_results_from_stream
+                    from worker.consolidation.replay import replay_results_from_stream
 
                     counts = await replay_results_from_stream(
                         redis, settings, s, selected, publish_to, advance
@@ -683,8 +683,8 @@ async def _warn_if_older_than_the_stream(
 ) -> None:
     """Say so when the range starts before what the stream still holds (trimmed by
     retention): those results are in Postgres."""
-    from worker.capacity import stream_usage
-    from worker.results_replay import starts_before
+    from worker.consolidation.replay import starts_before
+    from worker.ops.capacity import stream_usage
 
     low, _high = selected.stream_bounds()
     names = [StreamKeys(settings.stream_prefix, s).results for s in shards]
@@ -713,7 +713,7 @@ def schema(
     ),
 ) -> None:
     """Write the JSON Schema of every event and the AsyncAPI 3 document."""
-    from worker.spec import write_schemas
+    from worker.ops.spec import write_schemas
 
     for path in write_schemas(out_dir, settings_from_env()):
         out.print(str(path))
@@ -726,7 +726,7 @@ def _dlq_streams(settings: Settings, shard: int | None) -> list[str]:
     shards = [shard] if shard is not None else list(range(settings.shards))
     streams = [StreamKeys(settings.stream_prefix, s).dlq for s in shards]
     if shard is None:  # the indexer's (P:episodes is not sharded)
-        from worker.indexer import indexer_dlq
+        from worker.episodes.indexer import indexer_dlq
 
         streams.append(indexer_dlq(settings.stream_prefix))
     return streams
@@ -742,7 +742,7 @@ def dlq_list(
     settings = settings_from_env()
 
     async def go(redis: Redis) -> list[tuple[str, str, dict[str, str]]]:
-        from worker.dlq import list_dead_letters
+        from worker.consumers.dead_letters import list_dead_letters
 
         rows = []
         for stream in _dlq_streams(settings, shard):
@@ -774,7 +774,7 @@ def dlq_show(
     settings = settings_from_env()
 
     async def go(redis: Redis) -> list[tuple[str, dict[str, str]]]:
-        from worker.dlq import list_dead_letters
+        from worker.consumers.dead_letters import list_dead_letters
 
         rows = await list_dead_letters(redis, _dlq_streams(settings, shard)[0], 1, entry_id)
         return [r for r in rows if r[0] == entry_id]
@@ -794,7 +794,7 @@ def dlq_redrive(
     settings = settings_from_env()
 
     async def go(redis: Redis) -> int:
-        from worker.dlq import redrive
+        from worker.consumers.dead_letters import redrive
 
         return sum(
             [await redrive(redis, s, entry_ids or None) for s in _dlq_streams(settings, shard)]
@@ -815,7 +815,7 @@ def dlq_purge(
     settings = settings_from_env()
 
     async def go(redis: Redis) -> int:
-        from worker.dlq import purge
+        from worker.consumers.dead_letters import purge
 
         return sum(
             [await purge(redis, s, entry_ids or None) for s in _dlq_streams(settings, shard)]
@@ -836,7 +836,7 @@ app.add_typer(episodes_app, name="episodes")
 
 async def _with_episode_store(settings: Settings, use: Callable[[Any], Awaitable[T]]) -> T:
     from worker.db.engine import create_database_engine
-    from worker.episodes import EpisodeStore
+    from worker.episodes.store import EpisodeStore
 
     engine = create_database_engine(settings.database_url, pool=False)
     try:
@@ -936,8 +936,8 @@ def recall(
 
     async def go() -> list[dict[str, Any]]:
         from worker.db.engine import create_database_engine
-        from worker.embedding import embedder_from_settings
-        from worker.episodes import EpisodeStore
+        from worker.episodes.embedding import embedder_from_settings
+        from worker.episodes.store import EpisodeStore
 
         engine = create_database_engine(settings.database_url, pool=False)
         try:
@@ -973,7 +973,7 @@ def index(
     if settings.index_nice:
         os.nice(settings.index_nice)  # embedding yields the CPU to the hot path
 
-    from worker.indexer import Indexer
+    from worker.episodes.indexer import Indexer
 
     run_async(serve_consumer(settings, metrics_port, Indexer.from_settings(settings)))
 
@@ -990,8 +990,8 @@ def reindex(
 
     async def go() -> int:
         from worker.db.engine import create_database_engine
-        from worker.embedding import embedder_from_settings
-        from worker.indexer import reindex as backfill
+        from worker.episodes.embedding import embedder_from_settings
+        from worker.episodes.indexer import reindex as backfill
 
         engine = create_database_engine(settings.database_url, pool=False)
         try:
@@ -999,7 +999,7 @@ def reindex(
         finally:
             await engine.dispose()
 
-    from worker.embedding import EmbeddingError
+    from worker.episodes.embedding import EmbeddingError
 
     try:
         count = run_async(go())
@@ -1022,7 +1022,7 @@ def remember(
 
     async def go(redis: Redis) -> Any:
         from worker.db.engine import create_database_engine
-        from worker.remember import remember as store
+        from worker.episodes.remember import remember as store
 
         engine = create_database_engine(settings.database_url, pool=False)
         try:
@@ -1061,7 +1061,7 @@ def main() -> None:
 
     Usage errors are Typer's (exit status 2, with the usage line); everything raised by a
     command is reported here as ``memworker: error: …`` with exit status 1, translated to one
-    line a person can act on by ``worker.error_messages.one_line``.
+    line a person can act on by ``worker.errors.one_line``.
     """
     plain_help(app)
     try:

@@ -14,18 +14,15 @@ from typing import Any
 import orjson
 
 from schemas.results import AgentTerminated
+from worker.db.models import STEPS_HEADING, TASK_STATE_HEADING, VARIABLES_HEADING
 
 RECENT_STEPS = 5
 MAX_VARIABLES = 10
 ITEM_CHARS = 240
 ELLIPSIS = "…"
-TASK_STATE_HEADING = "Task state"
-STEPS_HEADING = "Last steps"
-VARIABLES_HEADING = "Variables"
-"""Section headings. Full-text search indexes the summary from the task state (or the last
-steps) up to the variables (``worker.db.models.SEARCH_VECTOR_SQL``): the task and the lessons
-before it are indexed from their own columns. Every line but a heading starts with a known
-prefix or ``- `` and items never hold a newline (``clip``), so a heading cannot be faked."""
+# Section headings: defined beside the full-text index that cuts the summary at them
+# (``worker.db.models``). Every line but a heading starts with a known prefix or ``- `` and
+# items never hold a newline (``clip``), so a heading cannot be faked.
 
 
 def clip(text: str, limit: int) -> str:

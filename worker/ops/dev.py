@@ -3,7 +3,7 @@
 Embedded servers (a Valkey and a PostgreSQL shipped in wheels) start unless ``REDIS_URL`` /
 ``DATABASE_URL`` are set; their data lives under ``--data-dir`` and is kept between runs.
 Then the schema is migrated and the lifecycle worker, the consolidator and the indexer (recall
-by meaning: ``worker.indexer``) run side by side.
+by meaning: ``worker.episodes.indexer``) run side by side.
 
 One ``dev`` per data dir: a lock file (``dev.lock``, holding the pid) refuses a second one
 before it touches anything; the lock is an ``flock``, so a crashed instance's lock is free
@@ -26,14 +26,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from worker.consolidator import Consolidator
-from worker.embedded import EmbeddedPostgres, EmbeddedRedis, default_data_dir
-from worker.error_messages import ActionableError
-from worker.indexer import Indexer
-from worker.lifecycle import LifecycleWorker
+from worker.consolidation.consolidator import Consolidator
+from worker.db.migrate import migrate
+from worker.episodes.indexer import Indexer
+from worker.errors import ActionableError
+from worker.lifecycle.worker import LifecycleWorker
 from worker.logs import configure_logging
 from worker.metrics import serve_http
-from worker.migrate import migrate
+from worker.ops.embedded import EmbeddedPostgres, EmbeddedRedis, default_data_dir
 from worker.settings import Settings
 
 LOCK_FILE = "dev.lock"

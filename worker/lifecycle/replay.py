@@ -12,8 +12,8 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from worker.applier import CommandApplier
 from worker.keys import LIFECYCLE_GROUP, StreamKeys
+from worker.lifecycle.apply import CommandApplier
 from worker.settings import Settings
 
 Entries = list[tuple[bytes, dict[bytes, bytes]]]

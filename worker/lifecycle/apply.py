@@ -28,11 +28,11 @@ from schemas.commands import (
     TerminateCommand,
 )
 from worker.connections import AnyRedis, shard_urls
-from worker.dlq import dead_letter
-from worker.intake import Accepted, Refused, Unusable, fits_in_result, parse_entry
+from worker.consumers.dead_letters import dead_letter
 from worker.keys import LIFECYCLE_GROUP, SessionKeys, StreamKeys, is_valid_id, shard_of
+from worker.lifecycle.channel import ScriptChannel
+from worker.lifecycle.intake import Accepted, Refused, Unusable, fits_in_result, parse_entry
 from worker.redis_conditions import is_server_condition
-from worker.script_channel import ScriptChannel
 from worker.scripts import function, script
 from worker.settings import Settings
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from worker.error_messages import ActionableError
+from worker.errors import ActionableError
 
 
 class EmbeddedUnavailableError(ActionableError, RuntimeError):

@@ -23,12 +23,12 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from worker.applier import COMMANDS_PER_CALL, CommandApplier, Outcome, Plan
-from worker.capacity import CapacityGauges
 from worker.connections import client_for
-from worker.group_consumer import default_consumer_name
-from worker.group_consumer import ensure_group as ensure_group
+from worker.consumers.loop import default_consumer_name
+from worker.consumers.loop import ensure_group as ensure_group
+from worker.consumers.retention import trim_stream
 from worker.keys import CONSOLIDATION_GROUP, LIFECYCLE_GROUP, StreamKeys
+from worker.lifecycle.apply import COMMANDS_PER_CALL, CommandApplier, Outcome, Plan
 from worker.logs import get_logger
 from worker.metrics import (
     ADMISSION_CLOSED,
@@ -42,8 +42,8 @@ from worker.metrics import (
     STREAM_PENDING,
     TRIMMED_WHILE_FULL,
 )
+from worker.ops.capacity import CapacityGauges
 from worker.redis_conditions import ServerCondition, is_server_condition, server_condition
-from worker.retention import trim_stream
 from worker.settings import Settings
 
 log = get_logger("memworker.lifecycle")

@@ -1,6 +1,6 @@
 """One line a person can act on, for every failure the command line knows by kind.
 
-``one_line(exc)`` is the CLI's single translation point (``worker.cli.main`` reports every
+``one_line(exc)`` is the CLI's single translation point (``worker.cli.app.main`` reports every
 failure through it): a Postgres login refused, a missing database, a Redis that refuses a
 command, a configuration that does not validate, a port already taken. Anything it does not know
 is reported by type and its first line, never with a traceback or a second line.

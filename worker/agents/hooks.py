@@ -31,8 +31,9 @@ from schemas.results import (
     AgentTerminated,
     Result,
 )
+from worker.agents.manager import describe_result
 from worker.connections import AnyRedis, client_for
-from worker.group_consumer import (
+from worker.consumers.loop import (
     BatchOutcome,
     Failure,
     GroupConsumer,
@@ -41,14 +42,13 @@ from worker.group_consumer import (
     default_consumer_name,
 )
 from worker.keys import CONSOLIDATION_GROUP, LIFECYCLE_GROUP, StreamKeys, validate_id
-from worker.lifecycle_manager import describe_result
 from worker.logs import get_logger
 from worker.redis_conditions import is_server_condition
 from worker.settings import Settings, get_settings
 
 __all__ = ["LifecycleEvent", "LifecycleHook", "LifecycleHooks"]
 
-log = get_logger("worker.hooks")
+log = get_logger("worker.agents.hooks")
 
 HOOK_FAILED = "hook_failed"
 """The DLQ ``reason`` of a result whose hook kept raising."""

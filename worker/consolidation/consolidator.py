@@ -19,7 +19,7 @@ Why it is shaped this way:
   apart. Down: nothing is acknowledged and the loop backs off (capped) until it answers. Up: the
   batch is split in halves until the failing entry stands alone; it is retried with backoff and
   dead-lettered (``storage_failed``) after ``consolidation_max_attempts`` failures.
-- **The group loop is ``worker.group_consumer``**: own pending entries first, reclaim of dead
+- **The group loop is ``worker.consumers.loop``**: own pending entries first, reclaim of dead
   consumers' entries, the delivery cap and DLQ, outages, readiness. This module is its handler:
   it turns entries into rows (``prepare``) and writes them (``finish``).
 - **Both cores busy** (bench/consolidation_throughput.py). While a batch is written, the next
@@ -56,11 +56,7 @@ from schemas.commands import Outcome
 from schemas.results import RESULT_ADAPTER, AgentTerminated, RejectionReason, Result
 from schemas.streams import EpisodeRecorded
 from worker.connections import client_for
-from worker.context_summary import build_context_summary, summarise
-from worker.db.batch import insert_batch, mark_announced, owed_announcements
-from worker.db.engine import create_database_engine
-from worker.db.models import EPISODE_NAMESPACE, episode_id_for, uuid5_text
-from worker.group_consumer import (
+from worker.consumers.loop import (
     BatchOutcome,
     Failure,
     GroupConsumer,
@@ -68,6 +64,10 @@ from worker.group_consumer import (
     StorageUnavailableError,
     StreamEntry,
 )
+from worker.db.batch import insert_batch, mark_announced, owed_announcements
+from worker.db.engine import create_database_engine
+from worker.db.models import EPISODE_NAMESPACE, episode_id_for, uuid5_text
+from worker.episodes.summary import build_context_summary, summarise
 from worker.keys import CONSOLIDATION_GROUP, StreamKeys, episodes_stream
 from worker.logs import get_logger
 from worker.metrics import (
@@ -77,7 +77,7 @@ from worker.metrics import (
 )
 from worker.settings import Settings
 
-log = get_logger("worker.consolidator")
+log = get_logger("worker.consolidation.consolidator")
 
 FASTSTREAM_DATA_FIELD = "__data__"
 PREPARE_SLICE = 50
@@ -842,10 +842,10 @@ async def replay_results(
     """Re-store a range of ``P:results:{shard}`` into Postgres; counts of what changed.
 
     ``results`` entries were read; ``new_episodes`` episodes did not exist before (or were
-    never announced); ``skipped`` entries were not results. (``worker.results_replay`` has
+    never announced); ``skipped`` entries were not results. (``worker.consolidation.replay`` has
     the rest: time ranges, one project, Postgres as the source, republishing.)
     """
-    from worker.results_replay import ResultRange, replay_results_from_stream
+    from worker.consolidation.replay import ResultRange, replay_results_from_stream
 
     return await replay_results_from_stream(
         redis, settings, shard, ResultRange(start, end), progress=progress

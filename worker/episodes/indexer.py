@@ -1,7 +1,7 @@
 """The indexer (``memworker index``): embeds every announced episode, off the hot path.
 
 It follows ``P:episodes`` in consumer group ``indexer`` on the shared loop
-(``worker.group_consumer.GroupConsumer``: own pending first, reclaim, delivery cap, DLQ
+(``worker.consumers.loop.GroupConsumer``: own pending first, reclaim, delivery cap, DLQ
 ``P:dlq:episodes``, outages never poison). Per batch it reads the episodes' text from Postgres,
 embeds those that have no vector of the configured model yet, and upserts the vectors.
 
@@ -32,7 +32,15 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from worker.connections import client_for
-from worker.consolidator import is_connection_error, one_line
+from worker.consolidation.consolidator import is_connection_error, one_line
+from worker.consumers.loop import (
+    BatchOutcome,
+    Failure,
+    GroupConsumer,
+    Rejection,
+    StorageUnavailableError,
+    StreamEntry,
+)
 from worker.db.engine import create_database_engine
 from worker.db.vectors import (
     MISSING_PGVECTOR,
@@ -41,21 +49,13 @@ from worker.db.vectors import (
     has_vector_table,
     store_vectors,
 )
-from worker.embedding import Embedder, EmbeddingError, embedder_from_settings, episode_text
-from worker.group_consumer import (
-    BatchOutcome,
-    Failure,
-    GroupConsumer,
-    Rejection,
-    StorageUnavailableError,
-    StreamEntry,
-)
+from worker.episodes.embedding import Embedder, EmbeddingError, embedder_from_settings, episode_text
 from worker.keys import episodes_stream
 from worker.logs import get_logger
 from worker.metrics import EPISODES_INDEXED, INDEX_SECONDS, STREAM_LAG, STREAM_PENDING
 from worker.settings import Settings
 
-log = get_logger("worker.indexer")
+log = get_logger("worker.episodes.indexer")
 
 INDEXER_GROUP = "indexer"
 

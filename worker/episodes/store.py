@@ -44,12 +44,12 @@ from worker.db.vectors import (
     parse_vector,
     vector_literal,
 )
-from worker.embedding import Embedder, EmbeddingError
+from worker.episodes.embedding import Embedder, EmbeddingError
+from worker.episodes.ranking import DEFAULT_WEIGHTS, Candidate, RecallWeights, fuse
 from worker.keys import SessionKeys, escape_glob, project_pattern, validate_id
 from worker.logs import get_logger
-from worker.recall import DEFAULT_WEIGHTS, Candidate, RecallWeights, fuse
 
-log = get_logger("worker.episodes")
+log = get_logger("worker.episodes.store")
 RecallMode = Literal["hybrid", "text", "vector"]
 
 SCAN_COUNT = 1_000
@@ -238,7 +238,7 @@ async def _nothing() -> list[Candidate]:
 class EpisodeStore:
     """Read and forget what the consolidator stored; every method is scoped by project.
 
-    ``embedder`` (``worker.embedding``) is what ``recall`` embeds queries with; without one,
+    ``embedder`` (``episodes.embedding``) is what ``recall`` embeds queries with; without one,
     or without pgvector, ``recall`` ranks by full-text only (and says so once).
     """
 
@@ -316,7 +316,7 @@ class EpisodeStore:
         weights: RecallWeights = DEFAULT_WEIGHTS,
         mode: RecallMode = "hybrid",
     ) -> list[RecallHit]:
-        """The project's episodes most relevant to ``query``, best first (``worker.recall``
+        """The project's episodes most relevant to ``query``, best first (``episodes.ranking``
         says how they are ranked). ``mode`` ``"text"`` or ``"vector"`` uses one search only."""
         validate_id(project_id, "project_id")
         filters = _episode_filters(

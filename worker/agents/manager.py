@@ -29,9 +29,9 @@ from schemas.results import (
     CommandRejected,
     Result,
 )
-from worker.client import LifecycleClient, ResultTimeoutError
 from worker.db.models import episode_id_for
 from worker.keys import id_text
+from worker.lifecycle.client import LifecycleClient, ResultTimeoutError
 from worker.memory.api import AnyId, WorkingMemory
 from worker.memory.models import CheckpointInfo, rfc3339
 from worker.settings import Settings

@@ -15,9 +15,10 @@ what they do with a batch of entries. Everything else is here, once:
   over with ``XAUTOCLAIM`` (a cursor per stream, so a long pending list is walked, not
   restarted) and then read as own pending.
 - **Delivery cap**: an entry the handler reports *failed* is retried with backoff; after
-  ``max_attempts`` failures it is dead-lettered (``worker.dlq``: XADD to the DLQ and XACK in
-  one MULTI) with the handler's reason, the last error and its provenance. An entry the handler
-  reports *rejected* (it can never be handled: unparseable, invalid) is dead-lettered at once.
+  ``max_attempts`` failures it is dead-lettered (``worker.consumers.dead_letters``: XADD to the
+  DLQ and XACK in one MULTI) with the handler's reason, the last error and its provenance. An
+  entry the handler reports *rejected* (it can never be handled: unparseable, invalid) is
+  dead-lettered at once.
   The count is the loop's own (failures of the handler), never Redis's delivery counter, which
   reading pending entries and XAUTOCLAIM bump too.
 - **Outages are not poison**: when Redis is unavailable or refuses for a server-wide reason
@@ -86,12 +87,12 @@ from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisError, ResponseError
 
-from worker.dlq import dead_letter, queue_dead_letter
+from worker.consumers.dead_letters import dead_letter, queue_dead_letter
 from worker.logs import get_logger
 from worker.metrics import BATCH_SIZE, DEAD_LETTERS, REDIS_CONDITIONS
 from worker.redis_conditions import is_server_condition, server_condition
 
-log = get_logger("worker.group_consumer")
+log = get_logger("worker.consumers.loop")
 
 
 class StorageUnavailableError(RuntimeError):

@@ -1,4 +1,4 @@
-"""Embedders: text in, unit vectors out, for recall by meaning (``worker.indexer``, ``recall``).
+"""Embedders: text in, unit vectors out, for recall by meaning (the indexer, ``recall``).
 
 Two providers, picked by ``MEMWORKER_EMBEDDING_PROVIDER``:
 

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from alembic import context, op
 
 from worker.db.vectors import create_vector_schema
-from worker.embedding import LOCAL_MODEL_DIMENSION
+from worker.episodes.embedding import LOCAL_MODEL_DIMENSION
 
 revision: str = "0002"
 down_revision: str | None = "0001"

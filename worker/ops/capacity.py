@@ -52,7 +52,7 @@ from worker.keys import (
 from worker.logs import get_logger
 from worker.settings import Settings
 
-log = get_logger("worker.capacity")
+log = get_logger("worker.ops.capacity")
 
 GB = 1_000_000_000
 MAX_MEASURED = 500

@@ -1,6 +1,6 @@
 """Alembic environment.
 
-``worker.migrate.migrate`` hands over an open connection in ``config.attributes["connection"]``
+``worker.db.migrate.migrate`` hands over an open connection in ``config.attributes["connection"]``
 (it holds the advisory lock on it). Run from the ``alembic`` command line instead, the URL comes
 from ``sqlalchemy.url`` or ``DATABASE_URL``.
 """

@@ -1,0 +1,4 @@
+"""The in-process agent API: ``AgentLifecycleManager`` and lifecycle hooks.
+
+Owns nothing on its own: it calls working memory and publishes hook events.
+"""

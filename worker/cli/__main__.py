@@ -1,0 +1,5 @@
+"""``python -m worker.cli``: the same as the ``memworker`` command."""
+
+from worker.cli.app import main
+
+main()

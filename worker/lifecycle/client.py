@@ -1,0 +1,308 @@
+"""``LifecycleClient``: publish lifecycle commands and await their results.
+
+Event ids are fresh UUIDs; ``seq`` is assigned per session by an INCR in Redis, so concurrent
+publishers (in any number of processes) still give every command of a session its own place.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+import orjson
+from redis.asyncio import Redis
+from redis.exceptions import NoPermissionError, ResponseError
+
+from schemas.commands import COMMAND_TYPES
+from schemas.results import RESULT_ADAPTER, Result
+from schemas.streams import EpisodeRecorded
+from worker.connections import client_for
+from worker.keys import ID_PATTERN, SessionKeys, StreamKeys, episodes_stream, tag, validate_id
+from worker.redis_conditions import RedisConditionError, ServerCondition, conditions_raised
+from worker.scripts import script
+from worker.settings import Settings, get_settings
+
+__all__ = ["ID_PATTERN", "LifecycleClient", "RedisConditionError", "ResultTimeoutError"]
+
+
+PUBLISH = script("publish_command.lua")
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+class ResultTimeoutError(TimeoutError):
+    """No result for the command arrived in time (is a lifecycle worker running?)."""
+
+
+def seq_key(prefix: str, shard: int, project_id: str, session_id: str) -> str:
+    return f"{prefix}:{tag(shard)}:seq:{project_id}/{session_id}"
+
+
+class LifecycleClient:
+    """Publishes commands to ``P:lifecycle:{i}`` and reads results from ``P:results:{i}``."""
+
+    def __init__(self, redis: Redis | None = None, settings: Settings | None = None) -> None:
+        self.settings = settings or get_settings()
+        self._owns = redis is None
+        self.redis = redis or client_for(self.settings)
+        self._sent: dict[str, tuple[int, str]] = {}
+
+    async def __aenter__(self) -> LifecycleClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self._owns:
+            await self.redis.aclose()
+
+    async def publish(
+        self,
+        command: Mapping[str, Any],
+        *,
+        assign_seq: bool = True,
+        traceparent: str | None = None,
+    ) -> str:
+        """Publish one command (a dict as in the contract); returns its ``event_id``.
+
+        ``event_id`` is generated when absent, and ``seq`` assigned when absent and
+        ``assign_seq`` is true. Raises ``RedisConditionError`` (nothing published) when Redis
+        refuses for a reason of its own: full (``maxmemory``), busy, loading, failing over,
+        unreachable; its message names the condition and what to do.
+        """
+        body = dict(command)
+        if body.get("type") not in COMMAND_TYPES:
+            raise ValueError(f"type must be one of {', '.join(COMMAND_TYPES)}")
+        project_id = validate_id(body.get("project_id", ""), "project_id")
+        session_id = validate_id(body.get("session_id", ""), "session_id")
+        event_id = body.setdefault("event_id", str(uuid.uuid4()))
+        validate_id(event_id, "event_id")
+        keys = SessionKeys.for_session(
+            self.settings.stream_prefix, self.settings.shards, project_id, session_id
+        )
+        async with conditions_raised(self.redis):
+            return await self._publish(body, keys, event_id, assign_seq, traceparent)
+
+    async def _publish(
+        self,
+        body: dict[str, Any],
+        keys: SessionKeys,
+        event_id: str,
+        assign_seq: bool,
+        traceparent: str | None,
+    ) -> str:
+        project_id, session_id = keys.project_id, keys.session_id
+        streams = keys.streams
+        # Where results could start, so wait() need not scan the whole stream; and whether the
+        # lifecycle worker keeps the last memory for commands already accepted (admission,
+        # advisory: read in the same round trip, no script).
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.xinfo_stream(streams.results)
+        pipe.get(streams.admission)
+        info, refusal = await pipe.execute(raise_on_error=False)
+        if isinstance(refusal, NoPermissionError):
+            refusal = None  # an ACL from before admission: publish; Redis refuses at maxmemory
+        elif isinstance(refusal, Exception):
+            raise refusal
+        if refusal:
+            text = _text(refusal)
+            raise RedisConditionError(text, ServerCondition("nearly_full", text))
+        if isinstance(info, ResponseError):  # no results stream yet
+            start = "0-0"
+        elif isinstance(info, Exception):
+            raise info
+        else:
+            start = _text(info["last-generated-id"])
+        if assign_seq and "seq" not in body:
+            settings = self.settings
+            # After a terminate the counter is needed only as long as the tombstone is kept.
+            tombstone = max(settings.tombstone_ttl_seconds, settings.dedupe_ttl_seconds)
+            if body["type"] == "terminate":
+                ttl_ms = tombstone * 1000
+            else:
+                ttl_ms = (settings.session_ttl_seconds + tombstone) * 1000
+            await PUBLISH(
+                self.redis,
+                [
+                    seq_key(settings.stream_prefix, keys.shard, project_id, session_id),
+                    streams.lifecycle,
+                ],
+                [
+                    orjson.dumps(body),
+                    "1" if body["type"] == "spawn" else "0",
+                    ttl_ms,
+                    traceparent or "",
+                ],
+            )
+            self._sent[event_id] = (keys.shard, start)
+            return str(event_id)
+        fields: dict[str, bytes | str] = {"data": orjson.dumps(body)}
+        if traceparent:
+            fields["traceparent"] = traceparent
+        await self.redis.xadd(streams.lifecycle, fields)  # type: ignore[arg-type]
+        self._sent[event_id] = (keys.shard, start)
+        return str(event_id)
+
+    async def spawn(
+        self,
+        project_id: str,
+        session_id: str,
+        agent_instance_id: str,
+        initial_state: Mapping[str, Any] | None = None,
+        **fields: Any,
+    ) -> str:
+        return await self.publish(
+            {
+                "type": "spawn",
+                "project_id": project_id,
+                "session_id": session_id,
+                "agent_instance_id": agent_instance_id,
+                "initial_state": dict(initial_state or {}),
+                **fields,
+            }
+        )
+
+    async def pause(
+        self, project_id: str, session_id: str, agent_instance_id: str, **fields: Any
+    ) -> str:
+        return await self.publish(
+            {
+                "type": "pause",
+                "project_id": project_id,
+                "session_id": session_id,
+                "agent_instance_id": agent_instance_id,
+                **fields,
+            }
+        )
+
+    async def resume(
+        self, project_id: str, session_id: str, agent_instance_id: str, **fields: Any
+    ) -> str:
+        return await self.publish(
+            {
+                "type": "resume",
+                "project_id": project_id,
+                "session_id": session_id,
+                "agent_instance_id": agent_instance_id,
+                **fields,
+            }
+        )
+
+    async def terminate(
+        self, project_id: str, session_id: str, agent_instance_id: str, **fields: Any
+    ) -> str:
+        return await self.publish(
+            {
+                "type": "terminate",
+                "project_id": project_id,
+                "session_id": session_id,
+                "agent_instance_id": agent_instance_id,
+                **fields,
+            }
+        )
+
+    async def wait(
+        self,
+        event_id: str,
+        timeout: float = 10.0,
+        *,
+        project_id: str | None = None,
+        session_id: str | None = None,
+    ) -> Result:
+        """The result of a command published by this client (or name its session)."""
+        if event_id in self._sent:
+            shard, start = self._sent[event_id]
+        elif project_id and session_id:
+            shard = SessionKeys.for_session(
+                self.settings.stream_prefix, self.settings.shards, project_id, session_id
+            ).shard
+            start = "0-0"
+        else:
+            raise ValueError("wait() needs project_id and session_id for a command it did not send")
+        stream = StreamKeys(self.settings.stream_prefix, shard).results
+        async with conditions_raised(self.redis):
+            return await self._wait(event_id, timeout, stream, start)
+
+    async def _wait(self, event_id: str, timeout: float, stream: str, start: str) -> Result:
+        deadline = time.monotonic() + timeout
+        last = start
+        while (left := deadline - time.monotonic()) > 0:
+            reply: Any = await self.redis.xread(
+                {stream: last}, count=500, block=max(1, int(min(left, 1.0) * 1000))
+            )
+            for _stream, entries in reply or []:
+                for entry_id, fields in entries:
+                    last = entry_id
+                    data = fields.get(b"data")
+                    if data and b'"causation_id":"' + event_id.encode() + b'"' in data:
+                        result = RESULT_ADAPTER.validate_json(data)
+                        if result.causation_id == event_id:
+                            self._sent.pop(event_id, None)
+                            return result
+        raise ResultTimeoutError(
+            f"no result for event {event_id} within {timeout:g}s; is a lifecycle worker "
+            "running against this Redis and stream prefix?"
+        )
+
+    async def follow(
+        self,
+        stream: str,
+        group: str,
+        consumer: str,
+        *,
+        block_ms: int = 1000,
+    ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        """Follow a stream in your own consumer group, resuming where the group left off.
+
+        Yields (entry id, decoded ``data``) and acknowledges an entry when the next one is
+        asked for, so a crash redelivers at most the entry in hand.
+        """
+        try:
+            await self.redis.xgroup_create(stream, group, id="0", mkstream=True)
+        except Exception as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+        last = "0"  # first what this consumer was given before and did not acknowledge
+        while True:
+            reply: Any = await self.redis.xreadgroup(
+                group, consumer, {stream: last}, count=100, block=block_ms
+            )
+            entries = reply[0][1] if reply else []
+            if not entries and last != ">":  # none (left) of its own: new entries from now on
+                last = ">"
+                continue
+            for entry_id, fields in entries:
+                data = fields.get(b"data") or b"{}"
+                yield entry_id.decode(), orjson.loads(data)
+                await self.redis.xack(stream, group, entry_id)
+            if last != ">":
+                last = entries[-1][0].decode()
+
+    async def follow_results(
+        self, group: str, consumer: str, shard: int = 0, *, block_ms: int = 1000
+    ) -> AsyncIterator[tuple[str, Result]]:
+        """Typed ``follow`` of ``P:results:{shard}``: yields (entry id, a ``schemas`` result)."""
+        async for entry_id, data in self.follow(
+            self.results_stream(shard), group, consumer, block_ms=block_ms
+        ):
+            yield entry_id, RESULT_ADAPTER.validate_python(data)
+
+    async def follow_episodes(
+        self, group: str, consumer: str, *, block_ms: int = 1000
+    ) -> AsyncIterator[tuple[str, EpisodeRecorded]]:
+        """Typed ``follow`` of ``P:episodes``: yields (entry id, ``EpisodeRecorded``)."""
+        async for entry_id, data in self.follow(
+            self.episodes_stream(), group, consumer, block_ms=block_ms
+        ):
+            yield entry_id, EpisodeRecorded.model_validate(data)
+
+    def results_stream(self, shard: int) -> str:
+        return StreamKeys(self.settings.stream_prefix, shard).results
+
+    def episodes_stream(self) -> str:
+        return episodes_stream(self.settings.stream_prefix)

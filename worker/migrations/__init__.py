@@ -1,1 +1,0 @@
-"""Alembic migrations of the Postgres schema; run them with ``worker.migrate.migrate``."""
