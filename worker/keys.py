@@ -9,12 +9,10 @@ different (project, session) pairs from ever naming the same key.
 from __future__ import annotations
 
 import re
-import uuid
 import zlib
 from dataclasses import dataclass
 
-ID_PATTERN = r"^[A-Za-z0-9._:-]{1,128}$"
-_ID_RE = re.compile(ID_PATTERN)
+from worker.ids import validate_id
 
 LIFECYCLE = "lifecycle"
 RESULTS = "results"
@@ -23,29 +21,6 @@ EPISODES = "episodes"
 
 LIFECYCLE_GROUP = "lifecycle"
 CONSOLIDATION_GROUP = "consolidation"
-
-
-class InvalidIdError(ValueError):
-    """An id that may not enter a key name."""
-
-
-def validate_id(value: str, field: str = "id") -> str:
-    """Return ``value`` if it is 1–128 characters of ``[A-Za-z0-9._:-]``, else raise."""
-    if not isinstance(value, str) or not _ID_RE.fullmatch(value):
-        raise InvalidIdError(
-            f"{field} must be 1-128 characters of letters, digits, '.', '_', ':' or '-'; "
-            f"got {value!r:.80}"
-        )
-    return value
-
-
-def id_text(value: str | uuid.UUID, field: str = "id") -> str:
-    """An id given as a string or a ``uuid.UUID`` (its canonical text), validated."""
-    return validate_id(str(value) if isinstance(value, uuid.UUID) else value, field)
-
-
-def is_valid_id(value: object) -> bool:
-    return isinstance(value, str) and _ID_RE.fullmatch(value) is not None
 
 
 def shard_of(project_id: str, session_id: str, shards: int) -> int:

@@ -29,7 +29,8 @@ from redis import Redis
 from redis.exceptions import ResponseError
 
 from tests.faults.support import log_errors, start_worker, stop_worker
-from worker.keys import LIFECYCLE_GROUP, StreamKeys, is_valid_id
+from worker.ids import is_valid_id
+from worker.keys import LIFECYCLE_GROUP, StreamKeys
 from worker.settings import Settings
 
 pytestmark = pytest.mark.faults

@@ -21,7 +21,8 @@ import structlog
 from redis.asyncio import Redis
 
 from tests.redis_process import RedisProcess
-from worker.keys import InvalidIdError, SessionKeys, escape_glob
+from worker.ids import InvalidIdError
+from worker.keys import SessionKeys, escape_glob
 from worker.memory import (
     CheckpointNotFoundError,
     InvalidKeyError,

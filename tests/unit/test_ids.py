@@ -6,12 +6,12 @@ import uuid
 
 import pytest
 
+from worker.ids import uuid5_text
 from worker.lifecycle.apply import (
     CHECKPOINT_NAMESPACE,
     RESULT_NAMESPACE,
     default_checkpoint_id,
     result_event_id,
-    uuid5_text,
 )
 
 

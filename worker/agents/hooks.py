@@ -41,7 +41,8 @@ from worker.consumers.loop import (
     StreamEntry,
     default_consumer_name,
 )
-from worker.keys import CONSOLIDATION_GROUP, LIFECYCLE_GROUP, StreamKeys, validate_id
+from worker.ids import validate_id
+from worker.keys import CONSOLIDATION_GROUP, LIFECYCLE_GROUP, StreamKeys
 from worker.logs import get_logger
 from worker.redis_conditions import is_server_condition
 from worker.settings import Settings, get_settings

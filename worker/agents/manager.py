@@ -30,7 +30,7 @@ from schemas.results import (
     Result,
 )
 from worker.db.models import episode_id_for
-from worker.keys import id_text
+from worker.ids import id_text
 from worker.lifecycle.client import LifecycleClient, ResultTimeoutError
 from worker.memory.api import AnyId, WorkingMemory
 from worker.memory.models import CheckpointInfo, rfc3339

@@ -28,7 +28,8 @@ from rich.table import Table
 
 from worker.connections import client_for
 from worker.errors import ActionableError, one_line
-from worker.keys import InvalidIdError, StreamKeys, episodes_stream, shard_of, validate_id
+from worker.ids import InvalidIdError, validate_id
+from worker.keys import StreamKeys, episodes_stream, shard_of
 from worker.logs import configure_logging
 from worker.redis_conditions import RedisConditionError
 from worker.settings import Settings

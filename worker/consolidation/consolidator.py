@@ -66,8 +66,9 @@ from worker.consumers.loop import (
 )
 from worker.db.batch import insert_batch, mark_announced, owed_announcements
 from worker.db.engine import create_database_engine
-from worker.db.models import EPISODE_NAMESPACE, episode_id_for, uuid5_text
+from worker.db.models import EPISODE_NAMESPACE, episode_id_for
 from worker.episodes.summary import build_context_summary, summarise
+from worker.ids import uuid5_text
 from worker.keys import CONSOLIDATION_GROUP, StreamKeys, episodes_stream
 from worker.logs import get_logger
 from worker.metrics import (

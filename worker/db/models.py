@@ -6,7 +6,6 @@ two, so a change here without a migration fails CI.
 
 from __future__ import annotations
 
-import hashlib
 import uuid
 from datetime import datetime
 from typing import Any
@@ -78,16 +77,6 @@ twice the pages); a non-HOT update cost ~4× the CPU and left a dead entry in ev
 def episode_id_for(source_event_id: str) -> uuid.UUID:
     """The episode id of the ``agent.terminated`` result ``source_event_id``: replays agree."""
     return uuid.uuid5(EPISODE_NAMESPACE, source_event_id)
-
-
-def uuid5_text(namespace: uuid.UUID, name: str) -> str:
-    """``str(uuid.uuid5(namespace, name))`` in half the time: no ``UUID`` object is built (the
-    consolidator derives two per episode, and Postgres reads the text as well)."""
-    digest = bytearray(hashlib.sha1(namespace.bytes + name.encode()).digest()[:16])
-    digest[6] = (digest[6] & 0x0F) | 0x50  # version 5
-    digest[8] = (digest[8] & 0x3F) | 0x80  # RFC 4122 variant
-    h = digest.hex()
-    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
 class Base(DeclarativeBase):

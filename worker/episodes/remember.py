@@ -28,7 +28,8 @@ from schemas.commands import Outcome
 from worker.consolidation.consolidator import Announcement
 from worker.db.batch import insert_batch, mark_announced
 from worker.db.models import episode_id_for
-from worker.keys import episodes_stream, validate_id
+from worker.ids import validate_id
+from worker.keys import episodes_stream
 
 REMEMBERED_SESSION_PREFIX = "remember:"
 

@@ -46,7 +46,8 @@ from worker.db.vectors import (
 )
 from worker.episodes.embedding import Embedder, EmbeddingError
 from worker.episodes.ranking import DEFAULT_WEIGHTS, Candidate, RecallWeights, fuse
-from worker.keys import SessionKeys, escape_glob, project_pattern, validate_id
+from worker.ids import ID_CHARS, validate_id
+from worker.keys import SessionKeys, escape_glob, project_pattern
 from worker.logs import get_logger
 
 log = get_logger("worker.episodes.store")
@@ -99,7 +100,7 @@ def working_memory_key_re(
     prefix: str, project_id: str, session_id: str | None = None
 ) -> re.Pattern[str]:
     """Exactly the names of a project's (or a session's) working-memory keys."""
-    session = re.escape(session_id) if session_id else r"[A-Za-z0-9._:-]{1,128}"
+    session = re.escape(session_id) if session_id else ID_CHARS
     kinds = "|".join(_KEY_KINDS)
     return re.compile(
         rf"^{re.escape(prefix)}:\{{\d+\}}:s:{re.escape(project_id)}/(?P<session>{session}):"

@@ -19,7 +19,8 @@ from schemas.commands import COMMAND_TYPES
 from schemas.results import RESULT_ADAPTER, Result
 from schemas.streams import EpisodeRecorded
 from worker.connections import client_for
-from worker.keys import ID_PATTERN, SessionKeys, StreamKeys, episodes_stream, tag, validate_id
+from worker.ids import ID_PATTERN, validate_id
+from worker.keys import SessionKeys, StreamKeys, episodes_stream, tag
 from worker.redis_conditions import RedisConditionError, ServerCondition, conditions_raised
 from worker.scripts import script
 from worker.settings import Settings, get_settings

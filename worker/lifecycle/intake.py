@@ -17,7 +17,8 @@ from pydantic import ValidationError
 
 from schemas.commands import COMMAND_ADAPTER, COMMAND_TYPES, Command, SpawnCommand
 from schemas.limits import SCHEMA_VERSION
-from worker.keys import is_valid_id, shard_of
+from worker.ids import is_valid_id
+from worker.keys import shard_of
 from worker.settings import Settings
 
 DATA_FIELD = b"data"

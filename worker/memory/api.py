@@ -26,7 +26,8 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from worker.connections import AnyRedis, client_for
-from worker.keys import InvalidIdError, SessionKeys, id_text, validate_id
+from worker.ids import InvalidIdError, id_text, validate_id
+from worker.keys import SessionKeys
 from worker.logs import get_logger
 from worker.memory.backend import JsonMember, MemoryBackend
 from worker.memory.errors import (

@@ -1,0 +1,66 @@
+"""Ids: the one rule every project, session and event id follows, and name-derived uuid5 ids.
+
+The rule is the contract's (``schemas.ids``): 1-128 characters of ``[A-Za-z0-9._:-]``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import uuid
+
+from schemas.ids import ID_PATTERN
+
+__all__ = [
+    "ID_CHARS",
+    "ID_PATTERN",
+    "InvalidIdError",
+    "id_text",
+    "is_valid_id",
+    "uuid5_from_sha1",
+    "uuid5_text",
+    "validate_id",
+]
+
+ID_CHARS = r"[A-Za-z0-9._:-]{1,128}"
+"""``ID_PATTERN`` without its anchors, for building larger patterns."""
+_ID_RE = re.compile(ID_PATTERN)
+assert f"^{ID_CHARS}$" == ID_PATTERN
+
+
+class InvalidIdError(ValueError):
+    """An id that may not enter a key name."""
+
+
+def validate_id(value: str, field: str = "id") -> str:
+    """Return ``value`` if it is 1–128 characters of ``[A-Za-z0-9._:-]``, else raise."""
+    if not isinstance(value, str) or not _ID_RE.fullmatch(value):
+        raise InvalidIdError(
+            f"{field} must be 1-128 characters of letters, digits, '.', '_', ':' or '-'; "
+            f"got {value!r:.80}"
+        )
+    return value
+
+
+def id_text(value: str | uuid.UUID, field: str = "id") -> str:
+    """An id given as a string or a ``uuid.UUID`` (its canonical text), validated."""
+    return validate_id(str(value) if isinstance(value, uuid.UUID) else value, field)
+
+
+def is_valid_id(value: object) -> bool:
+    return isinstance(value, str) and _ID_RE.fullmatch(value) is not None
+
+
+def uuid5_text(namespace: uuid.UUID, name: str) -> str:
+    """``str(uuid.uuid5(namespace, name))`` without building UUID objects (2x faster; it runs
+    once per command on the worker's hot path and twice per episode in the consolidator)."""
+    return uuid5_from_sha1(hashlib.sha1(namespace.bytes + name.encode()).digest())
+
+
+def uuid5_from_sha1(sha1: bytes) -> str:
+    """The uuid5 text of an already computed ``sha1(namespace.bytes + name)``."""
+    digest = bytearray(sha1[:16])
+    digest[6] = (digest[6] & 0x0F) | 0x50  # version 5
+    digest[8] = (digest[8] & 0x3F) | 0x80  # RFC 4122 variant
+    h = digest.hex()
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
