@@ -16,6 +16,7 @@ import asyncio
 import signal
 from typing import Any
 
+from faststream.message import StreamMessage
 from faststream.middlewares import AckPolicy
 from faststream.redis import RedisBroker, StreamSub
 from harness import ensure_group
@@ -24,21 +25,25 @@ from sqlalchemy.dialects.postgresql import insert
 
 from schemas.results import AgentTerminated
 from schemas.streams import EpisodeRecorded
-from worker.consolidation.consolidator import (
-    ParsedResult,
-    decode_entry,
-    episode_row,
-    event_row,
-    parse_result,
-)
+from worker.codec import decode_entry
+from worker.consolidation.results import ParsedResult, episode_row, event_row, parse_result
 from worker.consumers.loop import StreamEntry
 from worker.db.engine import create_database_engine
 from worker.db.models import Episode, LifecycleEvent
 from worker.keys import CONSOLIDATION_GROUP, LIFECYCLE_GROUP, StreamKeys, episodes_stream
 from worker.lifecycle.apply import CommandApplier
-from worker.lifecycle.worker import keep_raw_message, raw_entries
 from worker.logs import configure_logging
 from worker.settings import Settings
+
+
+async def keep_raw_message(message: Any, original: Any) -> StreamMessage[Any]:
+    """FastStream parser that skips body decoding: junk reaches our intake, not a parser."""
+    return StreamMessage(raw_message=message, body=b"")
+
+
+async def raw_entries(message: StreamMessage[Any], original: Any) -> Any:
+    """FastStream decoder handing the handler the raw message (``message_ids``, ``data``)."""
+    return message.raw_message
 
 
 def stop_on_signals() -> asyncio.Event:

@@ -50,15 +50,10 @@ from sqlalchemy import make_url, text
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from worker.codec import decode_entry
 from worker.connections import redis_client
-from worker.consolidation.consolidator import (
-    Consolidator,
-    ParsedResult,
-    decode_entry,
-    episode_row,
-    event_row,
-    parse_result,
-)
+from worker.consolidation.consolidator import Consolidator
+from worker.consolidation.results import ParsedResult, episode_row, event_row, parse_result
 from worker.consumers.loop import StreamEntry
 from worker.db.engine import create_database_engine
 from worker.db.models import Episode, LifecycleEvent

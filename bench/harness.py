@@ -25,8 +25,8 @@ from redis.exceptions import ResponseError
 from sqlalchemy import make_url, text
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from worker.db.engine import asyncpg_url
 from worker.db.migrate import migrate
+from worker.settings import asyncpg_url
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 DEFAULT_DATABASE_URL = "postgresql://postgres@127.0.0.1:5432/postgres"

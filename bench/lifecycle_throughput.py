@@ -19,9 +19,10 @@ from baselines import plain_subscriber
 from faststream.redis import RedisBroker
 from redis.asyncio import Redis
 
+from worker.consumers.groups import ensure_group
 from worker.keys import LIFECYCLE_GROUP, StreamKeys
 from worker.lifecycle.apply import CommandApplier
-from worker.lifecycle.worker import LifecycleWorker, ensure_group
+from worker.lifecycle.worker import LifecycleWorker
 from worker.logs import configure_logging
 from worker.settings import Settings
 

@@ -56,8 +56,9 @@ from harness import (
 from redis.asyncio import Redis
 from scaling import prefill, results_count, staging
 
+from worker.consumers.groups import ensure_group
 from worker.keys import LIFECYCLE_GROUP, SessionKeys, StreamKeys
-from worker.lifecycle.worker import LifecycleWorker, ensure_group
+from worker.lifecycle.worker import LifecycleWorker
 from worker.logs import configure_logging
 from worker.memory import WorkingMemory
 from worker.settings import Settings

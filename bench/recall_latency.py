@@ -27,17 +27,17 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from tests.recall_set import load_recall_set, remember_all
 from worker.db.engine import create_database_engine
 from worker.db.vectors import VECTOR_TABLE, hnsw_index_sql
-from worker.episodes.embedding import LOCAL_MODEL_DIMENSION, LOCAL_MODEL_NAME, LocalEmbedder
+from worker.episodes.embedding import LocalEmbedder
 from worker.episodes.indexer import Indexer
 from worker.episodes.store import EpisodeStore
-from worker.settings import Settings
+from worker.settings import LOCAL_EMBEDDING_DIMENSION, LOCAL_EMBEDDING_MODEL, Settings
 
 PROJECT = "bench"
 
 
 async def grow(engine: AsyncEngine, first: int, last: int, words: list[str]) -> None:
     """Synthetic episodes ``first``..``last`` (and their random vectors) in ``PROJECT``."""
-    dim = LOCAL_MODEL_DIMENSION
+    dim = LOCAL_EMBEDDING_DIMENSION
     async with engine.begin() as conn:
         await conn.execute(text(f"DROP INDEX IF EXISTS ix_{VECTOR_TABLE}_hnsw_{dim}"))
         await conn.execute(
@@ -62,7 +62,7 @@ async def grow(engine: AsyncEngine, first: int, last: int, words: list[str]) -> 
                 " FROM episodes e WHERE e.source_event_id LIKE 'syn-%'"
                 f" AND NOT EXISTS (SELECT 1 FROM {VECTOR_TABLE} v WHERE v.episode_id = e.id)"
             ),
-            {"model": LOCAL_MODEL_NAME},
+            {"model": LOCAL_EMBEDDING_MODEL},
         )
         await conn.execute(text("SET LOCAL maintenance_work_mem = '1GB'"))
         await conn.execute(text(hnsw_index_sql(dim)))

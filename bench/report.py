@@ -36,7 +36,7 @@ from redis.asyncio import Redis
 from sqlalchemy import make_url, text
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from worker.db.engine import asyncpg_url
+from worker.settings import asyncpg_url
 
 ROOT = BENCH_DIR.parent
 HAND_WRITTEN = re.compile(r"<!-- hand-written -->.*?<!-- /hand-written -->", re.DOTALL)

@@ -30,8 +30,8 @@ from typing import Any
 import orjson
 from redis.asyncio import Redis
 
+from worker.consumers.groups import ensure_group
 from worker.keys import LIFECYCLE_GROUP, StreamKeys
-from worker.lifecycle.worker import ensure_group
 from worker.ops.embedded import EmbeddedRedis
 
 KINDS = ("spawn", "pause", "resume", "terminate")

@@ -24,7 +24,8 @@ RUNNER = r"""
 import asyncio, sys, time, uuid, orjson
 from redis.asyncio import Redis
 from worker.keys import StreamKeys
-from worker.lifecycle.worker import LifecycleWorker, ensure_group
+from worker.consumers.groups import ensure_group
+from worker.lifecycle.worker import LifecycleWorker
 from worker.logs import configure_logging
 from worker.settings import Settings
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 
 from tests import servers
-from worker.episodes.embedding import LOCAL_MODEL_NAME
+from worker.settings import LOCAL_EMBEDDING_MODEL
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVER_VENV = ROOT / ".venv-embedding-server"
@@ -50,7 +50,7 @@ def embedding_server() -> Iterator[str]:
     port = _free_port()
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     command = [
-        str(binary), "v2", "--model-id", model, "--served-model-name", LOCAL_MODEL_NAME,
+        str(binary), "v2", "--model-id", model, "--served-model-name", LOCAL_EMBEDDING_MODEL,
         "--engine", "torch", "--device", "cpu", "--host", "127.0.0.1", "--port", str(port),
         "--url-prefix", "/v1",
     ]  # fmt: skip

@@ -69,6 +69,16 @@ def client_for(settings: Settings, **kwargs: Any) -> AnyRedis:
     return redis_client(settings.redis_url, **kwargs)
 
 
+def consumer_client(settings: Settings) -> AnyRedis:
+    """The client a consumer loop reads with: a reply later than
+    ``MEMWORKER_REPLY_TIMEOUT_SECONDS`` means a dead connection (reads block for
+    ``MEMWORKER_BLOCK_MS`` only), so the read fails and the loop reads its own pending entries
+    again, instead of waiting on a socket that will never answer."""
+    return client_for(
+        settings, health_check_interval=10, socket_timeout=settings.reply_timeout_seconds
+    )
+
+
 def _with_host(url: str, host: str, port: int, db: int | None = None) -> str:
     """``url`` with its host and port (and database) replaced, credentials kept."""
     parts = urlsplit(url)

@@ -124,8 +124,7 @@ def _postgres_unreachable(exc: BaseException) -> str | None:
         return None
     from sqlalchemy import make_url
 
-    from worker.db.engine import asyncpg_url
-    from worker.settings import DEFAULT_DATABASE_URL
+    from worker.settings import DEFAULT_DATABASE_URL, asyncpg_url
 
     url = asyncpg_url(
         os.environ.get("DATABASE_URL")

@@ -12,7 +12,7 @@ import re
 import zlib
 from dataclasses import dataclass
 
-from worker.ids import validate_id
+from worker.ids import ID_CHARS, validate_id
 
 LIFECYCLE = "lifecycle"
 RESULTS = "results"
@@ -64,14 +64,6 @@ class StreamKeys:
 
 def episodes_stream(prefix: str) -> str:
     return f"{prefix}:{EPISODES}"
-
-
-def shard_of_stream(name: str) -> int:
-    """The shard number in a stream name ending in ``{i}``."""
-    start = name.rfind("{")
-    if start < 0 or not name.endswith("}"):
-        raise ValueError(f"{name!r} is not a sharded stream name")
-    return int(name[start + 1 : -1])
 
 
 _SESSION_SUFFIXES = (":meta", ":vars", ":vexp", ":task", ":scratch", ":cps", ":cpdata")
@@ -141,10 +133,28 @@ class SessionKeys:
         return StreamKeys(self.prefix, self.shard)
 
 
-def project_pattern(prefix: str, project_id: str) -> str:
-    """A SCAN MATCH pattern for every session key of one project (ids hold no glob chars)."""
+def working_memory_key_re(
+    prefix: str, project_id: str, session_id: str | None = None
+) -> re.Pattern[str]:
+    """Exactly the names of a project's (or a session's) working-memory keys, with groups
+    ``session`` and ``kind`` (``meta``, ``vars``, …)."""
+    session = re.escape(session_id) if session_id else ID_CHARS
+    kinds = "|".join(suffix[1:] for suffix in _SESSION_SUFFIXES)
+    return re.compile(
+        rf"^{re.escape(prefix)}:\{{\d+\}}:s:{re.escape(project_id)}/(?P<session>{session}):"
+        rf"(?P<kind>{kinds})$"
+    )
+
+
+def working_memory_pattern(prefix: str, project_id: str, session_id: str | None = None) -> str:
+    """A SCAN MATCH pattern at least as wide as ``working_memory_key_re``: every session key of
+    one project (or session). Ids are validated, the prefix escaped."""
     validate_id(project_id, "project_id")
-    return f"{escape_glob(prefix)}:{{*}}:s:{escape_glob(project_id)}/*"
+    project = escape_glob(project_id)
+    if session_id is None:
+        return f"{escape_glob(prefix)}:{{*}}:s:{project}/*"
+    validate_id(session_id, "session_id")
+    return f"{escape_glob(prefix)}:{{*}}:s:{project}/{escape_glob(session_id)}:*"
 
 
 _GLOB_SPECIAL = re.compile(r"([*?\[\]\\])")

@@ -21,6 +21,11 @@ DEAD_LETTERS = Counter(
     "Entries moved to a DLQ, by group and reason.",
     ["group", "reason"],
 )
+DELIVERIES = Counter(
+    "memworker_deliveries_total",
+    "Entries handed to a consumer group's handler, redeliveries included, by group.",
+    ["group"],
+)
 BATCH_SIZE = Histogram(
     "memworker_batch_size",
     "Entries per applied batch.",
@@ -119,7 +124,10 @@ EPISODES_INDEXED = Counter(
 )
 
 # Capacity (worker/ops/capacity.py), refreshed with the lag gauges by sampling, never per command.
-REDIS_USED_MEMORY = Gauge("memworker_redis_used_memory_bytes", "Redis used_memory (INFO memory).")
+REDIS_USED_MEMORY = Gauge(
+    "memworker_redis_used_memory_bytes",
+    "Redis used_memory less mem_not_counted_for_evict: what maxmemory is compared with.",
+)
 REDIS_MAX_MEMORY = Gauge(
     "memworker_redis_max_memory_bytes", "Redis maxmemory (INFO memory); 0 when none is set."
 )

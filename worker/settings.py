@@ -18,6 +18,19 @@ from schemas.ids import Id
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 DEFAULT_DATABASE_URL = "postgresql+asyncpg://postgres@127.0.0.1:5432/postgres"
 
+LOCAL_EMBEDDING_MODEL = "all-MiniLM-L6-v2"
+"""The bundled offline embedding model (``MEMWORKER_EMBEDDING_PROVIDER=local``)."""
+LOCAL_EMBEDDING_DIMENSION = 384
+"""Its vector size: the ``episode_vectors`` column the first migration creates."""
+
+
+def asyncpg_url(database_url: str) -> str:
+    """``postgresql://…`` and ``postgres://…`` as ``postgresql+asyncpg://…``."""
+    for plain in ("postgresql://", "postgres://"):
+        if database_url.startswith(plain):
+            return "postgresql+asyncpg://" + database_url[len(plain) :]
+    return database_url
+
 
 class Settings(BaseSettings):
     """All of memworker's configuration; field ``x`` reads ``MEMWORKER_X``."""

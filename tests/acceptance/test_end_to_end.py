@@ -19,7 +19,8 @@ from sqlalchemy.ext.asyncio import create_async_engine
 
 from tests.helpers import running_worker, wait_until, worker_env
 from tests.redis_process import free_port
-from worker.consolidation.consolidator import Consolidator, replay_results
+from worker.consolidation.consolidator import Consolidator
+from worker.consolidation.replay import ResultRange, replay_results_from_stream
 from worker.db.migrate import migrate
 from worker.db.models import Episode
 from worker.keys import StreamKeys, episodes_stream
@@ -77,8 +78,8 @@ async def test_replaying_results_into_a_fresh_database_rebuilds_the_same_episode
     try:
         await migrate(fresh)
         rebuilt = live.model_copy(update={"database_url": fresh})
-        first = await replay_results(redis, rebuilt, 0)
-        second = await replay_results(redis, rebuilt, 0)
+        first = await replay_results_from_stream(redis, rebuilt, 0, ResultRange())
+        second = await replay_results_from_stream(redis, rebuilt, 0, ResultRange())
         assert first["new_episodes"] == 20
         assert second["new_episodes"] == 0, "replaying twice changes nothing"
         assert await episode_rows(fresh) == original

@@ -12,8 +12,8 @@ import pytest
 from redis.asyncio import Redis
 
 from tests.helpers import all_results, command, stream_len_at_least, worker_process
+from worker.consumers.groups import ensure_group
 from worker.keys import LIFECYCLE_GROUP, SessionKeys, StreamKeys, shard_of
-from worker.lifecycle.worker import ensure_group
 from worker.settings import Settings
 
 pytestmark = pytest.mark.slow

@@ -29,7 +29,8 @@ from worker.keys import (
 )
 from worker.lifecycle.client import LifecycleClient
 from worker.memory import WorkingMemory
-from worker.ops.capacity import measure_capacity, recent_commands_per_session
+from worker.ops.capacity import measure_capacity
+from worker.ops.capacity_sampling import recent_commands_per_session
 from worker.ops.inspection import prune_dead_consumers, stream_stats
 from worker.redis_conditions import RedisConditionError
 from worker.settings import Settings
@@ -147,7 +148,7 @@ async def test_commands_published_as_the_publisher_are_applied_by_the_worker_as_
 
             # The background loops (reclaim, retention, lag and capacity probe) run as the
             # same user.
-            assert await worker.reclaim_once(shard) >= 0
+            assert await worker.loop.reclaim(whole=True) >= 0
             assert await worker.trim_once() >= 0
             await worker.probe_lag()
             assert worker.capacity.enabled, "the capacity sampling was refused"
@@ -176,7 +177,7 @@ async def test_admission_closes_and_reopens_with_the_shipped_rules(
             used = int((await admin.info("memory"))["used_memory"])
             await admin.config_set("maxmemory", str(used * 21 // 20))
             try:
-                await wait_until(lambda: _is(worker._admission_closed), timeout=20)
+                await wait_until(lambda: _is(worker.admission.closed), timeout=20)
                 with pytest.raises(RedisConditionError, match="Redis is nearly full"):
                     await publisher.spawn("p-adm", "s-2", "agent-1", {"n": 1})
                 keys = session_keys("p-adm", "s-1")
@@ -199,12 +200,12 @@ async def test_admission_closes_and_reopens_with_the_shipped_rules(
                 assert await admin.xrange(keys.streams.lifecycle, own, own) == []
             finally:
                 await admin.config_set("maxmemory", "0")
-            await wait_until(lambda: _is(not worker._admission_closed), timeout=20)
+            await wait_until(lambda: _is(not worker.admission.closed), timeout=20)
             spawned = await publisher.wait(
                 await publisher.spawn("p-adm", "s-2", "agent-1", {"n": 1})
             )
             assert spawned.type == "agent.spawned", spawned
-            assert not worker._admission_refused
+            assert not worker.admission.refused
     finally:
         await publisher.close()
     await assert_no_denials(admin)

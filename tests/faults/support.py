@@ -23,8 +23,8 @@ from redis.asyncio import Redis
 
 from tests.helpers import command, worker_env
 from tests.redis_process import RedisProcess
+from worker.consumers.groups import ensure_group
 from worker.keys import LIFECYCLE_GROUP, SessionKeys, StreamKeys, shard_of
-from worker.lifecycle.worker import ensure_group
 from worker.settings import Settings
 
 KINDS = ("spawn", "pause", "resume", "terminate")

@@ -24,8 +24,8 @@ from tests.faults.support import (
     states,
 )
 from tests.helpers import running_worker
+from worker.consumers.groups import ensure_group
 from worker.keys import CONSOLIDATION_GROUP, StreamKeys
-from worker.lifecycle.worker import ensure_group
 from worker.settings import Settings
 
 pytestmark = pytest.mark.faults

@@ -14,10 +14,14 @@ from pathlib import Path
 
 import orjson
 import pytest
-from sqlalchemy import make_url
+from redis.asyncio import Redis
+from sqlalchemy import make_url, text
 
 from tests.helpers import wait_until, worker_env
+from tests.integration.results_factory import migrated_engine, publish, session_story
 from tests.redis_process import free_port
+from worker.consumers.groups import ensure_group
+from worker.keys import CONSOLIDATION_GROUP, StreamKeys
 from worker.settings import Settings
 
 
@@ -43,11 +47,13 @@ def ready_gauge(port: int) -> float | None:
 
 
 @contextmanager
-def consolidating(settings: Settings, port: int, log: Path) -> Iterator[subprocess.Popen[bytes]]:
+def consolidating(
+    settings: Settings, port: int, log: Path, **extra: str
+) -> Iterator[subprocess.Popen[bytes]]:
     with log.open("wb") as sink:
         proc = subprocess.Popen(
             [sys.executable, "-m", "worker.cli", "consolidate", "--metrics-port", str(port)],
-            env=worker_env(settings),
+            env=worker_env(settings, **extra),
             stdout=subprocess.DEVNULL,
             stderr=sink,
         )
@@ -103,3 +109,54 @@ async def test_a_consolidator_that_can_use_both_servers_is_ready_and_its_gauge_a
 
         await wait_until(ready, timeout=60)
         assert await asyncio.to_thread(ready_gauge, port) == 1.0
+
+
+def metric_lines(port: int, name: str) -> list[str]:
+    try:
+        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read()
+    except OSError:
+        return []
+    return [line for line in body.decode().splitlines() if line.startswith(name + "{")]
+
+
+async def test_a_consolidator_takes_over_a_dead_ones_results_after_the_reclaim_idle_setting(
+    redis: Redis, redis_url: str, database_url: str, prefix: str, tmp_path: Path
+) -> None:
+    """``MEMWORKER_RECLAIM_IDLE_MS`` holds for the consolidator as for every group, and its lag
+    and pending count on each results stream are on its /metrics like the worker's."""
+    settings = Settings(
+        redis_url=redis_url, database_url=database_url, stream_prefix=prefix, shards=1
+    )
+    async with migrated_engine(database_url):
+        pass
+    stream = StreamKeys(prefix, 0).results
+    await ensure_group(redis, stream, CONSOLIDATION_GROUP)
+    await publish(redis, settings, session_story("p-reclaim", "s-1"))
+    await redis.xreadgroup(CONSOLIDATION_GROUP, "died", {stream: ">"}, count=100)  # then died
+    assert int((await redis.xpending(stream, CONSOLIDATION_GROUP))["pending"]) == 5
+
+    port, log = free_port(), tmp_path / "consolidator.log"
+    with consolidating(settings, port, log, MEMWORKER_RECLAIM_IDLE_MS="1000") as proc:
+
+        async def taken_over() -> bool:
+            assert proc.poll() is None
+            pending = await redis.xpending(stream, CONSOLIDATION_GROUP)
+            return int(pending["pending"]) == 0
+
+        await wait_until(taken_over, timeout=30)  # the old hard-wired idle was 60 s
+
+        def gauges() -> list[str]:
+            return metric_lines(port, "memworker_stream_pending") + metric_lines(
+                port, "memworker_stream_lag"
+            )
+
+        async def exported() -> bool:
+            mine = [g for g in await asyncio.to_thread(gauges) if f'stream="{stream}"' in g]
+            return len([g for g in mine if 'group="consolidation"' in g]) == 2
+
+        await wait_until(exported, timeout=30)
+    async with migrated_engine(database_url) as engine, engine.connect() as conn:
+        stored = await conn.scalar(
+            text("SELECT count(*) FROM lifecycle_events WHERE project_id = 'p-reclaim'")
+        )
+    assert stored == 5

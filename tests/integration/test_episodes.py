@@ -21,7 +21,8 @@ from tests.integration.results_factory import (
 )
 from worker.consolidation.consolidator import Consolidator
 from worker.db.models import episode_id_for
-from worker.episodes.store import EpisodeStore, ForgetResult
+from worker.episodes.erasure import ForgetResult
+from worker.episodes.store import EpisodeStore
 from worker.keys import SessionKeys
 from worker.settings import Settings
 

@@ -4,6 +4,7 @@ is a list the test can make fail: pending entries, reclaim, the delivery cap, ou
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -247,3 +248,43 @@ async def test_stop_wakes_the_loop_out_of_a_long_backoff(redis: Redis, prefix: s
 
 async def _true(value: bool) -> bool:
     return value
+
+
+async def test_a_read_whose_reply_a_frozen_process_lost_is_read_again_at_once(
+    redis: Redis, redis_url: str, prefix: str
+) -> None:
+    """A process frozen (SIGSTOP, a long GC pause, a stalled VM) past its client's socket
+    timeout loses the reply of the read in flight: Redis delivered the entries (they are this
+    consumer's pending ones now) but the client timed out. The next step reads them at once,
+    not after another consumer's reclaim idle, and a log line says what happened."""
+    import time
+
+    import structlog
+    from redis import Redis as SyncRedis
+    from redis.exceptions import TimeoutError as RedisTimeoutError
+
+    handler = TinyHandler(prefix, shards=1)
+    client = Redis.from_url(redis_url, socket_timeout=0.3)
+    publisher = SyncRedis.from_url(redis_url)
+    try:
+        consumer = consumer_of(client, handler, reclaim_idle_ms=600_000)
+        await consumer.ensure_groups()
+        assert await consumer.process_next_batch(block_ms=None) is None  # own pending: none
+        reading = asyncio.create_task(consumer.process_next_batch(block_ms=2_000))
+        await asyncio.sleep(0.1)  # the XREADGROUP ... BLOCK is waiting at the server
+        with structlog.testing.capture_logs() as logs:
+            publisher.xadd(handler.streams[0], {"data": orjson.dumps({"n": 7})})
+            time.sleep(0.6)  # the whole process freezes; Redis's reply waits in the socket
+            with contextlib.suppress(RedisTimeoutError):
+                await reading
+        assert reading.exception() is not None, "the read survived the freeze: nothing tested"
+        assert await pending(redis, handler) == 1  # delivered to us, never handled
+        assert any("read failed" in line["event"] for line in logs), logs
+
+        outcome = await consumer.process_next_batch(block_ms=None)
+
+        assert outcome is not None and handler.stored == [7]
+        assert await pending(redis, handler) == 0
+    finally:
+        publisher.close()
+        await client.aclose()

@@ -20,8 +20,8 @@ from tests.helpers import (
     stream_len_at_least,
     wait_until,
 )
+from worker.consumers.groups import ensure_group
 from worker.keys import LIFECYCLE_GROUP, SessionKeys, StreamKeys, shard_of
-from worker.lifecycle.worker import ensure_group
 from worker.settings import Settings
 
 
@@ -117,7 +117,7 @@ async def test_a_session_lifecycle_yields_one_valid_result_per_command(
 async def test_result_ids_are_deterministic_from_the_command(
     redis: Redis, settings: Settings
 ) -> None:
-    from worker.lifecycle.apply import result_event_id
+    from worker.lifecycle.result_ids import result_event_id
 
     out = await run_commands(redis, settings, [command("spawn", "e1")], expect_results=1)
     assert out[0]["event_id"] == result_event_id("p1", "e1")

@@ -188,14 +188,14 @@ async def test_admission_closes_only_for_the_shards_of_the_nearly_full_node(
             used = int((await node.info("memory"))["used_memory"])
             await node.config_set("maxmemory", str(used * 100 // 93))  # 93 % used: past 90 %
             try:
-                await wait_until(lambda: _is(worker._admission_closed), timeout=30)
+                await wait_until(lambda: _is(worker.admission.closed), timeout=30)
                 with pytest.raises(RedisConditionError, match="Redis is nearly full"):
                     await client.spawn("proj", on_full, "a", {"n": 1})
                 spawned = await client.wait(await client.spawn("proj", elsewhere, "a", {"n": 1}))
                 assert spawned.type == "agent.spawned"
             finally:
                 await node.config_set("maxmemory", "0")
-            await wait_until(lambda: _is(not worker._admission_closed), timeout=30)
+            await wait_until(lambda: _is(not worker.admission.closed), timeout=30)
             spawned = await client.wait(await client.spawn("proj", on_full, "a", {"n": 1}))
             assert spawned.type == "agent.spawned"
     finally:

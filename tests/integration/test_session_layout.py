@@ -10,7 +10,7 @@ from redis.asyncio import Redis
 
 from tests.helpers import command, publish, results, running_worker, stream_len_at_least
 from worker.keys import SessionKeys, StreamKeys
-from worker.lifecycle.apply import result_id_and_record
+from worker.lifecycle.result_ids import result_id_and_record
 from worker.settings import Settings
 
 FINISHED_SESSION_BYTES = 160

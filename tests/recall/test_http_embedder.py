@@ -14,8 +14,6 @@ from tests.embedding_server import embedding_server
 from tests.recall_set import load_recall_set, remember_all
 from worker.consumers.loop import StorageUnavailableError
 from worker.episodes.embedding import (
-    LOCAL_MODEL_DIMENSION,
-    LOCAL_MODEL_NAME,
     EmbeddingError,
     LocalEmbedder,
     OpenAIEmbedder,
@@ -23,7 +21,7 @@ from worker.episodes.embedding import (
 from worker.episodes.indexer import INDEXER_GROUP, Indexer, indexer_dlq
 from worker.episodes.store import EpisodeStore
 from worker.keys import episodes_stream
-from worker.settings import Settings
+from worker.settings import LOCAL_EMBEDDING_DIMENSION, LOCAL_EMBEDDING_MODEL, Settings
 
 
 @pytest.fixture(scope="session")
@@ -33,7 +31,7 @@ def embeddings_url() -> Iterator[str]:
 
 
 def http_embedder(url: str) -> OpenAIEmbedder:
-    return OpenAIEmbedder(url, LOCAL_MODEL_NAME, LOCAL_MODEL_DIMENSION)
+    return OpenAIEmbedder(url, LOCAL_EMBEDDING_MODEL, LOCAL_EMBEDDING_DIMENSION)
 
 
 async def test_the_http_embedder_returns_the_same_vectors_as_the_local_model(

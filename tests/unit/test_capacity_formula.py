@@ -7,7 +7,8 @@ import math
 import pytest
 
 from worker.keys import DEDUPE_KIND, SEQ_KIND
-from worker.ops.capacity import KeySample, RateMeter, StreamUsage, assess
+from worker.ops.capacity import assess
+from worker.ops.capacity_sampling import KeySample, RateMeter, StreamUsage
 from worker.settings import Settings
 
 SETTINGS = Settings(

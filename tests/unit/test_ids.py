@@ -7,7 +7,7 @@ import uuid
 import pytest
 
 from worker.ids import uuid5_text
-from worker.lifecycle.apply import (
+from worker.lifecycle.result_ids import (
     CHECKPOINT_NAMESPACE,
     RESULT_NAMESPACE,
     default_checkpoint_id,

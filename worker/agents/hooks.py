@@ -32,7 +32,9 @@ from schemas.results import (
     Result,
 )
 from worker.agents.manager import describe_result
-from worker.connections import AnyRedis, client_for
+from worker.codec import entry_data
+from worker.connections import AnyRedis, consumer_client
+from worker.consumers.backoff import backoff_delay
 from worker.consumers.loop import (
     BatchOutcome,
     Failure,
@@ -196,7 +198,7 @@ class LifecycleHooks:
                 "entries away from the worker or the consolidator. Choose another name."
             )
         settings = settings or get_settings()
-        client = redis if redis is not None else client_for(settings)
+        client = redis if redis is not None else consumer_client(settings)
         handler = _HookHandler(self, group, settings)
         stop = stop or asyncio.Event()
         try:
@@ -204,13 +206,8 @@ class LifecycleHooks:
                 return
             if ready is not None:
                 ready.set()
-            await GroupConsumer(
-                client,
-                handler,
-                consumer=consumer or default_consumer_name(),
-                max_attempts=settings.max_deliveries,
-                reclaim_idle_ms=settings.reclaim_idle_ms,
-                reclaim_interval_s=settings.reclaim_interval_ms / 1000,
+            await GroupConsumer.from_settings(
+                client, handler, settings, consumer=consumer or default_consumer_name()
             ).run(stop)
         finally:
             if redis is None:
@@ -280,7 +277,7 @@ class _HookHandler:
                 return True
             except (RedisError, OSError) as exc:
                 failures += 1
-                delay = min(10.0, 0.1 * 2 ** min(failures - 1, 30))
+                delay = backoff_delay(failures)
                 log.warning("redis unavailable, retrying", error=str(exc), delay_s=delay)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), timeout=delay)
@@ -292,7 +289,7 @@ class _HookHandler:
         """Each entry with its result, or why it is not one."""
         batch: list[tuple[StreamEntry, Result | str]] = []
         for entry in entries:
-            data = entry.fields.get("data")
+            data = entry_data(entry.fields)
             if data is None:
                 batch.append((entry, "the entry has no 'data' field"))
                 continue

@@ -43,7 +43,8 @@ from redis.asyncio import Redis
 from sqlalchemy import Select, and_, func, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from worker.consolidation.consolidator import Consolidator, UnusableEntryError, decode_entry
+from worker.codec import UnusableEntryError, decode_entry, text
+from worker.consolidation.consolidator import Consolidator
 from worker.consumers.loop import StreamEntry
 from worker.db.engine import create_database_engine
 from worker.db.models import Episode, LifecycleEvent
@@ -59,17 +60,17 @@ _RELATIVE = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86_400}
 
 
-def parse_instant(text: str, now: datetime | None = None) -> datetime:
+def parse_instant(raw: str, now: datetime | None = None) -> datetime:
     """An RFC 3339 time (``2026-11-20T08:00:00Z``) or how long ago (``90m``, ``36h``, ``7d``)."""
-    match = _RELATIVE.match(text.strip())
+    match = _RELATIVE.match(raw.strip())
     if match:
         ago = float(match[1]) * _UNITS[match[2]]
         return (now or datetime.now(UTC)) - timedelta(seconds=ago)
     try:
-        value = datetime.fromisoformat(text.strip())
+        value = datetime.fromisoformat(raw.strip())
     except ValueError:
         raise ValueError(
-            f"{text!r} is neither an RFC 3339 time (2026-11-20T08:00:00Z) "
+            f"{raw!r} is neither an RFC 3339 time (2026-11-20T08:00:00Z) "
             "nor a time ago (90m, 36h, 7d)"
         ) from None
     return value if value.tzinfo else value.replace(tzinfo=UTC)
@@ -156,7 +157,7 @@ class ResultReplayer:
             pipe = self.redis.pipeline(transaction=False)
             for entry in results:
                 fields = {k: v for k, v in entry.fields.items() if k in ("data", "traceparent")}
-                pipe.xadd(self.publish_to, fields)  # type: ignore[arg-type]
+                pipe.xadd(self.publish_to, fields)
             await pipe.execute()
             self.counts["published"] += len(results)
 
@@ -187,7 +188,7 @@ async def replay_results_from_stream(
     try:
         async for rows in read_range(redis, stream, start, end, settings.consolidation_batch_size):
             entries = [
-                StreamEntry(stream, _text(i), {_text(k): v for k, v in f.items()}) for i, f in rows
+                StreamEntry(stream, text(i), {text(k): v for k, v in f.items()}) for i, f in rows
             ]
             if what.project is not None:
                 entries = [e for e in entries if _project_of(e.fields) == what.project]
@@ -281,7 +282,3 @@ def _shard_of(result: dict[str, Any], shards: int) -> int:
 def starts_before(start: str, first_ms: int) -> bool:
     """True when a range starting at id ``start`` begins before the millisecond ``first_ms``."""
     return start == "-" or _id_key(start) < (first_ms, 0)
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value

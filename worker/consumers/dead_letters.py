@@ -6,24 +6,24 @@ never both lost and acknowledged, nor dead-lettered twice by one delivery.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
 import orjson
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
-from redis.asyncio.cluster import ClusterPipeline
+from redis.asyncio.cluster import ClusterPipeline, RedisCluster
 
-
-def _text(value: bytes | str) -> str:
-    return value.decode("utf-8", "backslashreplace") if isinstance(value, bytes) else value
+from worker.codec import text
+from worker.consumers.entries import StreamEntry
+from worker.metrics import DEAD_LETTERS
 
 
 def entry_fields_json(fields: Mapping[Any, Any]) -> str:
     """The original entry's fields as one JSON object (bytes shown with backslash escapes)."""
     items: Any = fields.items()
-    return orjson.dumps({_text(k): _text(v) for k, v in items}).decode()
+    return orjson.dumps({text(k): text(v) for k, v in items}).decode()
 
 
 def dead_letter(
@@ -57,6 +57,53 @@ def queue_dead_letter(
     """Add the XADD to the DLQ and the XACK of the source entry to a transaction pipeline."""
     pipe.xadd(dlq_stream, letter)  # type: ignore[arg-type]
     pipe.xack(letter["source_stream"], letter["group"], letter["source_id"])
+
+
+async def write_dead_letters(
+    redis: Redis | RedisCluster,
+    group: str,
+    dlq_stream: Callable[[str], str],
+    letters: Sequence[tuple[str, str, Mapping[Any, Any], str, str]],
+    deliveries: int = 1,
+) -> None:
+    """Each ``(stream, entry_id, fields, reason, error)`` to ``dlq_stream(stream)``, atomically
+    with its XACK (one MULTI per source stream)."""
+    by_stream: dict[str, list[tuple[str, str, Mapping[Any, Any], str, str]]] = {}
+    for letter in letters:
+        by_stream.setdefault(letter[0], []).append(letter)
+    for stream, stream_letters in by_stream.items():
+        pipe = redis.pipeline(transaction=True)
+        for _stream, entry_id, fields, reason, error in stream_letters:
+            fields_of = dead_letter(
+                fields=fields,
+                source_stream=stream,
+                source_id=entry_id,
+                group=group,
+                reason=reason,
+                error=error,
+                deliveries=deliveries,
+            )
+            queue_dead_letter(pipe, dlq_stream(stream), fields_of)
+        await pipe.execute()
+
+
+async def dead_letter_entries(
+    redis: Redis | RedisCluster,
+    group: str,
+    dlq_stream: Callable[[str], str],
+    items: Sequence[tuple[StreamEntry, str, str]],
+    deliveries: int,
+    log: Any,
+) -> None:
+    """Each ``(entry, reason, error)`` of ``group`` to ``dlq_stream(entry.stream)``, counted
+    (``memworker_dead_letters_total``) and logged, atomically with its XACK."""
+    for entry, reason, _error in items:
+        DEAD_LETTERS.labels(group, reason).inc()
+        log.warning(
+            "entry dead-lettered", stream=entry.stream, entry_id=entry.entry_id, reason=reason
+        )
+    letters = [(e.stream, e.entry_id, e.fields, reason, error) for e, reason, error in items]
+    await write_dead_letters(redis, group, dlq_stream, letters, deliveries)
 
 
 async def list_dead_letters(

@@ -1,19 +1,22 @@
 """One consumer-group loop for every Redis Streams group memworker runs.
 
-The consolidator (group ``consolidation`` on every ``P:results:{i}``), the indexer (on
-``P:episodes``) and lifecycle hooks (a user's group on every ``P:results:{i}``) differ only in
-what they do with a batch of entries. Everything else is here, once:
+The lifecycle worker (group ``lifecycle`` on every ``P:lifecycle:{i}``), the consolidator
+(``consolidation`` on every ``P:results:{i}``), the indexer (on ``P:episodes``) and lifecycle
+hooks (a user's group on every ``P:results:{i}``) differ only in what they do with a batch of
+entries. Everything else is here, once:
 
 - **Groups**: created at id ``0`` (``MKSTREAM``) on every stream, and again when Redis answers
   ``NOGROUP`` (a stream deleted, a restarted Redis without persistence).
-- **Own pending first**: after a (re)start, or after a batch did not finish cleanly, this
-  consumer's own unacknowledged entries (read with id ``0``) come before new ones (``>``).
+- **Own pending first**: after a (re)start, a reclaim, a read that failed (its entries may
+  have been delivered to a reply that never arrived: a frozen process, a dropped connection),
+  or a batch that did not finish cleanly, this consumer's own unacknowledged entries (read
+  from id ``0`` on, page by page) come before new ones (``>``). A failed read is logged.
 - **Read-ahead**: while a batch is being finished (a Postgres COMMIT, a callback), the next
   one is read and prepared, so the store and Python work at once. It is used only if the batch
   in hand finished cleanly; otherwise its entries are read again as pending.
-- **Reclaim**: entries idle ``reclaim_idle_ms`` in another consumer (one that died) are taken
-  over with ``XAUTOCLAIM`` (a cursor per stream, so a long pending list is walked, not
-  restarted) and then read as own pending.
+- **Reclaim**: every ``reclaim_interval_s``, entries idle ``reclaim_idle_ms`` in another
+  consumer (one that died) are taken over with ``XAUTOCLAIM`` (the whole pending list is
+  walked, ``batch_size`` a page) and then read as own pending.
 - **Delivery cap**: an entry the handler reports *failed* is retried with backoff; after
   ``max_attempts`` failures it is dead-lettered (``worker.consumers.dead_letters``: XADD to the
   DLQ and XACK in one MULTI) with the handler's reason, the last error and its provenance. An
@@ -35,160 +38,69 @@ what they do with a batch of entries. Everything else is here, once:
 - **Side work**: ``tick`` (optional) is awaited once per turn of ``run``, between batches (never
   while one is being finished); it must be cheap when it has nothing to do and must not raise
   for a server-wide condition: the consolidator's announcement relay is one.
-- **Metrics**: dead letters (``memworker_dead_letters_total{group,reason}``) and entries per
-  batch (``memworker_batch_size{group}``); the handler counts its own work in ``finish``.
+- **Metrics**, the same for every group: entries handed to the handler
+  (``memworker_deliveries_total{group}``), dead letters
+  (``memworker_dead_letters_total{group,reason}``), entries per batch
+  (``memworker_batch_size{group}``) and, every ``lag_probe_s``, the group's lag and pending
+  count on each stream (``memworker_stream_lag`` / ``memworker_stream_pending``). The handler
+  counts its own work in ``finish``.
 
-The handler (``GroupHandler``) supplies the group and its streams, the DLQ of a stream, how to
-prepare a batch (``prepare``: parse, build rows; no I/O needed) and how to finish it
-(``finish``: store it, and say which entries are done, rejected or failed; the loop then
-acknowledges, dead-letters and counts), which exceptions mean "storage unavailable", and how
-to check the storage. A minimal handler, printing each entry::
-
-    class Printer:
-        group = "printer"
-        streams = ("demo:results:{0}",)
-        storage_errors: tuple[type[BaseException], ...] = ()
-        failure_reason = "print_failed"
-
-        def dlq_stream(self, stream: str) -> str:
-            return "demo:dlq:{0}"
-
-        async def prepare(self, entries: Sequence[StreamEntry]) -> Sequence[StreamEntry]:
-            return entries
-
-        async def finish(self, batch: Sequence[StreamEntry]) -> BatchOutcome:
-            outcome = BatchOutcome()
-            for entry in batch:
-                if b"data" not in entry.fields and "data" not in entry.fields:
-                    outcome.rejected.append(Rejection(entry, "unparseable", "no 'data'"))
-                    continue
-                print(entry.entry_id, entry.fields)
-                outcome.done.append(entry)
-            return outcome
-
-        async def check_storage(self) -> None:
-            pass
-
-    await GroupConsumer(redis, Printer()).run(stop)
+The handler (``GroupHandler``, ``worker.consumers.entries``, where a minimal one is shown)
+supplies the group and its streams, the DLQ of a stream, how to prepare a batch and how to
+finish it; the loop then acknowledges, dead-letters and counts.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
-import socket
-import uuid
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Generic, Protocol, TypeVar
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic
 
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisError, ResponseError
 
-from worker.consumers.dead_letters import dead_letter, queue_dead_letter
+from worker.codec import text
+from worker.consumers.backoff import backoff_delay, sleep_unless_stopped
+from worker.consumers.dead_letters import dead_letter_entries
+from worker.consumers.entries import (
+    B,
+    BatchOutcome,
+    Failure,
+    GroupHandler,
+    Rejection,
+    StorageUnavailableError,
+    StreamEntry,
+)
+from worker.consumers.groups import default_consumer_name, ensure_group
+from worker.consumers.lag import probe_group_lag
+from worker.consumers.reading import read_group, stream_entries
 from worker.logs import get_logger
-from worker.metrics import BATCH_SIZE, DEAD_LETTERS, REDIS_CONDITIONS
+from worker.metrics import (
+    BATCH_SIZE,
+    DELIVERIES,
+    REDIS_CONDITIONS,
+)
 from worker.redis_conditions import is_server_condition, server_condition
+from worker.settings import Settings
+
+__all__ = [
+    "BatchOutcome",
+    "Failure",
+    "GroupConsumer",
+    "GroupHandler",
+    "Rejection",
+    "StorageUnavailableError",
+    "StreamEntry",
+    "default_consumer_name",
+    "ensure_group",
+]
 
 log = get_logger("worker.consumers.loop")
 
-
-class StorageUnavailableError(RuntimeError):
-    """The handler's storage does not answer; nothing was acknowledged, the batch is retried."""
-
-
-def default_consumer_name() -> str:
-    """Unique per process, so a restarted process never inherits a dead one's identity."""
-    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode("utf-8", "backslashreplace") if isinstance(value, bytes) else value
-
-
-@dataclass(frozen=True, slots=True)
-class StreamEntry:
-    stream: str
-    entry_id: str
-    fields: dict[str, bytes | str]
-
-
-@dataclass(frozen=True, slots=True)
-class Rejection:
-    """An entry that can never be handled: dead-lettered at once with ``reason``."""
-
-    entry: StreamEntry
-    reason: str
-    error: str
-
-
-@dataclass(frozen=True, slots=True)
-class Failure:
-    """An entry whose handling failed this time: retried, dead-lettered after the cap.
-    ``context`` is logged with it (ids that help a person find it)."""
-
-    entry: StreamEntry
-    error: str
-    context: Mapping[str, Any] = field(default_factory=dict)
-    exc: BaseException | None = None
-    """The exception, if any: a server-wide Redis condition or a storage error here is an
-    outage, not the entry's failure (the batch is retried and no attempt is counted)."""
-
-
-@dataclass(slots=True)
-class BatchOutcome:
-    """What became of a batch. The handler fills ``done`` (stored: the loop acknowledges
-    them), ``rejected`` and ``failed``; the loop fills ``dead_lettered`` and ``retrying``."""
-
-    done: list[StreamEntry] = field(default_factory=list)
-    rejected: list[Rejection] = field(default_factory=list)
-    failed: list[Failure] = field(default_factory=list)
-    dead_lettered: int = 0
-    retrying: list[StreamEntry] = field(default_factory=list)
-
-    @property
-    def finished(self) -> int:
-        """Entries acknowledged: done or dead-lettered."""
-        return len(self.done) + self.dead_lettered
-
-
-B = TypeVar("B")
-
-
-class GroupHandler(Protocol[B]):
-    """What a consumer group does with its entries (see the module docstring)."""
-
-    @property
-    def group(self) -> str: ...
-
-    @property
-    def streams(self) -> Sequence[str]: ...
-
-    @property
-    def storage_errors(self) -> tuple[type[BaseException], ...]:
-        """Exceptions of ``finish``/``check_storage`` that mean "storage unavailable"."""
-        ...
-
-    @property
-    def failure_reason(self) -> str:
-        """The DLQ ``reason`` of an entry that failed ``max_attempts`` times."""
-        ...
-
-    def dlq_stream(self, stream: str) -> str: ...
-
-    async def prepare(self, entries: Sequence[StreamEntry]) -> B:
-        """Turn entries (each with fields) into a batch; must not raise for a bad entry."""
-        ...
-
-    async def finish(self, batch: B) -> BatchOutcome:
-        """Store the batch; raise one of ``storage_errors`` if the storage is unavailable."""
-        ...
-
-    async def check_storage(self) -> None:
-        """Raise one of ``storage_errors`` unless the storage can be used now."""
-        ...
+Reclaimed = Callable[[str, Sequence[StreamEntry]], Awaitable[Collection[str]]]
+"""A handler's optional ``reclaimed`` hook (see ``worker.consumers.entries``)."""
 
 
 @dataclass(slots=True)
@@ -215,6 +127,7 @@ class GroupConsumer(Generic[B]):
         backoff_initial_s: float = 0.1,
         backoff_max_s: float = 10.0,
         storage_check_interval_s: float = 5.0,
+        lag_probe_s: float | None = None,
         tick: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.redis = redis
@@ -231,22 +144,66 @@ class GroupConsumer(Generic[B]):
         self.backoff_initial_s = backoff_initial_s
         self.backoff_max_s = backoff_max_s
         self.storage_check_interval_s = storage_check_interval_s
+        self.lag_probe_s = lag_probe_s
+        self.acknowledges: bool = getattr(handler, "acknowledges", False)
+        self.raw_fields: bool = getattr(handler, "raw_fields", False)
+        self._reclaimed: Reclaimed | None = getattr(handler, "reclaimed", None)
         self._attempts: dict[tuple[str, str], int] = {}
-        self._read_own_pending = True
+        self._claimed: list[StreamEntry] = []
+        """Entries reclaimed and not handled yet (one page per stream at most)."""
+        self._reclaim_cursor = dict.fromkeys(self.streams, "0-0")
+        self._own_pending_from: dict[str, str] = {}
+        """Streams whose own pending entries are (re)read, from which id on; empty: none."""
         self._read_ahead: _Batch[B] | None = None
         self._groups_ready = False
         self._storage_checked_at: float | None = None
-        self._reclaim_cursor = dict.fromkeys(self.streams, "0-0")
         self._last_reclaim = 0.0
+        self._last_lag_probe: float | None = None
         self._outages = 0
         self._split_reads = isinstance(redis, RedisCluster) and len(self.streams) > 1
+        self._deliveries = DELIVERIES.labels(self.group)
+        self._batch_sizes = BATCH_SIZE.labels(self.group)
         self.log = log.bind(group=self.group, consumer=self.consumer)
+        self.read_own_pending()
+
+    @classmethod
+    def from_settings(
+        cls,
+        redis: Redis | RedisCluster,
+        handler: GroupHandler[B],
+        settings: Settings,
+        **options: Any,
+    ) -> GroupConsumer[B]:
+        """A loop with the settings every group shares (``MEMWORKER_BATCH_SIZE``,
+        ``MEMWORKER_BLOCK_MS``, ``MEMWORKER_MAX_DELIVERIES``, ``MEMWORKER_RECLAIM_IDLE_MS``,
+        ``MEMWORKER_RECLAIM_INTERVAL_MS``, ``MEMWORKER_LAG_PROBE_SECONDS``); ``options`` are a
+        group's own overrides (the consolidator's and the indexer's batch size and attempts)."""
+        shared: dict[str, Any] = {
+            "batch_size": settings.batch_size,
+            "block_ms": settings.block_ms,
+            "max_attempts": settings.max_deliveries,
+            "reclaim_idle_ms": settings.reclaim_idle_ms,
+            "reclaim_interval_s": settings.reclaim_interval_ms / 1000,
+            "lag_probe_s": settings.lag_probe_seconds,
+        }
+        return cls(redis, handler, **{**shared, **options})
 
     # -- state -----------------------------------------------------------------------------------
 
     def is_ready(self) -> bool:
         """Its groups exist and the last step reached Redis and the storage."""
         return self._groups_ready and self._storage_checked_at is not None and self._outages == 0
+
+    @property
+    def in_outage(self) -> bool:
+        """The last step failed for an outage (Redis or the storage); cleared by a good one."""
+        return self._outages > 0
+
+    def read_own_pending(self) -> None:
+        """Read this consumer's unacknowledged entries again, from the first, before new ones."""
+        self._read_ahead = None
+        self._claimed = []  # pending to this consumer now: read with the rest
+        self._own_pending_from = dict.fromkeys(self.streams, "0")
 
     # -- the loop --------------------------------------------------------------------------------
 
@@ -266,9 +223,16 @@ class GroupConsumer(Generic[B]):
                 if self._storage_check_due(now, idle):
                     await self.handler.check_storage()
                     self._storage_checked_at = now
-                if now - self._last_reclaim >= self.reclaim_interval_s:
+                if now - self._last_reclaim >= self.reclaim_interval_s or (
+                    self._reclaim_walking and not self._claimed
+                ):
                     self._last_reclaim = now
                     await self.reclaim()
+                if self.lag_probe_s is not None and (
+                    self._last_lag_probe is None or now - self._last_lag_probe >= self.lag_probe_s
+                ):
+                    self._last_lag_probe = now
+                    await self.probe_lag()
                 if self.tick is not None:
                     await self.tick()
                 outcome = await self.process_next_batch(block_ms=self.block_ms)
@@ -277,7 +241,7 @@ class GroupConsumer(Generic[B]):
                     self.log.info("servers are back", failed_tries=self._outages)
                     self._outages = 0
                 if outcome is not None and outcome.retrying:
-                    await self._sleep(self._retry_delay(outcome.retrying), stop)
+                    await sleep_unless_stopped(self._retry_delay(outcome.retrying), stop)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -320,7 +284,7 @@ class GroupConsumer(Generic[B]):
             self.log.warning("redis command failed, retrying", error=str(exc), delay_s=delay)
         else:
             self.log.exception("consumer step failed, retrying", delay_s=delay)
-        await self._sleep(delay, stop)
+        await sleep_unless_stopped(delay, stop)
 
     def _storage_check_due(self, now: float, idle: bool) -> bool:
         checked = self._storage_checked_at
@@ -334,14 +298,15 @@ class GroupConsumer(Generic[B]):
 
     async def reclaim(self, *, whole: bool = False) -> int:
         """Take over entries idle ≥ ``reclaim_idle_ms`` in other (dead) consumers; they are
-        then read with this consumer's pending entries. Returns how many were claimed.
+        handled before new ones. Returns how many were claimed.
 
-        One page (``batch_size``) per stream, the cursor kept for the next call; with
+        One page (``batch_size``) per stream, the cursor kept: the next page is claimed once
+        this one is handled, so a long pending list is walked without holding it all. With
         ``whole``, every page until the cursors come back to the start."""
         claimed = 0
         for stream in self.streams:
             while True:
-                reply = await self.redis.xautoclaim(
+                reply: Any = await self.redis.xautoclaim(
                     stream,
                     self.group,
                     self.consumer,
@@ -349,15 +314,27 @@ class GroupConsumer(Generic[B]):
                     start_id=self._reclaim_cursor[stream],
                     count=self.batch_size,
                 )
-                next_start, entries = _text(reply[0]), reply[1]
-                self._reclaim_cursor[stream] = next_start
+                self._reclaim_cursor[stream] = cursor = text(reply[0])
+                entries = stream_entries([(stream, reply[1])], self.raw_fields)
+                if entries and self._reclaimed is not None:
+                    disposed = await self._reclaimed(stream, entries)
+                    entries = [e for e in entries if e.entry_id not in disposed]
                 claimed += len(entries)
-                if not whole or next_start == "0-0":
+                self._claimed += entries
+                if not whole or cursor == "0-0":
                     break
         if claimed:
-            self._read_own_pending = True
             self.log.info("reclaimed idle entries", count=claimed)
         return claimed
+
+    @property
+    def _reclaim_walking(self) -> bool:
+        """A reclaim walk is under way: its next page is due once the last one is handled."""
+        return any(cursor != "0-0" for cursor in self._reclaim_cursor.values())
+
+    async def probe_lag(self) -> None:
+        """Set this group's lag and pending gauges on each of its streams."""
+        await probe_group_lag(self.redis, self.group, self.streams)
 
     async def process_next_batch(self, block_ms: int | None) -> BatchOutcome | None:
         """Handle one batch (own pending entries first); None when idle.
@@ -367,39 +344,58 @@ class GroupConsumer(Generic[B]):
         are read again as pending.
         """
         batch, self._read_ahead = self._read_ahead, None
-        if batch is None or self._read_own_pending:
-            entries: list[StreamEntry] = []
-            if self._read_own_pending:
-                entries = await self._read("0", None)
+        try:
+            if batch is None and self._claimed and not self._own_pending_from:
+                entries = self._claimed[: self.batch_size]
+                del self._claimed[: self.batch_size]
+                batch = await self._prepare(entries)
+            elif batch is None or self._own_pending_from:
+                entries = await self._read_own_pending() if self._own_pending_from else []
                 if not entries:
-                    self._read_own_pending = False
-            if not entries:
-                entries = await self._read(">", block_ms)
-            if not entries:
-                return None
-            batch = await self._prepare(entries)
+                    entries = await self._read(">", block_ms)
+                if not entries:
+                    return None
+                batch = await self._prepare(entries)
+        except (RedisError, OSError) as exc:
+            # The read may have been delivered and its reply lost (a timeout, a frozen process,
+            # a dropped connection): those entries are ours now, pending. Read them first.
+            self.read_own_pending()
+            self.log.warning("read failed, reading own pending entries first", error=str(exc))
+            raise
         finishing = asyncio.ensure_future(self._finish(batch))
         try:
-            if not self._read_own_pending:
+            if not self._own_pending_from:
                 await self._read_next_batch()
             outcome = await finishing
         except BaseException:
             finishing.cancel()
-            self._read_ahead = None
-            self._read_own_pending = True  # whatever is unacknowledged is read again first
+            self.read_own_pending()  # whatever is unacknowledged is read again first
             raise
         if outcome.retrying:
-            self._read_ahead = None
-            self._read_own_pending = True
+            self.read_own_pending()
         return outcome
+
+    async def _read_own_pending(self) -> list[StreamEntry]:
+        """The next page of own pending entries of every stream, after the last one read; a
+        stream with none left is done."""
+        entries = await self._read_from(self._own_pending_from, None)
+        last = {entry.stream: entry.entry_id for entry in entries}
+        for stream in list(self._own_pending_from):
+            if stream in last:
+                self._own_pending_from[stream] = last[stream]
+            else:
+                del self._own_pending_from[stream]
+        return entries
 
     async def _read_next_batch(self) -> None:
         """Read and prepare the next batch without waiting for one (see process_next_batch)."""
         try:
             entries = await self._read(">", None)
-        except (RedisError, OSError) as exc:  # the next read meets it again, and reports it
-            self.log.debug("reading ahead failed", error=str(exc))
-            self._read_own_pending = True
+        except (RedisError, OSError) as exc:  # its entries are read again as own pending
+            self.log.warning(
+                "reading ahead failed, reading own pending entries first", error=str(exc)
+            )
+            self.read_own_pending()
             return
         if entries:
             self._read_ahead = await self._prepare(entries)
@@ -407,19 +403,22 @@ class GroupConsumer(Generic[B]):
     async def _prepare(self, entries: Sequence[StreamEntry]) -> _Batch[B]:
         """Entries deleted (trimmed) while pending come back without fields: nothing is left
         to handle, they are only acknowledged."""
+        self._deliveries.inc(len(entries))
         gone = [entry for entry in entries if not entry.fields]
         present = [entry for entry in entries if entry.fields] if gone else entries
         work = await self.handler.prepare(present) if present else None
         return _Batch(work, len(entries), gone)
 
     async def _finish(self, batch: _Batch[B]) -> BatchOutcome:
-        BATCH_SIZE.labels(self.group).observe(batch.size)
+        self._batch_sizes.observe(batch.size)
         outcome = BatchOutcome() if batch.work is None else await self.handler.finish(batch.work)
         outcome.done.extend(batch.gone)
         if outcome.done:
-            await self.ack(outcome.done)
-            for entry in outcome.done:
-                self._attempts.pop((entry.stream, entry.entry_id), None)
+            if not self.acknowledges or batch.gone:
+                await self.ack(batch.gone if self.acknowledges else outcome.done)
+            if self._attempts:
+                for entry in outcome.done:
+                    self._attempts.pop((entry.stream, entry.entry_id), None)
         for failure in outcome.failed:
             if (exc := failure.exc) is not None and (
                 isinstance(exc, self.handler.storage_errors) or is_server_condition(exc)
@@ -453,43 +452,21 @@ class GroupConsumer(Generic[B]):
     # -- redis -----------------------------------------------------------------------------------
 
     async def _read(self, start: str, block_ms: int | None) -> list[StreamEntry]:
-        if self._split_reads:
-            # Shards live on different nodes: one XREADGROUP may not span them (CROSSSLOT).
-            reply: Any = []
-            for stream in self.streams:
-                part: Any = await self.redis.xreadgroup(
-                    self.group, self.consumer, {stream: start}, count=self.batch_size
-                )
-                reply += list(part.items()) if isinstance(part, dict) else list(part or [])
-            if not any(entries for _stream, entries in reply) and block_ms:
-                await asyncio.sleep(block_ms / 1000)
-        else:
-            reply = await self.redis.xreadgroup(
-                self.group,
-                self.consumer,
-                dict.fromkeys(self.streams, start),
-                count=self.batch_size,
-                block=block_ms,
-            )
-        if not reply:
-            return []
-        pairs: Iterable[tuple[Any, Any]] = reply.items() if isinstance(reply, dict) else reply
-        entries: list[StreamEntry] = []
-        for stream, stream_entries in pairs:
-            if (
-                stream_entries
-                and isinstance(stream_entries[0], list | tuple)
-                and not isinstance(stream_entries[0][0], bytes | str)
-            ):  # RESP3 nests one level deeper
-                stream_entries = stream_entries[0]
-            name = _text(stream)
-            for entry_id, fields in stream_entries:
-                entries.append(
-                    StreamEntry(
-                        name, _text(entry_id), {_text(k): v for k, v in (fields or {}).items()}
-                    )
-                )
-        return entries
+        return await self._read_from(dict.fromkeys(self.streams, start), block_ms)
+
+    async def _read_from(
+        self, positions: Mapping[str, str], block_ms: int | None
+    ) -> list[StreamEntry]:
+        return await read_group(
+            self.redis,
+            self.group,
+            self.consumer,
+            positions,
+            count=self.batch_size,
+            block_ms=block_ms,
+            split=self._split_reads,
+            raw_fields=self.raw_fields,
+        )
 
     async def ack(self, entries: Sequence[StreamEntry]) -> None:
         by_stream: dict[str, list[str]] = {}
@@ -503,63 +480,16 @@ class GroupConsumer(Generic[B]):
     async def dead_letter(
         self, items: Sequence[tuple[StreamEntry, str, str]], deliveries: int = 1
     ) -> None:
-        """Each ``(entry, reason, error)`` to its stream's DLQ, atomically with its XACK (one
-        MULTI per stream)."""
-        by_stream: dict[str, list[tuple[StreamEntry, str, str]]] = {}
-        for item in items:
-            by_stream.setdefault(item[0].stream, []).append(item)
-        for stream, stream_items in by_stream.items():
-            pipe = self.redis.pipeline(transaction=True)
-            for entry, reason, error in stream_items:
-                DEAD_LETTERS.labels(self.group, reason).inc()
-                self.log.warning(
-                    "entry dead-lettered", stream=stream, entry_id=entry.entry_id, reason=reason
-                )
-                letter = dead_letter(
-                    fields=dict(entry.fields),
-                    source_stream=stream,
-                    source_id=entry.entry_id,
-                    group=self.group,
-                    reason=reason,
-                    error=error,
-                    deliveries=deliveries,
-                )
-                queue_dead_letter(pipe, self.handler.dlq_stream(stream), letter)
-            await pipe.execute()
+        """Each ``(entry, reason, error)`` to its stream's DLQ, atomically with its XACK."""
+        await dead_letter_entries(
+            self.redis, self.group, self.handler.dlq_stream, items, deliveries, self.log
+        )
 
     # -- timing ----------------------------------------------------------------------------------
 
     def _backoff(self, failures: int) -> float:
-        return float(min(self.backoff_max_s, self.backoff_initial_s * 2 ** min(failures - 1, 30)))
+        return backoff_delay(failures, self.backoff_initial_s, self.backoff_max_s)
 
     def _retry_delay(self, retrying: Sequence[StreamEntry]) -> float:
         worst = max(self._attempts.get((e.stream, e.entry_id), 1) for e in retrying)
         return self._backoff(worst)
-
-    @staticmethod
-    async def _sleep(seconds: float, stop: asyncio.Event) -> None:
-        """Sleep, but wake at once when asked to stop."""
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), timeout=seconds)
-
-
-async def ensure_group(redis: Redis | RedisCluster, stream: str, group: str) -> None:
-    """Create ``group`` at id ``0`` on ``stream`` (and the stream) unless it exists.
-
-    A full Redis refuses XGROUP CREATE even for a group that exists: then the group is looked
-    up, so a consumer restarted while Redis is full starts (and holds its entries)."""
-    try:
-        await redis.xgroup_create(stream, group, id="0", mkstream=True)
-    except ResponseError as exc:
-        if "BUSYGROUP" in str(exc):
-            return
-        if not is_server_condition(exc) or not await _group_exists(redis, stream, group):
-            raise
-
-
-async def _group_exists(redis: Redis | RedisCluster, stream: str, group: str) -> bool:
-    try:
-        groups: Any = await redis.xinfo_groups(stream)
-    except ResponseError:
-        return False
-    return any(_text(g["name"]) == group for g in groups)

@@ -1,1 +1,2 @@
-"""Postgres: the long-term memory (episodes) and the lifecycle event log."""
+"""Postgres: the engine, the tables (episodes, their vectors, the lifecycle event log), batch
+inserts and the migrations. Owns the schema; every room that stores rows goes through it."""

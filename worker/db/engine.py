@@ -8,17 +8,11 @@ import orjson
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import NullPool
 
+from worker.settings import asyncpg_url
+
 
 def _json_dumps(value: Any) -> str:
     return orjson.dumps(value).decode()
-
-
-def asyncpg_url(database_url: str) -> str:
-    """``postgresql://…`` and ``postgres://…`` as ``postgresql+asyncpg://…``."""
-    for plain in ("postgresql://", "postgres://"):
-        if database_url.startswith(plain):
-            return "postgresql+asyncpg://" + database_url[len(plain) :]
-    return database_url
 
 
 def create_database_engine(database_url: str, *, pool: bool = True) -> AsyncEngine:

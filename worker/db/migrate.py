@@ -18,8 +18,8 @@ from sqlalchemy.engine import Connection
 
 from worker.db.engine import create_database_engine
 from worker.db.vectors import create_vector_schema
-from worker.episodes.embedding import LOCAL_MODEL_DIMENSION
 from worker.errors import ActionableError
+from worker.settings import LOCAL_EMBEDDING_DIMENSION
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 MIGRATION_LOCK_KEY = zlib.crc32(b"memworker.migrate")
@@ -54,7 +54,7 @@ def _upgrade(connection: Connection, revision: str) -> tuple[str, str | None]:
         raise RuntimeError("the database has no alembic revision after the upgrade")
     vectors: str | None = "the schema is older than the episode vectors (revision 0002)"
     if current >= VECTORS_REVISION:  # pgvector may have been installed since 0002 ran
-        vectors = create_vector_schema(connection, LOCAL_MODEL_DIMENSION)
+        vectors = create_vector_schema(connection, LOCAL_EMBEDDING_DIMENSION)
     return current, vectors
 
 

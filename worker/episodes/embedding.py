@@ -24,10 +24,8 @@ from typing import Any, Protocol
 
 import httpx
 
-from worker.settings import Settings
+from worker.settings import LOCAL_EMBEDDING_DIMENSION, LOCAL_EMBEDDING_MODEL, Settings
 
-LOCAL_MODEL_NAME = "all-MiniLM-L6-v2"
-LOCAL_MODEL_DIMENSION = 384
 SUMMARY_CHARS = 200
 """How much of an episode's summary is embedded after its task and lessons: the model reads
 256 tokens at most, and its cost grows with the length (500 characters ran at ~15 episodes/s
@@ -77,8 +75,8 @@ def _local_model() -> Any:
 class LocalEmbedder:
     """all-MiniLM-L6-v2 on CPU, offline; encoding runs in a thread so the loop keeps going."""
 
-    name = LOCAL_MODEL_NAME
-    dimension = LOCAL_MODEL_DIMENSION
+    name = LOCAL_EMBEDDING_MODEL
+    dimension = LOCAL_EMBEDDING_DIMENSION
 
     def __init__(self, batch_size: int = 64) -> None:
         self.batch_size = batch_size
@@ -155,8 +153,8 @@ def embedder_from_settings(settings: Settings) -> Embedder:
             raise EmbeddingError("MEMWORKER_EMBEDDING_BASE_URL is required for provider 'openai'")
         return OpenAIEmbedder(
             settings.embedding_base_url,
-            settings.embedding_model or LOCAL_MODEL_NAME,
-            settings.embedding_dimension or LOCAL_MODEL_DIMENSION,
+            settings.embedding_model or LOCAL_EMBEDDING_MODEL,
+            settings.embedding_dimension or LOCAL_EMBEDDING_DIMENSION,
             api_key=settings.embedding_api_key,
         )
     return LocalEmbedder()

@@ -31,8 +31,7 @@ from redis.asyncio.cluster import RedisCluster
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from worker.connections import client_for
-from worker.consolidation.consolidator import is_connection_error, one_line
+from worker.connections import consumer_client
 from worker.consumers.loop import (
     BatchOutcome,
     Failure,
@@ -42,6 +41,7 @@ from worker.consumers.loop import (
     StreamEntry,
 )
 from worker.db.engine import create_database_engine
+from worker.db.outages import first_line, is_connection_error
 from worker.db.vectors import (
     MISSING_PGVECTOR,
     VECTOR_TABLE,
@@ -52,7 +52,7 @@ from worker.db.vectors import (
 from worker.episodes.embedding import Embedder, EmbeddingError, embedder_from_settings, episode_text
 from worker.keys import episodes_stream
 from worker.logs import get_logger
-from worker.metrics import EPISODES_INDEXED, INDEX_SECONDS, STREAM_LAG, STREAM_PENDING
+from worker.metrics import EPISODES_INDEXED, INDEX_SECONDS
 from worker.settings import Settings
 
 log = get_logger("worker.episodes.indexer")
@@ -78,7 +78,7 @@ class IndexBatch:
 
 def parse_announcement(entry: StreamEntry) -> Announced:
     """The episode an ``episode.recorded`` entry names; ValueError when it names none."""
-    raw = entry.fields.get("data", entry.fields.get(b"data"))  # type: ignore[call-overload]
+    raw = entry.fields.get("data", entry.fields.get(b"data"))
     if raw is None:
         raise ValueError("no 'data' field")
     event = orjson.loads(raw)
@@ -140,10 +140,10 @@ class Indexer:
         self._dlq = indexer_dlq(settings.stream_prefix)
         self._vectors: bool | None = None
         self._owns_clients = False
-        loop_options.setdefault("reclaim_idle_ms", settings.reclaim_idle_ms)
-        self.loop: GroupConsumer[IndexBatch] = GroupConsumer(
+        self.loop: GroupConsumer[IndexBatch] = GroupConsumer.from_settings(
             redis,
             self,
+            settings,
             batch_size=settings.index_batch_size,
             max_attempts=settings.index_max_attempts,
             **loop_options,
@@ -152,7 +152,10 @@ class Indexer:
     @classmethod
     def from_settings(cls, settings: Settings, **options: Any) -> Indexer:
         indexer = cls(
-            settings, client_for(settings), create_database_engine(settings.database_url), **options
+            settings,
+            consumer_client(settings),
+            create_database_engine(settings.database_url),
+            **options,
         )
         indexer._owns_clients = True
         return indexer
@@ -166,35 +169,11 @@ class Indexer:
         return self.loop.is_ready()
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Index until ``stop`` is set; refreshes the lag/pending gauges meanwhile."""
-        probe = asyncio.create_task(self._probe_lag_forever(stop))
-        try:
-            await self.loop.run(stop)
-        finally:
-            probe.cancel()
+        """Index until ``stop`` is set (``GroupConsumer.run``)."""
+        await self.loop.run(stop)
 
     async def run_once(self) -> int:
         return await self.loop.run_once()
-
-    async def probe_lag(self) -> None:
-        for stream in self.streams:
-            groups: Any = await self.redis.xinfo_groups(stream)
-            for group in groups:
-                name = group["name"]
-                name = name.decode() if isinstance(name, bytes) else str(name)
-                if name != self.group:
-                    continue
-                lag = group.get("lag")
-                STREAM_LAG.labels(stream, name).set(float(lag) if lag is not None else 0.0)
-                STREAM_PENDING.labels(stream, name).set(float(group["pending"]))
-
-    async def _probe_lag_forever(self, stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            try:
-                await self.probe_lag()
-            except Exception as exc:  # an outage: the loop reports it
-                log.debug("lag probe failed", error=str(exc))
-            await asyncio.sleep(self.settings.lag_probe_seconds)
 
     # -- the group handler ---------------------------------------------------------------------
 
@@ -212,7 +191,7 @@ class Indexer:
                     else:
                         log.warning(MISSING_PGVECTOR)
         except Exception as exc:
-            raise StorageUnavailableError(f"postgres cannot be used: {one_line(exc)}") from exc
+            raise StorageUnavailableError(f"postgres cannot be used: {first_line(exc)}") from exc
 
     async def prepare(self, entries: Sequence[StreamEntry]) -> IndexBatch:
         batch = IndexBatch()
@@ -240,10 +219,10 @@ class Indexer:
             raise StorageUnavailableError(f"embedder cannot be used: {exc}") from exc
         except Exception as exc:
             if is_connection_error(exc):
-                raise StorageUnavailableError(one_line(exc)) from exc
+                raise StorageUnavailableError(first_line(exc)) from exc
             # a data error: say which entries, the loop retries them and dead-letters at the cap
             outcome.failed.extend(
-                Failure(a.entry, one_line(exc), {"episode_id": a.episode_id})
+                Failure(a.entry, first_line(exc), {"episode_id": a.episode_id})
                 for a in batch.episodes
             )
             return outcome

@@ -25,9 +25,9 @@ from redis.asyncio.cluster import RedisCluster
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from schemas.commands import Outcome
-from worker.consolidation.consolidator import Announcement
 from worker.db.batch import insert_batch, mark_announced
 from worker.db.models import episode_id_for
+from worker.episodes.announcements import Announcement
 from worker.ids import validate_id
 from worker.keys import episodes_stream
 

@@ -1,19 +1,15 @@
 """The long-term memory API: episodes and lifecycle history in Postgres, per project.
 
 Every call takes a ``project_id`` and every query filters on it: nothing here can read or remove
-another project's rows. ``forget`` also removes the project's working memory from Redis, matching
-keys with an escaped glob and then checking each name exactly, so an id that contains ``:`` or a
-prefix that contains glob characters can never widen what is deleted.
+another project's rows. Forgetting and exporting (erasure) are ``worker.episodes.erasure``'s.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
-import re
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Awaitable
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal, TypeVar
 
@@ -25,7 +21,6 @@ from sqlalchemy import (
     Text,
     cast,
     column,
-    delete,
     desc,
     func,
     select,
@@ -37,144 +32,23 @@ from sqlalchemy.dialects.postgresql import UUID as PG_UUID
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, async_sessionmaker
 
 from worker.db.models import SEARCH_CONFIG, Episode, LifecycleEvent
-from worker.db.vectors import (
-    MISSING_PGVECTOR,
-    VECTOR_TABLE,
-    has_vector_table,
-    parse_vector,
-    vector_literal,
-)
+from worker.db.vectors import MISSING_PGVECTOR, VECTOR_TABLE, has_vector_table, vector_literal
 from worker.episodes.embedding import Embedder, EmbeddingError
+from worker.episodes.erasure import ForgetResult, ProjectExport, export_project, forget_project
 from worker.episodes.ranking import DEFAULT_WEIGHTS, Candidate, RecallWeights, fuse
-from worker.ids import ID_CHARS, validate_id
-from worker.keys import SessionKeys, escape_glob, project_pattern
+from worker.ids import validate_id
 from worker.logs import get_logger
 
 log = get_logger("worker.episodes.store")
 RecallMode = Literal["hybrid", "text", "vector"]
 
-SCAN_COUNT = 1_000
 _Row = TypeVar("_Row")
-DELETE_BATCH = 500
 
 
 @dataclass(frozen=True, slots=True)
 class SearchHit:
     episode: Episode
     rank: float
-
-
-@dataclass(frozen=True, slots=True)
-class ForgetResult:
-    """How many rows and keys ``forget`` actually removed."""
-
-    episodes: int = 0
-    lifecycle_events: int = 0
-    redis_keys: int = 0
-
-
-@dataclass(slots=True)
-class ProjectExport:
-    """Everything memworker holds about a project (or one session of it)."""
-
-    project_id: str
-    session_id: str | None
-    episodes: list[dict[str, Any]] = field(default_factory=list)
-    lifecycle_events: list[dict[str, Any]] = field(default_factory=list)
-    working_memory: dict[str, dict[str, Any]] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "project_id": self.project_id,
-            "session_id": self.session_id,
-            "episodes": self.episodes,
-            "lifecycle_events": self.lifecycle_events,
-            "working_memory": self.working_memory,
-        }
-
-
-_KEY_KINDS = tuple(key.rsplit(":", 1)[1] for key in SessionKeys("p", 0, "project", "session").all())
-
-
-def working_memory_key_re(
-    prefix: str, project_id: str, session_id: str | None = None
-) -> re.Pattern[str]:
-    """Exactly the names of a project's (or a session's) working-memory keys."""
-    session = re.escape(session_id) if session_id else ID_CHARS
-    kinds = "|".join(_KEY_KINDS)
-    return re.compile(
-        rf"^{re.escape(prefix)}:\{{\d+\}}:s:{re.escape(project_id)}/(?P<session>{session}):"
-        rf"(?P<kind>{kinds})$"
-    )
-
-
-def working_memory_pattern(prefix: str, project_id: str, session_id: str | None = None) -> str:
-    """A SCAN MATCH pattern at least as wide as ``working_memory_key_re``."""
-    if session_id is None:
-        return project_pattern(prefix, project_id)
-    validate_id(session_id, "session_id")
-    return f"{escape_glob(prefix)}:{{*}}:s:{escape_glob(project_id)}/{escape_glob(session_id)}:*"
-
-
-async def working_memory_keys(
-    redis: Redis, prefix: str, project_id: str, session_id: str | None = None
-) -> AsyncIterator[tuple[str, str, str]]:
-    """``(key, session_id, kind)`` of every working-memory key of the project (or session)."""
-    exact = working_memory_key_re(prefix, project_id, session_id)
-    pattern = working_memory_pattern(prefix, project_id, session_id)
-    async for raw in redis.scan_iter(match=pattern, count=SCAN_COUNT):
-        key = raw.decode() if isinstance(raw, bytes) else str(raw)
-        if match := exact.match(key):
-            yield key, match["session"], match["kind"]
-
-
-def _decoded(value: Any) -> Any:
-    """Redis replies as JSON-friendly values: text when UTF-8, else ``{"base64": …}``."""
-    if isinstance(value, bytes):
-        try:
-            return value.decode()
-        except UnicodeDecodeError:
-            return {"base64": base64.b64encode(value).decode()}
-    if isinstance(value, dict):
-        return {str(_decoded(k)): _decoded(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_decoded(v) for v in value]
-    return value
-
-
-async def _read_key(redis: Redis, key: str) -> Any:
-    kind = await redis.type(key)
-    kind = kind.decode() if isinstance(kind, bytes) else kind
-    if kind == "string":
-        return _decoded(await redis.get(key))
-    if kind == "hash":
-        return _decoded(await redis.hgetall(key))
-    if kind == "list":
-        return _decoded(await redis.lrange(key, 0, -1))
-    if kind == "zset":
-        scored: Any = await redis.zrange(key, 0, -1, withscores=True)
-        return [[_decoded(m), s] for m, s in scored]
-    if kind == "set":
-        return sorted(_decoded(list(await redis.smembers(key))))
-    return None  # expired between SCAN and read
-
-
-def _scope(
-    model: type[Episode] | type[LifecycleEvent],
-    project_id: str,
-    session_id: str | None,
-    before: datetime | None,
-) -> list[ColumnElement[bool]]:
-    """The rows ``forget`` removes and ``export`` returns: one project's, optionally one
-    session's, optionally older than ``before``. Ids are validated before they reach SQL."""
-    validate_id(project_id, "project_id")
-    conditions = [model.project_id == project_id]
-    if session_id is not None:
-        validate_id(session_id, "session_id")
-        conditions.append(model.session_id == session_id)
-    if before is not None:
-        conditions.append(model.occurred_at < before)
-    return conditions
 
 
 def _episode_filters(
@@ -450,7 +324,7 @@ class EpisodeStore:
             )
         )
 
-    # -- forgetting and exporting ----------------------------------------------------------------
+    # -- forgetting and exporting: ``worker.episodes.erasure`` ----------------------------------
 
     async def forget(
         self,
@@ -461,27 +335,15 @@ class EpisodeStore:
         redis: Redis | None = None,
         prefix: str | None = None,
     ) -> ForgetResult:
-        """Remove the project's episodes and lifecycle events (one session's, older than
-        ``before``, when given), in one transaction; then, when ``redis`` and ``prefix`` are
-        given and ``before`` is not, its working memory in Redis. Returns real counts.
-
-        ``before`` narrows only the history: working memory is live state, never "older".
-        An episode's vector (``episode_embeddings``) goes with it (``ON DELETE CASCADE``).
-        A session's dedupe records live in its meta hash and go with it: replaying the
-        forgotten session's commands afterwards would apply them again. The records of
-        commands refused before they were applied (``evt:`` keys) expire on their own.
-        """
-        episodes = delete(Episode).where(*_scope(Episode, project_id, session_id, before))
-        events = delete(LifecycleEvent).where(
-            *_scope(LifecycleEvent, project_id, session_id, before)
+        """Remove the project's history (and working memory): ``forget_project``."""
+        return await forget_project(
+            self.engine,
+            project_id,
+            session_id=session_id,
+            before=before,
+            redis=redis,
+            prefix=prefix,
         )
-        async with self.engine.begin() as conn:
-            removed_episodes = (await conn.execute(episodes)).rowcount
-            removed_events = (await conn.execute(events)).rowcount
-        removed_keys = 0
-        if redis is not None and prefix is not None and before is None:
-            removed_keys = await self._forget_working_memory(redis, prefix, project_id, session_id)
-        return ForgetResult(removed_episodes, removed_events, removed_keys)
 
     async def export(
         self,
@@ -492,80 +354,18 @@ class EpisodeStore:
         redis: Redis | None = None,
         prefix: str | None = None,
     ) -> ProjectExport:
-        """Everything ``forget`` with the same arguments would remove, as JSON-ready data."""
-        episode_query = select(Episode).where(*_scope(Episode, project_id, session_id, before))
-        event_query = select(LifecycleEvent).where(
-            *_scope(LifecycleEvent, project_id, session_id, before)
+        """Everything ``forget`` with the same arguments would remove: ``export_project``."""
+        return await export_project(
+            self.engine,
+            project_id,
+            session_id=session_id,
+            before=before,
+            redis=redis,
+            prefix=prefix,
         )
-        export = ProjectExport(project_id, session_id)
-        episodes = await self._all(episode_query.order_by(Episode.occurred_at, Episode.id))
-        export.episodes = [e.to_dict() for e in episodes]
-        await self._attach_vectors(export.episodes)
-        events = await self._all(
-            event_query.order_by(LifecycleEvent.occurred_at, LifecycleEvent.event_id)
-        )
-        export.lifecycle_events = [e.to_dict() for e in events]
-        if redis is not None and prefix is not None and before is None:
-            async for key, session, kind in working_memory_keys(
-                redis, prefix, project_id, session_id
-            ):
-                value = await _read_key(redis, key)
-                if value is not None:
-                    export.working_memory.setdefault(session, {})[kind] = value
-        return export
 
     # -- internals -------------------------------------------------------------------------------
-
-    async def _attach_vectors(self, episodes: list[dict[str, Any]]) -> None:
-        """Each exported episode's vector (``embedding``: model, dimension, vector), if any."""
-        if not episodes:
-            return
-        async with self.engine.connect() as conn:
-            if not await has_vector_table(conn):
-                return
-            rows = await conn.execute(
-                text(
-                    f"SELECT episode_id::text AS id, model, dimension, embedding::text AS vector"
-                    f" FROM {VECTOR_TABLE} WHERE episode_id = ANY(CAST(:ids AS uuid[]))"
-                ),
-                {"ids": [e["id"] for e in episodes]},
-            )
-            vectors = {
-                row.id: {
-                    "model": row.model,
-                    "dimension": row.dimension,
-                    "vector": parse_vector(row.vector),
-                }
-                for row in rows
-            }
-        for episode in episodes:
-            episode["embedding"] = vectors.get(episode["id"])
 
     async def _all(self, statement: Select[_Row]) -> list[_Row]:
         async with self._sessions() as session:
             return list((await session.scalars(statement)).all())
-
-    @staticmethod
-    async def _forget_working_memory(
-        redis: Redis, prefix: str, project_id: str, session_id: str | None
-    ) -> int:
-        removed = 0
-        batch: list[str] = []
-
-        async def flush() -> int:
-            pipe = redis.pipeline(transaction=False)
-            for key in batch:  # one key per UNLINK: fine on a cluster, where slots differ
-                pipe.unlink(key)
-            counts: Sequence[int] = await pipe.execute()
-            batch.clear()
-            return sum(int(c) for c in counts)
-
-        async for key, _session, _kind in working_memory_keys(
-            redis, prefix, project_id, session_id
-        ):
-            batch.append(key)
-            if len(batch) >= DELETE_BATCH:
-                removed += await flush()
-        if batch:
-            removed += await flush()
-        return removed

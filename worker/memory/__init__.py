@@ -1,4 +1,7 @@
-"""Working memory of one agent session: ``WorkingMemory`` and what it hands back or raises."""
+"""Working memory of one agent session: ``WorkingMemory`` and what it hands back or raises.
+
+Owns each session's keys in Redis (variables, task state, scratchpad, checkpoints).
+"""
 
 from worker.memory.api import WorkingMemory
 from worker.memory.errors import (

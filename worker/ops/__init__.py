@@ -1,4 +1,2 @@
-"""Running memworker: capacity, stats, inspection, the AsyncAPI spec, dev mode and embedded servers.
-
-Owns no data; it reads what the other rooms write and starts the services.
-"""
+"""Watching memworker run: capacity (memory per session, time until full), stats, inspection,
+the AsyncAPI spec and the embedded servers. Owns no data: it reads what the other rooms write."""

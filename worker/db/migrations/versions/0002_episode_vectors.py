@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from alembic import context, op
 
 from worker.db.vectors import create_vector_schema
-from worker.episodes.embedding import LOCAL_MODEL_DIMENSION
+from worker.settings import LOCAL_EMBEDDING_DIMENSION
 
 revision: str = "0002"
 down_revision: str | None = "0001"
@@ -28,7 +28,7 @@ depends_on: str | Sequence[str] | None = None
 def upgrade() -> None:
     if context.is_offline_mode():
         return
-    create_vector_schema(op.get_bind(), LOCAL_MODEL_DIMENSION)
+    create_vector_schema(op.get_bind(), LOCAL_EMBEDDING_DIMENSION)
 
 
 def downgrade() -> None:

@@ -1,0 +1,121 @@
+"""``memworker dlq``: inspect, redrive and purge the dead letters of every shard and of
+the indexer."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+from redis.asyncio import Redis
+from rich.table import Table
+
+from worker.cli.common import fail, out, run_async, settings_from_env, with_redis
+from worker.keys import StreamKeys
+from worker.settings import Settings
+
+dlq_app = typer.Typer(
+    help="Inspect, redrive and purge dead letters.", no_args_is_help=True, rich_markup_mode=None
+)
+
+
+def _dlq_streams(settings: Settings, shard: int | None) -> list[str]:
+    shards = [shard] if shard is not None else list(range(settings.shards))
+    streams = [StreamKeys(settings.stream_prefix, s).dlq for s in shards]
+    if shard is None:  # the indexer's (P:episodes is not sharded)
+        from worker.episodes.indexer import indexer_dlq
+
+        streams.append(indexer_dlq(settings.stream_prefix))
+    return streams
+
+
+@dlq_app.command("list")
+def dlq_list(
+    shard: Annotated[int | None, typer.Option(help="One shard (default: all).")] = None,
+    count: Annotated[int, typer.Option(help="At most this many per shard.")] = 50,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """List dead letters, oldest first."""
+    settings = settings_from_env()
+
+    async def go(redis: Redis) -> list[tuple[str, str, dict[str, str]]]:
+        from worker.consumers.dead_letters import list_dead_letters
+
+        rows = []
+        for stream in _dlq_streams(settings, shard):
+            rows += [(stream, i, f) for i, f in await list_dead_letters(redis, stream, count)]
+        return rows
+
+    rows = run_async(with_redis(settings, go))
+    if as_json:
+        print(json.dumps([{"stream": s, "id": i, **f} for s, i, f in rows], indent=2))
+        return
+    table = Table("id", "reason", "source", "deliveries", "error")
+    for _stream, entry_id, f in rows:
+        table.add_row(
+            entry_id,
+            f.get("reason", ""),
+            f.get("source_id", ""),
+            f.get("deliveries", ""),
+            f.get("error", "")[:80],
+        )
+    out.print(table)
+
+
+@dlq_app.command("show")
+def dlq_show(
+    entry_id: Annotated[str, typer.Argument(help="The dead letter's id.")],
+    shard: Annotated[int, typer.Option(help="Its shard.")] = 0,
+) -> None:
+    """Show one dead letter in full."""
+    settings = settings_from_env()
+
+    async def go(redis: Redis) -> list[tuple[str, dict[str, str]]]:
+        from worker.consumers.dead_letters import list_dead_letters
+
+        rows = await list_dead_letters(redis, _dlq_streams(settings, shard)[0], 1, entry_id)
+        return [r for r in rows if r[0] == entry_id]
+
+    rows = run_async(with_redis(settings, go))
+    if not rows:
+        fail(f"no dead letter {entry_id} on shard {shard}")
+    print(json.dumps({"id": rows[0][0], **rows[0][1]}, indent=2))
+
+
+@dlq_app.command("redrive")
+def dlq_redrive(
+    entry_ids: Annotated[list[str] | None, typer.Argument(help="Ids (default: all).")] = None,
+    shard: Annotated[int | None, typer.Option(help="One shard (default: all).")] = None,
+) -> None:
+    """Publish dead letters back to their source stream and remove them from the DLQ."""
+    settings = settings_from_env()
+
+    async def go(redis: Redis) -> int:
+        from worker.consumers.dead_letters import redrive
+
+        return sum(
+            [await redrive(redis, s, entry_ids or None) for s in _dlq_streams(settings, shard)]
+        )
+
+    out.print(f"redriven: {run_async(with_redis(settings, go))}")
+
+
+@dlq_app.command("purge")
+def dlq_purge(
+    entry_ids: Annotated[list[str] | None, typer.Argument(help="Ids (default: all).")] = None,
+    shard: Annotated[int | None, typer.Option(help="One shard (default: all).")] = None,
+    yes: Annotated[bool, typer.Option("--yes", help="Required to purge everything.")] = False,
+) -> None:
+    """Delete dead letters for good."""
+    if not entry_ids and not yes:
+        raise typer.BadParameter("purging every dead letter needs --yes", param_hint="--yes")
+    settings = settings_from_env()
+
+    async def go(redis: Redis) -> int:
+        from worker.consumers.dead_letters import purge
+
+        return sum(
+            [await purge(redis, s, entry_ids or None) for s in _dlq_streams(settings, shard)]
+        )
+
+    out.print(f"purged: {run_async(with_redis(settings, go))}")

@@ -1,0 +1,180 @@
+"""Driving the lifecycle worker: ``publish`` a command, ``tail`` its streams as entries
+arrive, and find a session's ``shard``."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+from typing import Annotated, Any
+
+import orjson
+import typer
+from redis.asyncio import Redis
+
+from worker.cli.common import check_ids, fail, out, run_async, settings_from_env, with_redis
+from worker.keys import StreamKeys, episodes_stream, shard_of
+
+REJECTED_EXIT_STATUS = 3
+"""``publish --wait``: the command was answered ``command.rejected``."""
+
+
+def _parse_assignments(values: list[str]) -> dict[str, Any]:
+    fields: dict[str, Any] = {}
+    for item in values:
+        name, sep, raw = item.partition("=")
+        if not sep or not name:
+            raise typer.BadParameter(f"{item!r} is not NAME=VALUE", param_hint="--set")
+        try:
+            fields[name] = json.loads(raw)
+        except json.JSONDecodeError:
+            fields[name] = raw
+    return fields
+
+
+def publish(
+    command_type: Annotated[
+        str, typer.Argument(metavar="TYPE", help="spawn, pause, resume or terminate.")
+    ],
+    project: Annotated[str, typer.Option("--project", "-p", help="project_id")],
+    session: Annotated[str, typer.Option("--session", "-s", help="session_id")],
+    agent: Annotated[str, typer.Option("--agent", "-a", help="agent_instance_id")] = "cli",
+    field: Annotated[
+        list[str] | None,
+        typer.Option("--set", help="Another field, NAME=VALUE (VALUE parsed as JSON if it can)."),
+    ] = None,
+    state: Annotated[
+        str | None, typer.Option(help="spawn: initial_state as a JSON object.")
+    ] = None,
+    event_id: Annotated[str | None, typer.Option(help="event_id (default: a new UUID).")] = None,
+    no_seq: Annotated[bool, typer.Option("--no-seq", help="Do not assign a seq.")] = False,
+    wait: Annotated[
+        bool,
+        typer.Option(
+            "--wait",
+            help="Wait for and print the result; exit status 3 if the command was rejected.",
+        ),
+    ] = False,
+    timeout: Annotated[float, typer.Option(help="Seconds --wait waits.")] = 10.0,
+) -> None:
+    """Publish one lifecycle command.
+
+    Exit status with --wait: 0 when the command was applied, 3 when it was rejected
+    (command.rejected: the result is still printed, its reason on stderr), 1 when no result
+    came within --timeout.
+    """
+    if command_type not in ("spawn", "pause", "resume", "terminate"):
+        raise typer.BadParameter("must be spawn, pause, resume or terminate", param_hint="TYPE")
+    body: dict[str, Any] = {
+        "type": command_type,
+        "project_id": project,
+        "session_id": session,
+        "agent_instance_id": agent,
+        **_parse_assignments(field or []),
+    }
+    if state is not None:
+        try:
+            body["initial_state"] = json.loads(state)
+        except json.JSONDecodeError as exc:
+            raise typer.BadParameter(f"not JSON: {exc}", param_hint="--state") from exc
+    if event_id:
+        body["event_id"] = event_id
+    check_ids(project_id=project, session_id=session, agent_instance_id=agent)
+    settings = settings_from_env()
+
+    async def go(redis: Redis) -> Any:
+        from worker.lifecycle.client import LifecycleClient, ResultTimeoutError
+
+        client = LifecycleClient(redis, settings)
+        sent = await client.publish(body, assign_seq=not no_seq)
+        if not wait:
+            out.print(sent)
+            return None
+        try:
+            result = await client.wait(sent, timeout)
+        except ResultTimeoutError as exc:
+            fail(str(exc))
+        print(result.model_dump_json(indent=2), flush=True)
+        return result
+
+    result = run_async(with_redis(settings, go))
+    if result is not None and result.type == "command.rejected":
+        print(f"memworker: rejected: {result.reason}: {result.detail}", file=sys.stderr)
+        raise typer.Exit(REJECTED_EXIT_STATUS)
+
+
+def _print_entry(stream: str, entry_id: str, fields: dict[bytes, bytes], as_json: bool) -> None:
+    decoded = {k.decode(): v.decode("utf-8", "replace") for k, v in fields.items()}
+    data: Any = decoded.get("data")
+    if data is not None:
+        with contextlib.suppress(orjson.JSONDecodeError):
+            data = orjson.loads(data)
+    if as_json:
+        print(
+            json.dumps(
+                {
+                    "stream": stream,
+                    "id": entry_id,
+                    "data": data,
+                    **{k: v for k, v in decoded.items() if k != "data"},
+                }
+            ),
+            flush=True,
+        )
+        return
+    if isinstance(data, dict) and "source_stream" not in decoded:
+        kind = data.get("type", "?")
+        who = f"{data.get('project_id', '')}/{data.get('session_id', '')}"
+        extra = data.get("reason") or data.get("episode_id") or data.get("checkpoint_id") or ""
+        out.print(f"[dim]{entry_id}[/dim] [bold]{kind}[/bold] {who} {extra}", highlight=False)
+    else:
+        reason = decoded.get("reason", "")
+        out.print(
+            f"[dim]{entry_id}[/dim] [red]{reason}[/red] {decoded.get('error', '')}", highlight=False
+        )
+
+
+def tail(
+    what: Annotated[str, typer.Argument(help="results, episodes, dlq or lifecycle.")] = "results",
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per line.")] = False,
+    from_start: Annotated[
+        bool, typer.Option("--from-start", help="Start at the oldest entry, not new ones.")
+    ] = False,
+    count: Annotated[int | None, typer.Option(help="Stop after this many entries.")] = None,
+) -> None:
+    """Follow results, episodes, the DLQ or commands as they arrive."""
+    if what not in ("results", "episodes", "dlq", "lifecycle"):
+        raise typer.BadParameter("must be results, episodes, dlq or lifecycle", param_hint="WHAT")
+    settings = settings_from_env()
+    if what == "episodes":
+        names = [episodes_stream(settings.stream_prefix)]
+    else:
+        names = [
+            getattr(StreamKeys(settings.stream_prefix, i), what) for i in range(settings.shards)
+        ]
+
+    async def go(redis: Redis) -> None:
+        positions: dict[str, str] = {name: "0-0" if from_start else "$" for name in names}
+        seen = 0
+        while count is None or seen < count:
+            reply: Any = await redis.xread(positions, count=100, block=1000)  # type: ignore[arg-type]
+            for stream, entries in reply or []:
+                name = stream.decode()
+                for entry_id, fields in entries:
+                    positions[name] = entry_id.decode()
+                    _print_entry(name, entry_id.decode(), fields, as_json)
+                    seen += 1
+                    if count is not None and seen >= count:
+                        return
+
+    run_async(with_redis(settings, go))
+
+
+def shard(
+    project: Annotated[str, typer.Option("--project", "-p")],
+    session: Annotated[str, typer.Option("--session", "-s")],
+) -> None:
+    """Print the shard of a session: crc32(project/session) mod MEMWORKER_SHARDS."""
+    check_ids(project_id=project, session_id=session)
+    settings = settings_from_env()
+    out.print(str(shard_of(project, session, settings.shards)))

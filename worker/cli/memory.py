@@ -1,0 +1,221 @@
+"""Memory: a session's working memory (``inspect``) and the long-term episodes in Postgres
+(``episodes``, ``recall``, ``remember``, ``reindex``)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from typing import Annotated, Any, TypeVar
+
+import typer
+from redis.asyncio import Redis
+from rich.table import Table
+
+from worker.cli.common import (
+    check_ids,
+    database_engine,
+    fail,
+    out,
+    run_async,
+    settings_from_env,
+    with_redis,
+)
+from worker.ids import InvalidIdError, validate_id
+from worker.logs import configure_logging
+from worker.settings import Settings
+
+T = TypeVar("T")
+
+
+def inspect(
+    project: Annotated[str, typer.Option("--project", "-p")],
+    session: Annotated[str, typer.Option("--session", "-s")],
+) -> None:
+    """Show one session's working memory, state and checkpoints (JSON)."""
+    settings = settings_from_env()
+    check_ids(project_id=project, session_id=session)
+
+    async def go(redis: Redis) -> dict[str, Any]:
+        from worker.ops.inspection import inspect_session
+
+        return await inspect_session(redis, settings, project, session)
+
+    view = run_async(with_redis(settings, go))
+    if not view["exists"]:
+        fail(f"no session {project}/{session} (never spawned, expired, or cleaned up)")
+    print(json.dumps(view, indent=2, default=str))
+
+
+episodes_app = typer.Typer(
+    help="Read the episodes the consolidator stored in Postgres.",
+    no_args_is_help=True,
+    rich_markup_mode=None,
+)
+
+
+async def _with_episode_store(settings: Settings, use: Callable[[Any], Awaitable[T]]) -> T:
+    from worker.episodes.store import EpisodeStore
+
+    async with database_engine(settings) as engine:
+        return await use(EpisodeStore(engine))
+
+
+@episodes_app.command("list")
+def episodes_list(
+    project: Annotated[str, typer.Option("--project", "-p")],
+    session: Annotated[str | None, typer.Option("--session", "-s")] = None,
+    limit: Annotated[int, typer.Option(min=1, help="At most this many, newest first.")] = 20,
+    as_json: Annotated[bool, typer.Option("--json", help="JSON instead of a table.")] = False,
+) -> None:
+    """A project's episodes, newest first (one per finished session)."""
+    check_ids(project_id=project, **({"session_id": session} if session else {}))
+    settings = settings_from_env()
+
+    async def go(store: Any) -> list[Any]:
+        return list(await store.list_episodes(project, session_id=session, limit=limit))
+
+    rows = run_async(_with_episode_store(settings, go))
+    if as_json:
+        print(json.dumps([r.to_dict() for r in rows], indent=2))
+        return
+    table = Table("episode id", "session", "outcome", "finished", "task")
+    for r in rows:
+        table.add_row(
+            str(r.id),
+            r.session_id,
+            r.outcome,
+            r.occurred_at.isoformat(timespec="seconds"),
+            (r.task_description or "")[:60],
+        )
+    out.print(table)
+
+
+@episodes_app.command("show")
+def episodes_show(
+    project: Annotated[str, typer.Option("--project", "-p")],
+    session: Annotated[
+        str | None, typer.Option("--session", "-s", help="The session's episode.")
+    ] = None,
+    episode_id: Annotated[
+        str | None, typer.Argument(help="An episode id (from `episodes list`).")
+    ] = None,
+) -> None:
+    """One episode in full (JSON): lessons, context summary, snapshot of working memory."""
+    if session is None and episode_id is None:
+        raise typer.BadParameter("give an EPISODE_ID or --session (`episodes list` shows both)")
+    if session is not None and episode_id is not None:
+        raise typer.BadParameter("give an EPISODE_ID or --session, not both")
+    check_ids(project_id=project, **({"session_id": session} if session else {}))
+    settings = settings_from_env()
+
+    async def go(store: Any) -> Any:
+        if episode_id is not None:
+            return await store.get_episode(project, episode_id)
+        found = await store.list_episodes(project, session_id=session, limit=1)
+        return found[0] if found else None
+
+    episode = run_async(_with_episode_store(settings, go))
+    if episode is None:
+        which = f"session {project}/{session}" if session else f"id {episode_id} in {project}"
+        fail(
+            f"no episode for {which} (not terminated yet, consolidate: false, or not consolidated)"
+        )
+    print(json.dumps(episode.to_dict(), indent=2))
+
+
+def recall(
+    query: Annotated[str, typer.Argument(help="What to recall, in your own words.")],
+    project: Annotated[str, typer.Option("--project", "-p")],
+    limit: Annotated[int, typer.Option(min=1, max=1000, help="How many episodes.")] = 10,
+    as_json: Annotated[bool, typer.Option("--json", help="JSON array, best first.")] = False,
+) -> None:
+    """Recall a project's episodes by meaning and words (hybrid: vectors + full-text)."""
+    settings = settings_from_env()
+    try:
+        validate_id(project, "project_id")
+    except InvalidIdError as exc:
+        raise typer.BadParameter(str(exc)) from exc
+    configure_logging(settings.log_level, settings.log_json)
+
+    async def go() -> list[dict[str, Any]]:
+        from worker.episodes.embedding import embedder_from_settings
+        from worker.episodes.store import EpisodeStore
+
+        async with database_engine(settings) as engine:
+            store = EpisodeStore(engine, embedder_from_settings(settings))
+            return [hit.to_dict() for hit in await store.recall(project, query, limit)]
+
+    hits = run_async(go())
+    if as_json:
+        print(json.dumps(hits, indent=2))
+        return
+    table = Table("score", "occurred at", "outcome", "session", "task", "lessons")
+    for hit in hits:
+        table.add_row(
+            f"{hit['score']:.3f}",
+            hit["occurred_at"][:19],
+            hit["outcome"],
+            hit["session_id"],
+            hit["task_description"] or "",
+            "; ".join(str(lesson) for lesson in hit["lessons_learned"]),
+        )
+    out.print(table)
+
+
+def reindex(
+    project: Annotated[
+        str | None, typer.Option("--project", "-p", help="Only this project.")
+    ] = None,
+) -> None:
+    """Embed episodes that have no vector, or one of another model (a backfill)."""
+    settings = settings_from_env()
+    configure_logging(settings.log_level, settings.log_json)
+
+    async def go() -> int:
+        from worker.episodes.embedding import embedder_from_settings
+        from worker.episodes.indexer import reindex as backfill
+
+        async with database_engine(settings) as engine:
+            return await backfill(engine, embedder_from_settings(settings), project_id=project)
+
+    from worker.episodes.embedding import EmbeddingError
+
+    try:
+        count = run_async(go())
+    except EmbeddingError as exc:
+        fail(str(exc))
+    out.print(f"embedded {count} episodes")
+
+
+def remember(
+    project: Annotated[str, typer.Option("--project", "-p")],
+    memory_id: Annotated[str, typer.Option("--id", help="Your id: remembering twice is once.")],
+    task: Annotated[str, typer.Option("--task", help="What the episode was about.")],
+    lesson: Annotated[list[str] | None, typer.Option("--lesson", help="A lesson (repeat).")] = None,
+    outcome: Annotated[str, typer.Option(help="success, failure, partial, abandoned.")] = "success",
+    importance: Annotated[float, typer.Option(min=0.0, max=1.0)] = 0.5,
+) -> None:
+    """Write an episode directly (no session needed); it is announced and indexed."""
+    settings = settings_from_env()
+
+    async def go(redis: Redis) -> Any:
+        from worker.episodes.remember import remember as store
+
+        async with database_engine(settings) as engine:
+            return await store(
+                engine,
+                redis,
+                settings.stream_prefix,
+                project,
+                memory_id,
+                task_description=task,
+                lessons_learned=lesson or [],
+                outcome=outcome,
+                importance=importance,
+            )
+
+    try:
+        remembered = run_async(with_redis(settings, go))
+    except (ValueError, InvalidIdError) as exc:
+        fail(str(exc))
+    out.print(f"episode {remembered.episode_id}")

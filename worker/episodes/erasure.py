@@ -1,0 +1,233 @@
+"""Forgetting and exporting a project (or one session of it): ``EpisodeStore.forget``/``export``.
+
+Every query filters on the ``project_id`` (validated before it reaches SQL): nothing here can
+read or remove another project's rows. ``forget_project`` also removes the project's working
+memory from Redis, matching keys with an escaped glob and then checking each name exactly
+(``worker.keys.working_memory_key_re``), so an id that contains ``:`` or a prefix that contains
+glob characters can never widen what is deleted. ``export_project`` returns exactly what
+``forget_project`` with the same arguments would remove.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from redis.asyncio import Redis
+from sqlalchemy import ColumnElement, delete, select, text
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
+
+from worker import codec
+from worker.db.models import Episode, LifecycleEvent
+from worker.db.vectors import VECTOR_TABLE, has_vector_table, parse_vector
+from worker.ids import validate_id
+from worker.keys import working_memory_key_re, working_memory_pattern
+
+SCAN_COUNT = 1_000
+DELETE_BATCH = 500
+
+
+@dataclass(frozen=True, slots=True)
+class ForgetResult:
+    """How many rows and keys ``forget_project`` actually removed."""
+
+    episodes: int = 0
+    lifecycle_events: int = 0
+    redis_keys: int = 0
+
+
+@dataclass(slots=True)
+class ProjectExport:
+    """Everything memworker holds about a project (or one session of it)."""
+
+    project_id: str
+    session_id: str | None
+    episodes: list[dict[str, Any]] = field(default_factory=list)
+    lifecycle_events: list[dict[str, Any]] = field(default_factory=list)
+    working_memory: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "project_id": self.project_id,
+            "session_id": self.session_id,
+            "episodes": self.episodes,
+            "lifecycle_events": self.lifecycle_events,
+            "working_memory": self.working_memory,
+        }
+
+
+async def working_memory_keys(
+    redis: Redis, prefix: str, project_id: str, session_id: str | None = None
+) -> AsyncIterator[tuple[str, str, str]]:
+    """``(key, session_id, kind)`` of every working-memory key of the project (or session)."""
+    exact = working_memory_key_re(prefix, project_id, session_id)
+    pattern = working_memory_pattern(prefix, project_id, session_id)
+    async for raw in redis.scan_iter(match=pattern, count=SCAN_COUNT):
+        key = codec.text(raw)
+        if match := exact.match(key):
+            yield key, match["session"], match["kind"]
+
+
+def _json_ready(value: Any) -> Any:
+    """Redis replies as JSON-friendly values: text when UTF-8, else ``{"base64": …}`` (a
+    checkpoint's DUMP payloads are binary, and must come back byte for byte)."""
+    if isinstance(value, bytes):
+        try:
+            return value.decode()
+        except UnicodeDecodeError:
+            return {"base64": base64.b64encode(value).decode()}
+    if isinstance(value, dict):
+        return {str(_json_ready(k)): _json_ready(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_ready(v) for v in value]
+    return value
+
+
+async def _read_key(redis: Redis, key: str) -> Any:
+    kind = codec.text(await redis.type(key))
+    if kind == "string":
+        return _json_ready(await redis.get(key))
+    if kind == "hash":
+        return _json_ready(await redis.hgetall(key))
+    if kind == "list":
+        return _json_ready(await redis.lrange(key, 0, -1))
+    if kind == "zset":
+        scored: Any = await redis.zrange(key, 0, -1, withscores=True)
+        return [[_json_ready(m), s] for m, s in scored]
+    if kind == "set":
+        return sorted(_json_ready(list(await redis.smembers(key))))
+    return None  # expired between SCAN and read
+
+
+def _scope(
+    model: type[Episode] | type[LifecycleEvent],
+    project_id: str,
+    session_id: str | None,
+    before: datetime | None,
+) -> list[ColumnElement[bool]]:
+    """The rows ``forget_project`` removes and ``export_project`` returns: one project's,
+    optionally one session's, optionally older than ``before``. Ids are validated before they
+    reach SQL."""
+    validate_id(project_id, "project_id")
+    conditions = [model.project_id == project_id]
+    if session_id is not None:
+        validate_id(session_id, "session_id")
+        conditions.append(model.session_id == session_id)
+    if before is not None:
+        conditions.append(model.occurred_at < before)
+    return conditions
+
+
+async def forget_project(
+    engine: AsyncEngine,
+    project_id: str,
+    *,
+    session_id: str | None = None,
+    before: datetime | None = None,
+    redis: Redis | None = None,
+    prefix: str | None = None,
+) -> ForgetResult:
+    """Remove the project's episodes and lifecycle events (one session's, older than
+    ``before``, when given), in one transaction; then, when ``redis`` and ``prefix`` are
+    given and ``before`` is not, its working memory in Redis. Returns real counts.
+
+    ``before`` narrows only the history: working memory is live state, never "older".
+    An episode's vector (``episode_embeddings``) goes with it (``ON DELETE CASCADE``).
+    A session's dedupe records live in its meta hash and go with it: replaying the
+    forgotten session's commands afterwards would apply them again. The records of
+    commands refused before they were applied (``evt:`` keys) expire on their own.
+    """
+    episodes = delete(Episode).where(*_scope(Episode, project_id, session_id, before))
+    events = delete(LifecycleEvent).where(*_scope(LifecycleEvent, project_id, session_id, before))
+    async with engine.begin() as conn:
+        removed_episodes = (await conn.execute(episodes)).rowcount
+        removed_events = (await conn.execute(events)).rowcount
+    removed_keys = 0
+    if redis is not None and prefix is not None and before is None:
+        removed_keys = await _forget_working_memory(redis, prefix, project_id, session_id)
+    return ForgetResult(removed_episodes, removed_events, removed_keys)
+
+
+async def export_project(
+    engine: AsyncEngine,
+    project_id: str,
+    *,
+    session_id: str | None = None,
+    before: datetime | None = None,
+    redis: Redis | None = None,
+    prefix: str | None = None,
+) -> ProjectExport:
+    """Everything ``forget_project`` with the same arguments would remove, as JSON-ready data."""
+    episode_query = select(Episode).where(*_scope(Episode, project_id, session_id, before))
+    event_query = select(LifecycleEvent).where(
+        *_scope(LifecycleEvent, project_id, session_id, before)
+    )
+    export = ProjectExport(project_id, session_id)
+    async with AsyncSession(engine, expire_on_commit=False) as session:
+        episodes = await session.scalars(episode_query.order_by(Episode.occurred_at, Episode.id))
+        export.episodes = [e.to_dict() for e in episodes]
+        events = await session.scalars(
+            event_query.order_by(LifecycleEvent.occurred_at, LifecycleEvent.event_id)
+        )
+        export.lifecycle_events = [e.to_dict() for e in events]
+    await _attach_vectors(engine, export.episodes)
+    if redis is not None and prefix is not None and before is None:
+        async for key, key_session, kind in working_memory_keys(
+            redis, prefix, project_id, session_id
+        ):
+            value = await _read_key(redis, key)
+            if value is not None:
+                export.working_memory.setdefault(key_session, {})[kind] = value
+    return export
+
+
+async def _attach_vectors(engine: AsyncEngine, episodes: list[dict[str, Any]]) -> None:
+    """Each exported episode's vector (``embedding``: model, dimension, vector), if any."""
+    if not episodes:
+        return
+    async with engine.connect() as conn:
+        if not await has_vector_table(conn):
+            return
+        rows = await conn.execute(
+            text(
+                f"SELECT episode_id::text AS id, model, dimension, embedding::text AS vector"
+                f" FROM {VECTOR_TABLE} WHERE episode_id = ANY(CAST(:ids AS uuid[]))"
+            ),
+            {"ids": [e["id"] for e in episodes]},
+        )
+        vectors = {
+            row.id: {
+                "model": row.model,
+                "dimension": row.dimension,
+                "vector": parse_vector(row.vector),
+            }
+            for row in rows
+        }
+    for episode in episodes:
+        episode["embedding"] = vectors.get(episode["id"])
+
+
+async def _forget_working_memory(
+    redis: Redis, prefix: str, project_id: str, session_id: str | None
+) -> int:
+    removed = 0
+    batch: list[str] = []
+
+    async def flush() -> int:
+        pipe = redis.pipeline(transaction=False)
+        for key in batch:  # one key per UNLINK: fine on a cluster, where slots differ
+            pipe.unlink(key)
+        counts: Sequence[int] = await pipe.execute()
+        batch.clear()
+        return sum(int(c) for c in counts)
+
+    async for key, _session, _kind in working_memory_keys(redis, prefix, project_id, session_id):
+        batch.append(key)
+        if len(batch) >= DELETE_BATCH:
+            removed += await flush()
+    if batch:
+        removed += await flush()
+    return removed
