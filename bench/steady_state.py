@@ -57,8 +57,11 @@ RUNNER = r"""
 import asyncio, json, sys, uuid, orjson
 from redis.asyncio import Redis
 from worker.keys import StreamKeys
-from worker.consumers.groups import ensure_group
-from worker.lifecycle.worker import LifecycleWorker
+try:  # this checkout, or an earlier one (--before) from before the packages
+    from worker.consumers.groups import ensure_group
+    from worker.lifecycle.worker import LifecycleWorker
+except ImportError:
+    from worker.lifecycle import LifecycleWorker, ensure_group
 from worker.logs import configure_logging
 from worker.settings import Settings
 

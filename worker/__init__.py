@@ -2,7 +2,7 @@
 
 ``from worker import AgentLifecycleManager, LifecycleResult, LifecycleHooks, LifecycleEvent``
 gives the syndarix-shaped lifecycle API; the names are imported on first use, so importing
-any ``worker`` module stays cheap and free of import cycles.
+any ``worker`` module stays cheap (docs/architecture.md maps the packages).
 """
 
 from __future__ import annotations

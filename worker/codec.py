@@ -31,17 +31,22 @@ def text(value: bytes | str) -> str:
 
 def entry_data(fields: Mapping[Any, Any]) -> bytes | str | None:
     """The JSON text of an entry: its ``data`` field, or the body of FastStream's ``__data__``
-    envelope; None when it has neither. Field names may be text or bytes."""
-    raw = fields.get("data", fields.get(b"data"))
+    envelope; None when it has neither. Field names may be bytes (as Redis returns them, the
+    lifecycle's hot path: one lookup) or text. A broken envelope raises ``ValueError``."""
+    raw = fields.get(b"data")
     if raw is None:
-        envelope = fields.get(FASTSTREAM_DATA_FIELD, fields.get(FASTSTREAM_DATA_FIELD.encode()))
+        raw = fields.get("data")
+    if raw is None:
+        envelope = fields.get(b"__data__")
+        if envelope is None:
+            envelope = fields.get(FASTSTREAM_DATA_FIELD)
         if envelope is not None:
             from faststream.redis.parser.binary import BinaryMessageFormatV1
 
             raw, _headers = BinaryMessageFormatV1.parse(
                 envelope if isinstance(envelope, bytes) else envelope.encode()
             )
-    return raw  # type: ignore[no-any-return]
+    return raw
 
 
 def decode_entry(fields: Mapping[Any, Any]) -> dict[str, Any]:

@@ -4,7 +4,7 @@
 ``RedisCluster`` routes each command to the node of its key's slot; all of a shard's keys share
 the hash tag ``{i}``, so a script's keys always live on one node). ``shard_urls(settings)``
 gives, per shard, the URL of the node that holds it — the worker's pipelined ``ScriptChannel``
-and FastStream subscribers connect there directly.
+connects there directly. ``consumer_client(settings)`` is the client a consumer loop reads with.
 
 Plain TCP clients pack commands with hiredis (in C): redis-py's asyncio connection packs in
 Python, one ``encode`` per argument, which was the worker's largest cost in a profile.

@@ -1,7 +1,8 @@
-"""Prometheus metrics and the /metrics, /healthz, /readyz endpoint of both workers.
+"""Prometheus metrics and the /metrics, /healthz, /readyz endpoint of every service.
 
 Only counters and histograms are touched on the hot path; gauges of stream lag and pending
-counts are refreshed by a slow background probe, never per command.
+counts are refreshed by a slow background probe (each group's, ``worker.consumers.lag``),
+never per command.
 """
 
 from __future__ import annotations

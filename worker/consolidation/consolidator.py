@@ -51,6 +51,7 @@ from worker.consumers.loop import (
     StorageUnavailableError,
     StreamEntry,
 )
+from worker.consumers.service import GroupService
 from worker.db.batch import insert_batch
 from worker.db.engine import create_database_engine
 from worker.db.outages import first_line, is_connection_error, storage_error
@@ -87,7 +88,7 @@ class ConsolidationOutcome(BatchOutcome):
     episodes_announced: int = 0
 
 
-class Consolidator:
+class Consolidator(GroupService):
     """Consumes ``P:results:{i}`` of every shard in group ``consolidation`` into Postgres: the
     ``GroupHandler`` of a ``GroupConsumer`` (``self.loop``), which runs the group."""
 
@@ -125,7 +126,6 @@ class Consolidator:
         shards = [StreamKeys(settings.stream_prefix, i) for i in range(settings.shards)]
         self.streams = [keys.results for keys in shards]
         self._dlq_of = {keys.results: keys.dlq for keys in shards}
-        self._owns_clients = False
         self.announcer = Announcer(
             redis,
             engine,
@@ -153,34 +153,8 @@ class Consolidator:
     @classmethod
     def from_settings(cls, settings: Settings, **options: Any) -> Consolidator:
         """A consolidator with its own Redis client and engine (closed by ``close``)."""
-        consolidator = cls(
-            settings,
-            consumer_client(settings),
-            create_database_engine(settings.database_url),
-            **options,
-        )
-        consolidator._owns_clients = True
-        return consolidator
-
-    async def close(self) -> None:
-        if self._owns_clients:
-            await self.redis.aclose()
-            await self.engine.dispose()
-
-    def is_ready(self) -> bool:
-        """Ready when its groups exist and the last step reached both Redis and Postgres."""
-        return self.loop.is_ready()
-
-    async def run(self, stop: asyncio.Event) -> None:
-        """Consolidate until ``stop`` is set (``GroupConsumer.run``)."""
-        await self.loop.run(stop)
-
-    async def run_once(self) -> int:
-        """Consolidate everything available now (``GroupConsumer.run_once``)."""
-        return await self.loop.run_once()
-
-    async def ensure_groups(self) -> None:
-        await self.loop.ensure_groups()
+        redis, engine = consumer_client(settings), create_database_engine(settings.database_url)
+        return cls(settings, redis, engine, **options).owning(redis.aclose, engine.dispose)
 
     async def relay(self, max_batches: int = 10) -> int:
         """Publish episodes still owed an ``episode.recorded``; how many (``Announcer.relay``)."""

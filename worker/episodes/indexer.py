@@ -40,6 +40,7 @@ from worker.consumers.loop import (
     StorageUnavailableError,
     StreamEntry,
 )
+from worker.consumers.service import GroupService
 from worker.db.engine import create_database_engine
 from worker.db.outages import first_line, is_connection_error
 from worker.db.vectors import (
@@ -117,7 +118,7 @@ async def embed_and_store(
     return len(rows)
 
 
-class Indexer:
+class Indexer(GroupService):
     """The ``GroupHandler`` of group ``indexer`` on ``P:episodes`` (``self.loop`` runs it)."""
 
     group = INDEXER_GROUP
@@ -139,7 +140,6 @@ class Indexer:
         self.streams = (episodes_stream(settings.stream_prefix),)
         self._dlq = indexer_dlq(settings.stream_prefix)
         self._vectors: bool | None = None
-        self._owns_clients = False
         self.loop: GroupConsumer[IndexBatch] = GroupConsumer.from_settings(
             redis,
             self,
@@ -151,29 +151,9 @@ class Indexer:
 
     @classmethod
     def from_settings(cls, settings: Settings, **options: Any) -> Indexer:
-        indexer = cls(
-            settings,
-            consumer_client(settings),
-            create_database_engine(settings.database_url),
-            **options,
-        )
-        indexer._owns_clients = True
-        return indexer
-
-    async def close(self) -> None:
-        if self._owns_clients:
-            await self.redis.aclose()
-            await self.engine.dispose()
-
-    def is_ready(self) -> bool:
-        return self.loop.is_ready()
-
-    async def run(self, stop: asyncio.Event) -> None:
-        """Index until ``stop`` is set (``GroupConsumer.run``)."""
-        await self.loop.run(stop)
-
-    async def run_once(self) -> int:
-        return await self.loop.run_once()
+        """An indexer with its own Redis client and engine (closed by ``close``)."""
+        redis, engine = consumer_client(settings), create_database_engine(settings.database_url)
+        return cls(settings, redis, engine, **options).owning(redis.aclose, engine.dispose)
 
     # -- the group handler ---------------------------------------------------------------------
 

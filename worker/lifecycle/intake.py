@@ -12,17 +12,15 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
-from faststream.redis.parser.binary import BinaryMessageFormatV1
 from pydantic import ValidationError
 
 from schemas.commands import COMMAND_ADAPTER, COMMAND_TYPES, Command, SpawnCommand
 from schemas.limits import SCHEMA_VERSION
+from worker.codec import entry_data
 from worker.ids import is_valid_id
 from worker.keys import shard_of
 from worker.settings import Settings
 
-DATA_FIELD = b"data"
-FASTSTREAM_FIELD = b"__data__"
 TRACEPARENT_FIELD = b"traceparent"
 
 
@@ -76,17 +74,6 @@ def encode_as_nested(value: Any) -> bytes:
     return orjson.dumps(wrapped)[_WRAP_OPEN:-_DEPTH_IN_RESULT]
 
 
-def _payload(fields: Mapping[bytes, bytes]) -> bytes | None:
-    data = fields.get(DATA_FIELD)
-    if data is not None:
-        return data
-    envelope = fields.get(FASTSTREAM_FIELD)
-    if envelope is not None:
-        body, _headers = BinaryMessageFormatV1.parse(envelope)
-        return body
-    return None
-
-
 def _describe(error: ValidationError) -> str:
     parts = []
     for item in error.errors(include_url=False)[:8]:
@@ -100,7 +87,7 @@ def _describe(error: ValidationError) -> str:
 def parse_entry(fields: Mapping[bytes, bytes], shard: int, settings: Settings) -> Intake:
     """Classify one entry of ``P:lifecycle:{shard}``."""
     try:
-        payload = _payload(fields)
+        payload = entry_data(fields)
     except Exception as exc:
         return Unusable(f"FastStream envelope in __data__ could not be read: {exc}")
     if payload is None:

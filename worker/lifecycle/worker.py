@@ -137,7 +137,7 @@ class LifecycleWorker:
         for entry in entries:
             entry_id, n = entry.entry_id, counts.get(entry.entry_id, 1)
             if n > self.settings.max_deliveries and (shard, entry_id) not in self.retry.held:
-                await self._dead(
+                await self.settler.dead(
                     shard,
                     entry_id,
                     entry.fields,
@@ -268,17 +268,6 @@ class LifecycleWorker:
 
     async def _settle(self, shard: int, outcome: Outcome, fields: Mapping[bytes, bytes]) -> None:
         await self.settler.settle(shard, outcome, fields)
-
-    async def _dead(
-        self,
-        shard: int,
-        entry_id: str,
-        fields: Mapping[bytes, bytes],
-        reason: str,
-        error: str,
-        deliveries: int,
-    ) -> None:
-        await self.settler.dead(shard, entry_id, fields, reason, error, deliveries)
 
     def _held_by_condition(
         self, shard: int, blocked: Sequence[Outcome], fields: Mapping[str, Mapping[bytes, bytes]]
