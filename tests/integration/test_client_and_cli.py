@@ -263,11 +263,13 @@ async def test_typed_followers_yield_result_and_episode_models(
         break
 
 
-async def test_a_refused_publish_takes_no_seq_and_a_new_spawn_restarts_the_count(
+async def test_a_refused_publish_takes_no_seq_and_a_spawn_goes_on_with_the_count(
     redis: Redis, settings: Settings
 ) -> None:
     """The seq is taken in the same script that XADDs the command, so a publish that does not
-    happen never leaves a gap that would stall the session."""
+    happen never leaves a gap that would stall the session. A spawn takes the next number too
+    (a spawn of a live session is rejected at it; one of a new life starts the session at it),
+    so the counter never falls behind the session's seq."""
     client = LifecycleClient(redis, settings)
     await client.spawn("p", "s1", "a")
     with pytest.raises(ValueError, match="type"):
@@ -275,6 +277,6 @@ async def test_a_refused_publish_takes_no_seq_and_a_new_spawn_restarts_the_count
             {"type": "explode", "project_id": "p", "session_id": "s1", "agent_instance_id": "a"}
         )
     await client.pause("p", "s1", "a")
-    await client.spawn("p", "s1", "a")  # the same session id spawned again (after expiry)
+    await client.spawn("p", "s1", "a")  # the same session id spawned again
     rows: Any = await redis.xrange(StreamKeys(settings.stream_prefix, 0).lifecycle)
-    assert [json.loads(f[b"data"])["seq"] for _i, f in rows] == [1, 2, 1]
+    assert [json.loads(f[b"data"])["seq"] for _i, f in rows] == [1, 2, 3]

@@ -607,3 +607,99 @@ async def test_a_server_that_lost_the_apply_function_gets_it_back_and_applies_no
         await client.aclose()
     finally:
         server.stop()
+
+
+async def test_a_command_ahead_for_a_session_never_spawned_is_answered_at_once(
+    redis: Redis, settings: Settings
+) -> None:
+    # Nothing will ever fill the gap: no spawn of p1/ghost is in the stream. Answered now,
+    # not dead-lettered seq_gap after MEMWORKER_SEQ_GAP_TIMEOUT_SECONDS (60 s here).
+    out = await run_commands(
+        redis,
+        settings,
+        [command("pause", "gh2", session="ghost", seq=2), command("terminate", "gh3", seq=3)],
+        expect_results=2,
+    )
+    assert [(r["type"], r["reason"]) for r in out] == [("command.rejected", "unknown_session")] * 2
+    assert "spawn it first" in out[0]["detail"]
+    assert await dead_letters(redis, settings) == []
+
+
+async def test_a_pause_after_a_rejected_spawn_is_answered_unknown_session_through_the_client(
+    redis: Redis, settings: Settings
+) -> None:
+    from worker.client import LifecycleClient
+
+    client = LifecycleClient(redis, settings)
+    async with running_worker(settings):
+        bad = await client.spawn("p1", "bad", "agent-1", {"k": 1}, ttl_seconds=-5)
+        spawned = await client.wait(bad, 10)
+        assert spawned.type == "command.rejected" and spawned.reason == "invalid_event"
+        paused = await client.wait(await client.pause("p1", "bad", "agent-1"), 10)
+    assert paused.type == "command.rejected" and paused.reason == "unknown_session"
+
+
+async def test_a_command_ahead_still_waits_for_a_spawn_another_consumer_holds(
+    redis: Redis, fast: Settings
+) -> None:
+    # The spawn was read by a consumer that died before applying it: the pause (seq 2) waits
+    # for it, as a command ahead always did, and both apply once the spawn is reclaimed.
+    streams = StreamKeys(fast.stream_prefix, 0)
+    await ensure_group(redis, streams.lifecycle, LIFECYCLE_GROUP)
+    await publish(redis, fast, command("spawn", "w1", session="late", seq=1))
+    await redis.xreadgroup(LIFECYCLE_GROUP, "died", {streams.lifecycle: ">"}, count=1)
+    await publish(redis, fast, command("pause", "w2", session="late", seq=2))
+    async with running_worker(fast):
+        await stream_len_at_least(redis, streams.results, 2)
+    out = await results(redis, fast)
+    assert [(r["causation_id"], r["type"]) for r in out] == [
+        ("w1", "agent.spawned"),
+        ("w2", "agent.paused"),
+    ]
+
+
+async def test_a_second_spawn_of_a_live_session_leaves_it_whole_through_the_client(
+    redis: Redis, settings: Settings
+) -> None:
+    # The client's seq counter goes on at a spawn: the second spawn is rejected at the seq it
+    # took, and the session's next command, at the next seq, applies.
+    from worker.client import LifecycleClient
+
+    client = LifecycleClient(redis, settings)
+    async with running_worker(settings):
+        for step in (
+            client.spawn("p1", "twice", "agent-1", {"k": 1}),
+            client.pause("p1", "twice", "agent-1"),
+            client.resume("p1", "twice", "agent-1"),
+        ):
+            assert (await client.wait(await step, 10)).type != "command.rejected"
+        again = await client.wait(await client.spawn("p1", "twice", "agent-1", {"k": 2}), 10)
+        ended = await client.wait(await client.terminate("p1", "twice", "agent-1"), 10)
+    assert again.type == "command.rejected" and again.reason == "already_exists"
+    assert ended.type == "agent.terminated"
+    assert ended.snapshot is not None and ended.snapshot.variables == {"k": 1}
+
+
+async def test_a_republished_command_takes_no_seq_from_the_session(
+    redis: Redis, settings: Settings
+) -> None:
+    # A publish retried with the same event_id (it took a seq of its own) is a duplicate; the
+    # session's next command is applied, not held for the seq the retry took.
+    from worker.client import LifecycleClient
+
+    client = LifecycleClient(redis, settings)
+    async with running_worker(settings):
+        await client.wait(await client.spawn("p1", "retry", "agent-1", {"k": 1}), 10)
+        body = {
+            "type": "pause",
+            "project_id": "p1",
+            "session_id": "retry",
+            "agent_instance_id": "agent-1",
+            "event_id": "pz-1",
+        }
+        first = await client.wait(await client.publish(dict(body)), 10)
+        again = await client.wait(await client.publish(dict(body)), 10)
+        resumed = await client.wait(await client.resume("p1", "retry", "agent-1"), 10)
+    assert first.type == "agent.paused"
+    assert again.event_id == first.event_id  # the same result, found at once
+    assert resumed.type == "agent.resumed"

@@ -77,6 +77,7 @@ class LifecycleClient:
         unreachable; its message names the condition and what to do.
         """
         body = dict(command)
+        retried = "event_id" in body  # its result may be in the stream already
         if body.get("type") not in COMMAND_TYPES:
             raise ValueError(f"type must be one of {', '.join(COMMAND_TYPES)}")
         project_id = validate_id(body.get("project_id", ""), "project_id")
@@ -87,7 +88,8 @@ class LifecycleClient:
             self.settings.stream_prefix, self.settings.shards, project_id, session_id
         )
         async with conditions_raised(self.redis):
-            return await self._publish(body, keys, event_id, assign_seq, traceparent)
+            await self._publish(body, keys, event_id, assign_seq, traceparent, retried)
+        return str(event_id)
 
     async def _publish(
         self,
@@ -96,7 +98,8 @@ class LifecycleClient:
         event_id: str,
         assign_seq: bool,
         traceparent: str | None,
-    ) -> str:
+        retried: bool,
+    ) -> None:
         project_id, session_id = keys.project_id, keys.session_id
         streams = keys.streams
         # Where results could start, so wait() need not scan the whole stream; and whether the
@@ -135,19 +138,19 @@ class LifecycleClient:
                 ],
                 [
                     orjson.dumps(body),
-                    "1" if body["type"] == "spawn" else "0",
+                    "0",  # unused (publish_command.lua)
                     ttl_ms,
                     traceparent or "",
                 ],
             )
-            self._sent[event_id] = (keys.shard, start)
-            return str(event_id)
-        fields: dict[str, bytes | str] = {"data": orjson.dumps(body)}
-        if traceparent:
-            fields["traceparent"] = traceparent
-        await self.redis.xadd(streams.lifecycle, fields)  # type: ignore[arg-type]
-        self._sent[event_id] = (keys.shard, start)
-        return str(event_id)
+        else:
+            fields: dict[str, bytes | str] = {"data": orjson.dumps(body)}
+            if traceparent:
+                fields["traceparent"] = traceparent
+            await self.redis.xadd(streams.lifecycle, fields)  # type: ignore[arg-type]
+        # A command published before with this event_id (a retry) was answered once, maybe
+        # long ago: wait() then reads the results stream from its start, not from here.
+        self._sent[event_id] = (keys.shard, "0-0" if retried else start)
 
     async def spawn(
         self,

@@ -2,7 +2,7 @@
 -- mutation, XADD of the result, dedupe record; then one XACK of every command it answered.
 --
 -- A Redis function (FUNCTION LOAD once, FCALL per batch of up to COMMANDS_PER_CALL commands,
--- worker/applier.py; worker/scripts.py builds the library: a `#!lua name=…` line, the
+-- worker/lifecycle/apply.py; worker/scripts.py builds the library: a `#!lua name=…` line, the
 -- _session.lua prelude, then this file, whose last line gets the function's name). Everything
 -- below is defined once when the library loads; a call only binds its keys and arguments to
 -- the upvalues below and runs. An EVAL script instead re-creates every function (closure) and
@@ -332,6 +332,44 @@ local function terminate()
   return out
 end
 
+-- Is a spawn of this session (K_META) in the stream and not yet applied: published before
+-- this entry and still pending (in this or another consumer's hands), or published after it?
+-- Only asked for a command with a seq ahead on a session that does not exist: it waits for
+-- such a spawn, and is rejected unknown_session when there is none. Looks at up to 100
+-- earlier pending entries and the next 100 entries; past either bound it waits (and asks
+-- again at its next retry), as every command ahead did before this check.
+local function spawn_of(id, fields, project_session, session)
+  for i = 1, #fields - 1, 2 do
+    local data = fields[i + 1]
+    if fields[i] == 'data' and string.find(data, session, 1, true)
+        and string.find(data, 'spawn', 1, true) then
+      local ok, body = pcall(cjson.decode, data)
+      if ok and type(body) == 'table' and body.type == 'spawn'
+          and tostring(body.project_id) .. '/' .. tostring(body.session_id) == project_session then
+        return true
+      end
+    end
+  end
+  return false
+end
+
+local function spawn_in_flight()
+  local at = string.find(K_META, '}:s:', 1, true)
+  local project_session = string.sub(K_META, at + 4, -6)
+  local session = string.match(project_session, '/(.*)$')
+  local earlier = call('XPENDING', K_SOURCE, group, '-', '(' .. entry_id, 100)
+  local later = call('XRANGE', K_SOURCE, '(' .. entry_id, '+', 'COUNT', 100)
+  if #earlier == 100 or #later == 100 then return true end
+  for _, row in ipairs(earlier) do
+    local found = call('XRANGE', K_SOURCE, row[1], row[1])
+    if found[1] and spawn_of(row[1], found[1][2], project_session, session) then return true end
+  end
+  for _, entry in ipairs(later) do
+    if spawn_of(entry[1], entry[2], project_session, session) then return true end
+  end
+  return false
+end
+
 -- Apply the command at args[o..] to the session bound (bind_session_of); returns its reply.
 local function apply_one()
   op, entry_id, prefix = args[o + 1], args[o + 2], args[o + 3]
@@ -361,6 +399,13 @@ local function apply_one()
     if not previous and meta[5] and packed_in(meta[5], string.sub(record, 2)) then previous = '' end
   end
   if previous then
+    -- A retried publish took a seq of its own (LifecycleClient's counter): the session's
+    -- next seq is that one once its turn comes, or its later commands would wait for it.
+    if seq and state and state ~= 'terminated' then
+      local last_seq = tonumber(meta[2]) or 0
+      if seq > last_seq + 1 then return {'wait', tostring(last_seq + 1)} end
+      if seq == last_seq + 1 then call('HSET', K_META, 'last_seq', seq_text) end
+    end
     acknowledge()
     return {'duplicate', previous}
   end
@@ -374,7 +419,7 @@ local function apply_one()
   end
 
   -- Ordering: with seq, apply only the next expected one; wait for a gap to fill.
-  if seq then
+  if seq and state then
     local last_seq = tonumber(meta[2]) or 0
     if seq <= last_seq then
       return reject('stale_seq', 'seq ' .. seq .. ' was already applied to this session (last applied seq is '
@@ -383,6 +428,14 @@ local function apply_one()
     if seq > last_seq + 1 then
       return {'wait', tostring(last_seq + 1)}
     end
+  elseif seq and seq > 1 and op ~= 'spawn' and op ~= 'reject' and spawn_in_flight() then
+    -- No session yet, but its spawn is in the stream, still to be applied: wait for it. With
+    -- none, the seq it waits for can never come from what was published: it is answered
+    -- unknown_session below, now, not dead-lettered seq_gap after the gap timeout. A spawn
+    -- (or a command refused before this function) of a session that does not exist is
+    -- answered whatever its seq: a spawn starts the session at it (LifecycleClient's counter
+    -- goes on across a session id's lives while it is kept: a spawn may be its 5th).
+    return {'wait', '1'}
   end
 
   if op == 'reject' then
@@ -392,7 +445,8 @@ local function apply_one()
   if op == 'spawn' then return spawn() end
   if not state then
     return reject('unknown_session', 'no session with this project_id and session_id exists '
-      .. '(never spawned, or expired after its idle TTL); spawn it first')
+      .. '(never spawned, its spawn was rejected, or it expired after its idle TTL) and no '
+      .. 'spawn of it waits to be applied; spawn it first')
   end
   if op == 'pause' then return pause() end
   if op == 'resume' then return resume() end
