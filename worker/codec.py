@@ -7,6 +7,7 @@ A reply field may come back as ``bytes`` (the default client) or ``str`` (a clie
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -61,3 +62,36 @@ def decode_entry(fields: Mapping[Any, Any]) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise UnusableEntryError("unparseable", "'data' is not a JSON object")
     return value
+
+
+def json_bytes(value: Any, what: str) -> bytes:
+    """``value`` as JSON, as every boundary that takes values from callers writes it (a
+    command's body, a working-memory value). NaN and Infinity are refused with a
+    ``ValueError`` naming where they are (JSON has no such numbers; written as ``null`` they
+    would be lost silently); a datetime without a zone is taken as UTC and written with
+    ``+00:00``; anything else JSON cannot hold raises a ``TypeError`` naming ``what``."""
+    try:
+        text = orjson.dumps(value, option=orjson.OPT_NAIVE_UTC)
+    except TypeError as exc:
+        raise TypeError(f"{what} is not JSON-serializable: {exc}") from exc
+    if b"null" in text and (where := _non_finite(value, what)) is not None:
+        raise ValueError(
+            f"{where} is not a JSON number (NaN and Infinity have no JSON form); "
+            "send null or a string instead"
+        )
+    return text
+
+
+def _non_finite(value: Any, where: str) -> str | None:
+    """Where in ``value`` a NaN or an infinity is (``what['key'][2]``), or None."""
+    if isinstance(value, float):
+        return None if math.isfinite(value) else f"{where} ({value!r})"
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            if (found := _non_finite(item, f"{where}[{key!r}]")) is not None:
+                return found
+    elif isinstance(value, list | tuple):
+        for i, item in enumerate(value):
+            if (found := _non_finite(item, f"{where}[{i}]")) is not None:
+                return found
+    return None

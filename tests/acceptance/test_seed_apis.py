@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
+from datetime import datetime
 from enum import Enum
 
 import orjson
@@ -27,7 +28,7 @@ from worker.db.migrate import migrate
 from worker.db.models import Episode
 from worker.keys import StreamKeys
 from worker.lifecycle.client import LifecycleClient, ResultTimeoutError
-from worker.memory import MemoryNotFoundError, TaskState, WorkingMemory
+from worker.memory import MemoryNotFoundError, SessionPausedError, TaskState, WorkingMemory
 from worker.settings import Settings, get_settings
 
 pytestmark = pytest.mark.slow
@@ -135,7 +136,8 @@ async def test_the_lifecycle_managers_four_calls_return_the_seeds_results(
         listed = await manager.list_checkpoints(project_id, agent_instance_id, session_id)
         assert [c["id"] for c in listed] == [paused.data["checkpoint_id"]]
 
-        await memory.set("budget", 99)  # changed while paused, undone by the resume
+        with pytest.raises(SessionPausedError, match="is paused"):  # resume would undo it
+            await memory.set("budget", 99)
         resumed = await manager.resume(
             project_id, agent_instance_id, session_id, paused.data["checkpoint_id"]
         )
@@ -398,3 +400,39 @@ async def test_a_new_hooks_group_starts_with_new_results_unless_asked_to_start_f
             await asyncio.gather(*serving)
     assert from_now == ["later"]  # results are handled in order: "earlier" was never delivered
     assert from_first == ["earlier", "later"]
+
+
+async def test_values_json_cannot_hold_are_refused_at_the_call_naming_the_parameter(
+    seed_env: Settings, redis: Redis
+) -> None:
+    # Nothing is published: each call fails before it reaches Redis, saying which argument.
+    lifecycle = StreamKeys(seed_env.stream_prefix, 0).lifecycle
+    async with AgentLifecycleManager(timeout=0.5) as manager:
+        with pytest.raises(TypeError, match="lessons_learned must be a list of strings, not str"):
+            await manager.terminate("p", "agent-1", "s-types", lessons_learned="one lesson")  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match=r"lessons_learned\[1\] must be a string"):
+            await manager.terminate("p", "agent-1", "s-types", lessons_learned=["a", 2])  # type: ignore[list-item]
+        with pytest.raises(
+            ValueError, match=r"\['initial_state'\]\['score'\] \(nan\) is not a JSON"
+        ):
+            await manager.spawn("p", "agent-1", "s-types", initial_state={"score": float("nan")})
+        with pytest.raises(TypeError, match="initial_state must be a mapping"):
+            await manager.spawn("p", "agent-1", "s-types", initial_state=[("a", 1)])  # type: ignore[arg-type]
+    assert not await redis.exists(lifecycle)
+
+    memory = await WorkingMemory.for_session("s-types", "p", "agent-1")
+    try:
+        with pytest.raises(TypeError, match=r"'ratio'.*\(inf\) is not a JSON number"):
+            await memory.set("ratio", float("inf"))
+        assert await memory.get("ratio") is None
+    finally:
+        await memory.close()
+
+
+async def test_a_datetime_without_a_zone_is_stored_as_utc(seed_env: Settings, redis: Redis) -> None:
+    memory = await WorkingMemory.for_session("s-naive", "p", "agent-1")
+    try:
+        await memory.set("when", datetime(2026, 1, 2, 3, 4, 5))
+        assert await memory.get("when") == "2026-01-02T03:04:05+00:00"
+    finally:
+        await memory.close()

@@ -31,6 +31,7 @@ from worker.memory import (
     MemoryNotFoundError,
     RedisUnavailableError,
     ReservedKeyError,
+    SessionPausedError,
     SessionTerminatedError,
     TaskState,
     WorkingMemory,
@@ -570,6 +571,36 @@ async def test_a_terminated_session_refuses_writes_but_allows_reads(
             await write()
     assert await memory.get_all() == {"a": 1}
     assert (await memory.get_stats())["state"] == "terminated"
+
+
+async def test_a_paused_sessions_memory_refuses_writes_resume_would_undo(
+    harness: Harness,
+) -> None:
+    # Resume restores the checkpoint over the variables: a write accepted while paused would
+    # be lost without a word. It is refused, naming the state; reads and checkpoints still work.
+    memory = await harness.open()
+    await memory.set("a", 1)
+    checkpoint = await memory.create_checkpoint()
+    await harness.set_state(memory, "paused")
+    writes: list[Callable[[], Awaitable[Any]]] = [
+        lambda: memory.set("b", 2),
+        lambda: memory.set("a", 3),
+        lambda: memory.delete("a"),
+        lambda: memory.clear(),
+        lambda: memory.set_task_state(description="x"),
+        lambda: memory.update_task_progress(progress_percent=5),
+        lambda: memory.append_scratchpad("x"),
+        lambda: memory.clear_scratchpad(),
+        lambda: memory.restore_checkpoint(checkpoint),
+    ]
+    for write in writes:
+        with pytest.raises(SessionPausedError, match=r"is paused; .* resume it first"):
+            await write()
+    assert await memory.get_all() == {"a": 1}
+    assert await memory.create_checkpoint(checkpoint_id="while-paused") == "while-paused"
+    await harness.set_state(memory, "active")
+    await memory.set("b", 2)
+    assert await memory.get_all() == {"a": 1, "b": 2}
 
 
 # Task state.

@@ -16,7 +16,7 @@ checkpoints are made by the worker's own script, not stored under a key.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Literal
@@ -151,7 +151,7 @@ class AgentLifecycleManager:
             if value is not None:  # ids may be UUIDs: their text goes on the wire
                 command[name] = id_text(value, name) if name.endswith("_id") else value
         if metadata is not None:
-            command["metadata"] = dict(metadata)
+            command["metadata"] = dict(_mapping(metadata, "metadata"))
         started = time.perf_counter()
         event_id = await self.client.publish(command)
         try:
@@ -199,6 +199,7 @@ class AgentLifecycleManager:
         ttl_seconds: int | None = None,
     ) -> LifecycleResult:
         """Create the session; ``initial_state`` becomes its variables."""
+        _mapping(initial_state, "initial_state")
         return await self._call(
             "spawn",
             project_id,
@@ -275,6 +276,7 @@ class AgentLifecycleManager:
         """End the session. With ``consolidate_to_episodic`` the consolidator writes its
         episode (``data["episode_id"]``) after this returns; ``cleanup_working`` clears its
         working memory."""
+        lessons = _strings(lessons_learned, "lessons_learned")
         return await self._call(
             "terminate",
             project_id,
@@ -284,7 +286,7 @@ class AgentLifecycleManager:
             {
                 "task_description": task_description,
                 "outcome": _plain(outcome),
-                "lessons_learned": list(lessons_learned or []),
+                "lessons_learned": lessons,
                 "consolidate": consolidate_to_episodic,
                 "cleanup": cleanup_working,
                 "tokens_used": tokens_used,
@@ -304,3 +306,25 @@ class AgentLifecycleManager:
             settings=self.settings,
         )
         return await memory.list_checkpoints()
+
+
+def _strings(value: Sequence[str] | None, name: str) -> list[str]:
+    """A list of strings given as one (a str is a sequence of letters: refused, not split)."""
+    if value is None:
+        return []
+    if isinstance(value, str | bytes) or not isinstance(value, Sequence):
+        raise TypeError(
+            f"{name} must be a list of strings, not {type(value).__name__}: {value!r:.60}"
+        )
+    for i, item in enumerate(value):
+        if not isinstance(item, str):
+            raise TypeError(f"{name}[{i}] must be a string, not {type(item).__name__}")
+    return list(value)
+
+
+def _mapping(value: Mapping[str, Any] | None, name: str) -> Mapping[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise TypeError(f"{name} must be a mapping (a dict), not {type(value).__name__}")
+    return value

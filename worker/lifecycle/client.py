@@ -18,6 +18,7 @@ from redis.exceptions import NoPermissionError, ResponseError
 from schemas.commands import COMMAND_TYPES
 from schemas.results import RESULT_ADAPTER, Result
 from schemas.streams import EpisodeRecorded
+from worker.codec import json_bytes
 from worker.connections import client_for
 from worker.ids import ID_PATTERN, validate_id
 from worker.keys import SessionKeys, StreamKeys, episodes_stream, tag
@@ -87,13 +88,15 @@ class LifecycleClient:
         keys = SessionKeys.for_session(
             self.settings.stream_prefix, self.settings.shards, project_id, session_id
         )
+        data = json_bytes(body, f"the {body['type']} command")  # NaN, Infinity: refused here
         async with conditions_raised(self.redis):
-            await self._publish(body, keys, event_id, assign_seq, traceparent, retried)
+            await self._publish(body, data, keys, event_id, assign_seq, traceparent, retried)
         return str(event_id)
 
     async def _publish(
         self,
         body: dict[str, Any],
+        data: bytes,
         keys: SessionKeys,
         event_id: str,
         assign_seq: bool,
@@ -137,14 +140,14 @@ class LifecycleClient:
                     streams.lifecycle,
                 ],
                 [
-                    orjson.dumps(body),
+                    data,
                     "0",  # unused (publish_command.lua)
                     ttl_ms,
                     traceparent or "",
                 ],
             )
         else:
-            fields: dict[str, bytes | str] = {"data": orjson.dumps(body)}
+            fields: dict[str, bytes | str] = {"data": data}
             if traceparent:
                 fields["traceparent"] = traceparent
             await self.redis.xadd(streams.lifecycle, fields)  # type: ignore[arg-type]

@@ -65,6 +65,16 @@ local function session_state()
   return call('HGET', K_META, 'state')
 end
 
+-- Why a write to the session's working memory is refused ('WM_TERMINATED', 'WM_PAUSED'), or
+-- nil. A paused session's memory is read-only: resume restores its checkpoint over whatever
+-- was written meanwhile, so a write accepted now would be lost without a word.
+local function write_refused()
+  local state = session_state()
+  if state == 'terminated' then return 'WM_TERMINATED' end
+  if state == 'paused' then return 'WM_PAUSED' end
+  return nil
+end
+
 -- Idle expiry: every access pushes the whole session's expiry out by its TTL.
 -- Paused sessions never expire; a tombstone keeps the expiry terminate gave it.
 local function touch(default_ttl_ms)

@@ -1,6 +1,7 @@
 #!lua
 -- WorkingMemory.restore_checkpoint. ARGV: session ttl ms, id, clear current (1/0).
-if session_state() == 'terminated' then return redis.error_reply('WM_TERMINATED') end
+local refused = write_refused()
+if refused then return redis.error_reply(refused) end
 local id = ARGV[2]
 if not checkpoint_exists(id) then return redis.error_reply('WM_NO_CHECKPOINT') end
 local items = checkpoint_restore(id, ARGV[3] == '1', now_ms())

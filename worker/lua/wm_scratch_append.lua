@@ -1,7 +1,8 @@
 #!lua
 -- WorkingMemory.append_scratchpad. ARGV: session ttl ms, entry JSON, max entries.
 -- Returns the number of entries after the append (the oldest beyond the bound are dropped).
-if session_state() == 'terminated' then return redis.error_reply('WM_TERMINATED') end
+local refused = write_refused()
+if refused then return redis.error_reply(refused) end
 local max_entries = tonumber(ARGV[3])
 redis.call('RPUSH', K_SCRATCH, ARGV[2])
 redis.call('LTRIM', K_SCRATCH, -max_entries, -1)

@@ -1,6 +1,7 @@
 #!lua
 -- WorkingMemory.set. ARGV: session ttl ms, name, value JSON, key ttl ms (0: none), max keys.
-if session_state() == 'terminated' then return redis.error_reply('WM_TERMINATED') end
+local refused = write_refused()
+if refused then return redis.error_reply(refused) end
 local now = now_ms()
 purge_expired(now)
 local name = ARGV[2]

@@ -5,7 +5,8 @@
 -- into its `data` object. Returns the new task JSON.
 -- The task is patched as text: untouched members keep their exact JSON (cjson would turn
 -- [] into {} and round big integers), so only the patched members are re-encoded.
-if session_state() == 'terminated' then return redis.error_reply('WM_TERMINATED') end
+local refused = write_refused()
+if refused then return redis.error_reply(refused) end
 
 local function skip_ws(s, i)
   return string.find(s, '[^ \t\r\n]', i) or (#s + 1)

@@ -12,6 +12,7 @@ from worker.memory.errors import (
     MemoryNotFoundError,
     RedisUnavailableError,
     ReservedKeyError,
+    SessionPausedError,
     SessionTerminatedError,
     WorkingMemoryError,
 )
@@ -34,6 +35,7 @@ __all__ = [
     "RedisUnavailableError",
     "ReservedKeyError",
     "ScratchpadEntry",
+    "SessionPausedError",
     "SessionTerminatedError",
     "TaskState",
     "TaskStatus",

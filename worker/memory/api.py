@@ -25,6 +25,7 @@ import orjson
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from worker.codec import json_bytes
 from worker.connections import AnyRedis, client_for
 from worker.ids import InvalidIdError, id_text, validate_id
 from worker.keys import SessionKeys
@@ -200,9 +201,9 @@ class WorkingMemory:
 
     def _encode(self, value: Any, what: str) -> bytes:
         try:
-            text = orjson.dumps(value)
-        except TypeError as exc:
-            raise InvalidValueError(f"{what} is not JSON-serializable: {exc}") from exc
+            text = json_bytes(value, what)
+        except (TypeError, ValueError) as exc:
+            raise InvalidValueError(str(exc)) from exc
         limit = self.settings.max_value_bytes
         if len(text) > limit:
             raise LimitExceededError(

@@ -43,6 +43,11 @@ class SessionTerminatedError(WorkingMemoryError):
     """A write to a session the lifecycle worker has terminated."""
 
 
+class SessionPausedError(WorkingMemoryError):
+    """A write to a paused session: resume restores its checkpoint over anything written
+    meanwhile, so the write is refused rather than accepted and lost."""
+
+
 class MemoryNotFoundError(WorkingMemoryError, KeyError):
     """Something asked for by name that the session does not have (the seeds' name for it)."""
 

@@ -19,6 +19,7 @@ from worker.memory.backend import JsonMember, RawStats
 from worker.memory.errors import (
     CheckpointNotFoundError,
     LimitExceededError,
+    SessionPausedError,
     SessionTerminatedError,
 )
 from worker.memory.patterns import glob_match
@@ -87,11 +88,18 @@ class InMemoryBackend:
             return
         self._expires_at = None if self.state == "paused" else self._clock() + self._session_ttl_ms
 
-    def _begin_write(self) -> float:
+    def _begin_write(self, *, paused_ok: bool = False) -> float:
+        """A write begins: refused on a terminated session, and on a paused one unless it
+        loses nothing there (a checkpoint made or deleted)."""
         now = self._begin()
         if self.state == "terminated":
             raise SessionTerminatedError(
                 f"{self._where} is terminated; its working memory is read-only"
+            )
+        if self.state == "paused" and not paused_ok:
+            raise SessionPausedError(
+                f"{self._where} is paused; its working memory is read-only until it resumes "
+                "(resume restores its checkpoint, so a write now would be lost): resume it first"
             )
         return now
 
@@ -199,7 +207,7 @@ class InMemoryBackend:
         return removed
 
     async def create_checkpoint(self, checkpoint_id: str, description: str, now: str) -> int:
-        now_ms = self._begin_write()
+        now_ms = self._begin_write(paused_ok=True)
         data = self._data
         if checkpoint_id not in data.checkpoints and len(data.checkpoints) >= self._max_checkpoints:
             raise LimitExceededError(
@@ -262,7 +270,7 @@ class InMemoryBackend:
         return [cp.info for _, cp in newest_first]
 
     async def delete_checkpoint(self, checkpoint_id: str) -> bool:
-        self._begin_write()
+        self._begin_write(paused_ok=True)
         found = self._data.checkpoints.pop(checkpoint_id, None) is not None
         self._touch()
         return found

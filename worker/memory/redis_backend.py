@@ -21,6 +21,7 @@ from worker.memory.errors import (
     CheckpointNotFoundError,
     LimitExceededError,
     RedisUnavailableError,
+    SessionPausedError,
     SessionTerminatedError,
     WorkingMemoryError,
 )
@@ -89,6 +90,11 @@ class RedisBackend:
         if code == "WM_TERMINATED":
             raise SessionTerminatedError(
                 f"{self._where} is terminated; its working memory is read-only"
+            ) from None
+        if code == "WM_PAUSED":
+            raise SessionPausedError(
+                f"{self._where} is paused; its working memory is read-only until it resumes "
+                "(resume restores its checkpoint, so a write now would be lost): resume it first"
             ) from None
         if code == "WM_LIMIT_KEYS":
             raise LimitExceededError(
