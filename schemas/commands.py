@@ -39,7 +39,16 @@ class CommandBase(BaseModel):
     agent_instance_id: Id
     agent_type_id: Id | None = None
     seq: Annotated[StrictInt, Field(ge=1)] | None = Field(
-        default=None, description="Per-session order; 1 for spawn."
+        default=None,
+        description="Per-session order; 1 for the spawn of a new session id (a spawn starts "
+        "a session at its seq).",
+    )
+    spawn_event_id: Id | None = Field(
+        default=None,
+        description="Pause, resume, terminate: the event_id of the spawn that started the life "
+        "of the session this command is meant for. A command for an earlier life of a reused "
+        "session id is then rejected stale_session, never applied to the new one. "
+        "LifecycleClient sets it for the sessions it spawned.",
     )
     correlation_id: Annotated[str, Field(max_length=MAX_CORRELATION_ID_CHARS)] | None = None
     occurred_at: datetime | None = None

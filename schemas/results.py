@@ -19,6 +19,7 @@ RejectionReason = Literal[
     "checkpoint_not_found",
     "limit_exceeded",
     "stale_seq",
+    "stale_session",
 ]
 RESULT_TYPES: tuple[str, ...] = (
     "agent.spawned",

@@ -703,3 +703,40 @@ async def test_a_republished_command_takes_no_seq_from_the_session(
     assert first.type == "agent.paused"
     assert again.event_id == first.event_id  # the same result, found at once
     assert resumed.type == "agent.resumed"
+
+
+async def test_a_command_for_an_earlier_life_never_touches_a_session_id_spawned_again(
+    redis: Redis, settings: Settings
+) -> None:
+    # A terminate of the first life, replayed once its tombstone expired and the id was
+    # spawned again, carries seq 2: the new life's next seq. Its spawn_event_id (stamped by
+    # the client) names the first spawn: rejected stale_session, the new session untouched.
+    from worker.client import LifecycleClient
+    from worker.memory import WorkingMemory
+
+    short = settings.model_copy(update={"tombstone_ttl_seconds": 1, "dedupe_ttl_seconds": 1})
+    client = LifecycleClient(redis, short)
+    lifecycle = StreamKeys(short.stream_prefix, 0).lifecycle
+    async with running_worker(short):
+        first = await client.spawn("p1", "reused", "agent-1", {"life": 1})
+        await client.wait(first, 10)
+        ended = await client.wait(await client.terminate("p1", "reused", "agent-1"), 10)
+        assert ended.type == "agent.terminated"
+        rows: Any = await redis.xrange(lifecycle)
+        old_terminate = rows[-1][1][b"data"]
+        assert orjson.loads(old_terminate)["spawn_event_id"] == first
+        keys = SessionKeys.for_session(short.stream_prefix, 1, "p1", "reused")
+
+        async def forgotten() -> bool:
+            return not await redis.exists(keys.meta)
+
+        await wait_until(forgotten, timeout=10)  # the tombstone expired: the id is free
+        await client.wait(await client.spawn("p1", "reused", "agent-1", {"life": 2}), 10)
+
+        await redis.xadd(lifecycle, {"data": old_terminate})  # the first life's terminate
+        await stream_len_at_least(redis, StreamKeys(short.stream_prefix, 0).results, 4)
+    replayed = (await results(redis, short))[-1]
+    assert (replayed["type"], replayed["reason"]) == ("command.rejected", "stale_session")
+    memory = await WorkingMemory.for_session("reused", "p1", "agent-1", redis=redis, settings=short)
+    assert await memory.get("life") == 2
+    assert (await memory.get_stats())["state"] == "active"

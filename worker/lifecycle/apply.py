@@ -30,7 +30,12 @@ from worker.ids import is_valid_id
 from worker.keys import LIFECYCLE_GROUP, SessionKeys, StreamKeys, shard_of
 from worker.lifecycle.channel import ScriptChannel
 from worker.lifecycle.intake import Accepted, Refused, Unusable, fits_in_result, parse_entry
-from worker.lifecycle.result_ids import default_checkpoint_id, result_id_and_record, utc_now_iso
+from worker.lifecycle.result_ids import (
+    default_checkpoint_id,
+    life_of,
+    result_id_and_record,
+    utc_now_iso,
+)
 from worker.redis_conditions import is_server_condition
 from worker.scripts import function, script
 from worker.settings import Settings
@@ -445,7 +450,7 @@ class CommandApplier:
             keys.append(streams.dedupe(project_id or _PLACEHOLDER, event_id))
             argv[5] = b""
             argv[0] = "reject"
-            argv += [intake.reason, intake.detail]
+            argv += [intake.reason, intake.detail, ""]
         else:
             cmd = intake.command
             argv[0] = cmd.type
@@ -481,6 +486,8 @@ class CommandApplier:
                     "1" if cmd.cleanup else "0",
                     b"," + extra[1:-1],
                 ]
+            # Last, every op: the life this command is for (see apply_command.lua).
+            argv.append(life_of(event_id if isinstance(cmd, SpawnCommand) else cmd.spawn_event_id))
         outcome = Outcome(
             entry_id,
             "planned",

@@ -36,6 +36,10 @@ def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
+MAX_LIVES = 100_000
+"""Sessions a client remembers the spawn of (about 150 B each), the oldest forgotten first."""
+
+
 class ResultTimeoutError(TimeoutError):
     """No result for the command arrived in time (is a lifecycle worker running?)."""
 
@@ -52,6 +56,10 @@ class LifecycleClient:
         self._owns = redis is None
         self.redis = redis or client_for(self.settings)
         self._sent: dict[str, tuple[int, str]] = {}
+        self._lives: dict[tuple[str, str], str] = {}
+        """The spawn event_id of each session whose spawn this client saw applied (``wait``) and
+        has not terminated (the newest ``MAX_LIVES``): stamped on its later commands as
+        ``spawn_event_id``."""
 
     async def __aenter__(self) -> LifecycleClient:
         return self
@@ -79,12 +87,22 @@ class LifecycleClient:
         """
         body = dict(command)
         retried = "event_id" in body  # its result may be in the stream already
+        kind = body.get("type")
         if body.get("type") not in COMMAND_TYPES:
             raise ValueError(f"type must be one of {', '.join(COMMAND_TYPES)}")
         project_id = validate_id(body.get("project_id", ""), "project_id")
         session_id = validate_id(body.get("session_id", ""), "session_id")
         event_id = body.setdefault("event_id", str(uuid.uuid4()))
         validate_id(event_id, "event_id")
+        life = (project_id, session_id)
+        if kind == "spawn":  # known again once wait() sees it applied (it may be rejected)
+            self._lives.pop(life, None)
+        elif "spawn_event_id" not in body and life in self._lives:
+            # The life it is for: a command meant for this spawn's session never touches a
+            # later one of the same id (docs/contract.md, "spawn_event_id").
+            body["spawn_event_id"] = (
+                self._lives.pop(life) if kind == "terminate" else self._lives[life]
+            )
         keys = SessionKeys.for_session(
             self.settings.stream_prefix, self.settings.shards, project_id, session_id
         )
@@ -154,6 +172,12 @@ class LifecycleClient:
         # A command published before with this event_id (a retry) was answered once, maybe
         # long ago: wait() then reads the results stream from its start, not from here.
         self._sent[event_id] = (keys.shard, "0-0" if retried else start)
+
+    def _remember_life(self, project_id: str, session_id: str, spawn_event_id: str) -> None:
+        self._lives.pop((project_id, session_id), None)
+        self._lives[(project_id, session_id)] = spawn_event_id
+        if len(self._lives) > MAX_LIVES:
+            del self._lives[next(iter(self._lives))]
 
     async def spawn(
         self,
@@ -250,6 +274,9 @@ class LifecycleClient:
                         result = RESULT_ADAPTER.validate_json(data)
                         if result.causation_id == event_id:
                             self._sent.pop(event_id, None)
+                            project, session = result.project_id, result.session_id
+                            if result.type == "agent.spawned" and project and session:
+                                self._remember_life(project, session, event_id)
                             return result
         raise ResultTimeoutError(
             f"no result for event {event_id} within {timeout:g}s; is a lifecycle worker "

@@ -42,3 +42,9 @@ def default_checkpoint_id(project_id: str, event_id: str) -> str:
 
 def utc_now_iso() -> str:
     return datetime.now(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+def life_of(spawn_event_id: str | None) -> str:
+    """A session's life, named by the spawn that started it: 16 hex digits of the SHA-1 of
+    the spawn's event_id ('' for none), as the apply function computes it (``redis.sha1hex``)."""
+    return hashlib.sha1(spawn_event_id.encode()).hexdigest()[:16] if spawn_event_id else ""

@@ -56,6 +56,9 @@ local settings  -- the worker's settings and the batch's clock (ARGV[1], split)
 -- or concatenated is formatted with printf (~0.3 µs each); arithmetic on a string converts it.
 local seq_text, seq, now, now_iso, default_ttl, dedupe_ttl, tombstone_ttl
 local record, traceparent
+-- The life (16 hex digits of the SHA-1 of the spawn's event_id) this command is for ('' when
+-- it does not say), its argument last; and where the session's own is in meta.
+local life, life_at
 -- The session as the call found it (and its state as the call changes it): meta holds state,
 -- last_seq, ttl_ms, the command's record as a field of its own, PACKED and (terminate only)
 -- started_ms, started_at and the other fields spawn writes (see terminate).
@@ -195,6 +198,7 @@ local function spawn()
   update('started_at', now_iso)
   update('updated_at', now_iso)
   update('ttl_ms', ttl_ms)
+  update('life', life)
   if agent_type_id ~= '' then update('agent_type_id', agent_type_id) end
   if seq then update('last_seq', seq_text) end
   state, meta[3] = 'active', ttl_ms
@@ -281,7 +285,7 @@ local function terminate()
   -- records of their own (past 8, or written by an earlier version): read the whole hash then.
   local digests = meta[5] or ''
   local known = 0
-  for i = 1, 10 do
+  for i = 1, 11 do
     if meta[i] then known = known + 1 end
   end
   if call('HLEN', K_META) > known then
@@ -345,7 +349,8 @@ local function spawn_of(id, fields, project_session, session)
         and string.find(data, 'spawn', 1, true) then
       local ok, body = pcall(cjson.decode, data)
       if ok and type(body) == 'table' and body.type == 'spawn'
-          and tostring(body.project_id) .. '/' .. tostring(body.session_id) == project_session then
+          and tostring(body.project_id) .. '/' .. tostring(body.session_id) == project_session
+          and (life == '' or string.sub(redis.sha1hex(tostring(body.event_id)), 1, 16) == life) then
         return true
       end
     end
@@ -379,12 +384,15 @@ local function apply_one()
   record = args[o + 6]
   n_updates = 0
 
+  life = args[o + tonumber(args[o])]
   if op == 'terminate' then
     -- Also every other field spawn writes (terminate counts them: see there).
     meta = call('HMGET', K_META, 'state', 'last_seq', 'ttl_ms', record, PACKED, 'started_ms',
-      'started_at', 'agent_instance_id', 'agent_type_id', 'updated_at')
+      'started_at', 'agent_instance_id', 'agent_type_id', 'updated_at', 'life')
+    life_at = 11
   else
-    meta = call('HMGET', K_META, 'state', 'last_seq', 'ttl_ms', record, PACKED)
+    meta = call('HMGET', K_META, 'state', 'last_seq', 'ttl_ms', record, PACKED, 'life')
+    life_at = 6
   end
   state = meta[1]
 
@@ -416,6 +424,14 @@ local function apply_one()
       return reject('already_terminated', 'session was terminated; spawn a new session_id')
     end
     return reject('already_terminated', 'session was terminated; ' .. op .. ' cannot apply to it')
+  end
+
+  -- A command for an earlier life of a reused session id (retried, replayed, or published
+  -- before the id was spawned again) never touches the new one.
+  if life ~= '' and state and op ~= 'spawn' and meta[life_at] and meta[life_at] ~= life then
+    return reject('stale_session', 'this command is for an earlier life of the session id (its '
+      .. 'spawn_event_id names another spawn than the one that started the session now); '
+      .. 'nothing was applied')
   end
 
   -- Ordering: with seq, apply only the next expected one; wait for a gap to fill.
