@@ -254,7 +254,10 @@ class Consolidator(GroupService):
             outcome.failed.append(self._failure(parsed[0], exc))
             return
         outcome.done.extend(p.entry for p in parsed)  # committed: acknowledged, announced or not
-        outcome.episodes_announced += await self.announcer.announce(announcements)
+        # Awaited first, then added: ``x += await`` reads ``x`` before the await, and the other
+        # writer's addition made meanwhile would be lost.
+        announced = await self.announcer.announce(announcements)
+        outcome.episodes_announced += announced
 
     @staticmethod
     def _failure(parsed: PreparedResult, exc: Exception) -> Failure:
