@@ -488,3 +488,45 @@ async def test_results_replay_counts_every_episode_it_announces(
     assert await redis.xlen(stream) == 600
     assert replayer.counts["new_episodes"] == 600
     assert replayer.counts["results"] == 600
+
+
+async def test_the_consolidator_trims_the_episodes_stream_but_never_what_a_group_has_not_read(
+    redis: Redis, redis_url: str, prefix: str, engine: AsyncEngine
+) -> None:
+    settings = Settings(
+        redis_url=redis_url,
+        stream_prefix=prefix,
+        retention_seconds=0.5,
+        retention_interval_seconds=0.1,
+    )
+    stream = episodes_stream(prefix)
+    await redis.xgroup_create(stream, "done-reader", id="0", mkstream=True)
+    await redis.xgroup_create(stream, "late-reader", id="0")
+    results = [terminated("proj-a", f"s-{i}", i) for i in range(40)]
+    await publish(redis, settings, results)
+    consolidator = make_consolidator(settings, redis, engine, block_ms=50)
+
+    async def read_all(group: str) -> None:
+        reply: Any = await redis.xreadgroup(group, "me", {stream: ">"}, count=1000)
+        ids = [entry_id for entry_id, _ in reply[0][1]] if reply else []
+        if ids:
+            await redis.xack(stream, group, *ids)
+
+    stop = asyncio.Event()
+    task = asyncio.create_task(consolidator.run(stop))
+    try:
+        await wait_until(lambda: _length_at_least(redis, stream, 40), 30)
+        await read_all("done-reader")
+        await asyncio.sleep(1.5)  # three retention windows, many trims
+        # "late-reader" has read nothing: every announcement stays for it.
+        assert await redis.xlen(stream) == 40
+        await read_all("late-reader")
+
+        async def trimmed() -> bool:
+            return int(await redis.xlen(stream)) == 0
+
+        await wait_until(trimmed, 10)
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 30)
+    assert await count(engine, Episode) == 40
