@@ -186,8 +186,9 @@ class LifecycleHooks:
         raises is retried with backoff (only it and the hooks after it) for
         ``MEMWORKER_HOOK_RETRY_SECONDS`` (and at least ``MEMWORKER_MAX_DELIVERIES`` times),
         then the result goes to the DLQ with reason ``hook_failed`` and the hook's error. An
-        outage only pauses it: Redis's, or one a hook meets (a refused or timed-out connection, a Redis that is loading, read-only, out
-        of memory or busy), which holds the result and counts no failure against it.
+        outage only pauses it: Redis's, or one a hook meets (a refused or timed-out
+        connection, a Redis that is loading, read-only, out of memory or busy), which holds
+        the result and counts no failure against it.
         ``ready`` is set once the group exists on every results stream: results published
         after that reach the hooks. Runs until ``stop`` is set (the batch in hand is
         finished) or the task is cancelled.
