@@ -74,6 +74,7 @@ async def test_a_hook_that_keeps_raising_is_retried_for_the_window_then_dead_let
     await serve_until(hooks, settings, redis, dead_lettered)
     assert calls[-1] - calls[0] >= 2.5
     assert len(calls) >= settings.max_deliveries
-    ((_id, letter),) = await redis.xrange(dlq)
+    rows: Any = await redis.xrange(dlq)
+    ((_id, letter),) = rows
     assert letter[b"reason"] == b"hook_failed"
     assert b"RuntimeError: always" in letter[b"error"]
