@@ -79,6 +79,9 @@ class Settings(BaseSettings):
     reclaim_idle_ms: int = Field(default=30_000, ge=100)
     reclaim_interval_ms: int = Field(default=1_000, ge=10)
     max_deliveries: int = Field(default=5, ge=1)
+    hook_retry_seconds: float = Field(default=30.0, ge=0)
+    """How long ``LifecycleHooks`` retries a result whose hook raises (backoff 0.1 s doubling,
+    at most 10 s apart; at least ``max_deliveries`` tries) before its dead letter."""
     reply_timeout_seconds: float = Field(default=30.0, gt=0)
     """A batch whose replies take longer drops its connection and is retried."""
     seq_gap_timeout_seconds: float = Field(default=60.0, gt=0)

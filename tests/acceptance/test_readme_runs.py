@@ -68,6 +68,21 @@ def test_every_block_the_readme_does_not_run_says_why() -> None:
     assert not indented, f"indented code blocks are never run: fence them: {indented}"
 
 
+MEMWORKERS_GROUPS = {"lifecycle", "consolidation", "indexer"}
+
+
+async def _groups_left_behind(redis: Redis, prefix: str) -> list[str]:
+    """Consumer groups the README's examples created and left: retention never trims below a
+    group's unread entries, so a reader who runs an example must not be left with one."""
+    left = []
+    async for key in redis.scan_iter(match=f"{prefix}:*", _type="stream"):
+        for group in await redis.xinfo_groups(key):
+            name = group["name"].decode() if isinstance(group["name"], bytes) else group["name"]
+            if name not in MEMWORKERS_GROUPS:
+                left.append(f"README examples left consumer group {name!r} on {key.decode()}")
+    return left
+
+
 def _dev_env(path: Path) -> dict[str, str]:
     exported = {}
     for line in path.read_text().splitlines():
@@ -125,6 +140,7 @@ async def test_every_readme_block_runs_as_written(
                     f"{done.stderr[-2000:]}"
                 )
         assert ran >= 4
+        failures += await _groups_left_behind(redis, prefix)
     finally:
         if dev.proc.poll() is None:
             dev.stop_with(signal.SIGINT)

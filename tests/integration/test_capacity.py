@@ -321,3 +321,41 @@ async def test_with_no_dedupe_records_to_count_commands_per_session_come_from_th
     assert capacity.dedupe_records == 0
     assert capacity.commands_per_session == pytest.approx(5 / 3)
     assert with_records.commands_per_session == pytest.approx(5 / 3)  # from the records
+
+
+async def test_stats_counts_the_episodes_stream_in_what_a_command_leaves(
+    redis: Redis, settings: Settings, database_url: str
+) -> None:
+    from tests.integration.results_factory import migrated_engine
+    from worker.consolidation.consolidator import Consolidator
+    from worker.keys import episodes_stream
+
+    async with running_worker(settings):
+        await finish_sessions(redis, settings, live=3, finished=4)  # 11 commands, 4 episodes
+    async with migrated_engine(database_url) as engine:
+        await Consolidator(settings, redis, engine).run_once()
+    stream = episodes_stream(settings.stream_prefix)
+    assert await redis.xlen(stream) == 4
+
+    every = ("--rate-seconds", "0", "--sample-keys", "1000000000")
+    done = await asyncio.to_thread(memworker, settings, "stats", "--json", *every)
+    assert done.returncode == 0, done.stderr
+    shown = json.loads(done.stdout)
+    capacity = shown["capacity"]
+    per_entry = int(await redis.memory_usage(stream) or 0) / 4
+    assert capacity["bytes_per_episodes_entry"] == pytest.approx(per_entry)
+    assert capacity["episodes_per_command"] == pytest.approx(4 / 11)
+    # Its share is held for the retention, like the other streams' entries: without the
+    # stream, a command leaves exactly that much less.
+    with_episodes = await measure_capacity(redis, settings, rate_seconds=0, max_keys=10**9)
+    await redis.delete(stream)
+    without = await measure_capacity(redis, settings, rate_seconds=0, max_keys=10**9)
+    assert with_episodes.byte_seconds_per_command is not None
+    assert without.byte_seconds_per_command is not None
+    assert with_episodes.byte_seconds_per_command - without.byte_seconds_per_command == (
+        pytest.approx(per_entry * 4 / 11 * settings.retention_seconds)
+    )
+    assert any(r["stream"] == stream and r["length"] == 4 for r in shown["streams"])
+
+    table = await asyncio.to_thread(memworker, settings, "stats", *every)
+    assert "per episodes entry" in table.stdout

@@ -280,3 +280,29 @@ async def test_a_refused_publish_takes_no_seq_and_a_spawn_goes_on_with_the_count
     await client.spawn("p", "s1", "a")  # the same session id spawned again
     rows: Any = await redis.xrange(StreamKeys(settings.stream_prefix, 0).lifecycle)
     assert [json.loads(f[b"data"])["seq"] for _i, f in rows] == [1, 2, 3]
+
+
+async def test_a_checkpoint_id_has_one_name_in_inspect_results_and_list_checkpoints(
+    redis: Redis, settings: Settings
+) -> None:
+    from worker.memory import WorkingMemory
+
+    async with running_worker(settings):
+        client = LifecycleClient(redis, settings)
+        await client.wait(await client.spawn("p", "cp", "a", {"k": 1}), timeout=10)
+        paused: Any = await client.wait(await client.pause("p", "cp", "a"), timeout=10)
+        await client.wait(await client.resume("p", "cp", "a"), timeout=10)
+    memory = await WorkingMemory.for_session("cp", "p", redis=redis, settings=settings)
+    made = await memory.create_checkpoint("by hand")
+    listed = await memory.list_checkpoints()
+
+    view = await asyncio.to_thread(memworker, settings, "inspect", "-p", "p", "-s", "cp")
+    assert view.returncode == 0, view.stderr
+    shown = json.loads(view.stdout)["checkpoints"]
+    # The name results and `tail` use, and resume's parameter: in inspect, for every
+    # checkpoint, and in list_checkpoints beside the seed API's `id`.
+    assert [c["checkpoint_id"] for c in shown] == [paused.checkpoint_id, made]
+    assert [c["checkpoint_id"] for c in listed] == [c["id"] for c in listed]
+    assert [c["checkpoint_id"] for c in listed] == [paused.checkpoint_id, made]
+    assert all(set(c) == {"checkpoint_id", "description", "created_at", "items"} for c in shown)
+    assert [c["description"] for c in shown] == [c["description"] for c in listed]

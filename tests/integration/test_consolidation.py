@@ -434,3 +434,99 @@ async def test_consolidation_survives_a_postgres_outage_without_losing_or_doubli
         events = await recorded_events(redis, settings)
         assert len({e["episode_id"] for e in events}) == total  # at least once each
         assert await dead_letters(redis, settings) == []
+
+
+def counter(name: str) -> float:
+    from prometheus_client import REGISTRY
+
+    return REGISTRY.get_sample_value(name) or 0.0
+
+
+async def test_each_counter_equals_the_work_done_when_two_writers_announce_at_once(
+    redis: Redis, settings: Settings, engine: AsyncEngine
+) -> None:
+    # 600 terminates in one batch: written as two transactions at once (two writers), each
+    # announcing its episodes; the counters must count both writers' work.
+    results = [terminated("proj-a", f"s-{i}", i) for i in range(600)]
+    await publish(redis, settings, results)
+    recorded, stored = (
+        counter("memworker_episodes_recorded_total"),
+        counter("memworker_results_consolidated_total"),
+    )
+    consolidator = make_consolidator(settings, redis, engine, batch_size=600, writers=2)
+    assert await consolidator.run_once() == 600
+
+    announced = await redis.xlen(episodes_stream(settings.stream_prefix))
+    assert announced == 600 == await count(engine, Episode)
+    assert counter("memworker_episodes_recorded_total") - recorded == announced
+    assert counter("memworker_results_consolidated_total") - stored == 600
+
+
+async def test_results_replay_counts_every_episode_it_announces(
+    redis: Redis, settings: Settings, engine: AsyncEngine
+) -> None:
+    from worker.consolidation.replay import ResultReplayer
+    from worker.consumers.loop import StreamEntry
+
+    stream = episodes_stream(settings.stream_prefix)
+    await redis.set(stream, "not a stream")  # the first pass stores, but cannot announce
+    results = [terminated("proj-a", f"s-{i}", i) for i in range(600)]
+    await publish(redis, settings, results)
+    first = make_consolidator(settings, redis, engine, batch_size=600, relay_sweep_interval_s=3600)
+    await first.run_once()
+    await redis.delete(stream)
+
+    results_stream = StreamKeys(settings.stream_prefix, 0).results
+    entries: Any = await redis.xrange(results_stream)
+    replayer = ResultReplayer(redis, settings, engine, publish_to=None)
+    await replayer.replay(
+        [
+            StreamEntry(results_stream, i.decode(), {k.decode(): v for k, v in f.items()})
+            for i, f in entries
+        ]
+    )
+    assert await redis.xlen(stream) == 600
+    assert replayer.counts["new_episodes"] == 600
+    assert replayer.counts["results"] == 600
+
+
+async def test_the_consolidator_trims_the_episodes_stream_but_never_what_a_group_has_not_read(
+    redis: Redis, redis_url: str, prefix: str, engine: AsyncEngine
+) -> None:
+    settings = Settings(
+        redis_url=redis_url,
+        stream_prefix=prefix,
+        retention_seconds=0.5,
+        retention_interval_seconds=0.1,
+    )
+    stream = episodes_stream(prefix)
+    await redis.xgroup_create(stream, "done-reader", id="0", mkstream=True)
+    await redis.xgroup_create(stream, "late-reader", id="0")
+    results = [terminated("proj-a", f"s-{i}", i) for i in range(40)]
+    await publish(redis, settings, results)
+    consolidator = make_consolidator(settings, redis, engine, block_ms=50)
+
+    async def read_all(group: str) -> None:
+        reply: Any = await redis.xreadgroup(group, "me", {stream: ">"}, count=1000)
+        ids = [entry_id for entry_id, _ in reply[0][1]] if reply else []
+        if ids:
+            await redis.xack(stream, group, *ids)
+
+    stop = asyncio.Event()
+    task = asyncio.create_task(consolidator.run(stop))
+    try:
+        await wait_until(lambda: _length_at_least(redis, stream, 40), 30)
+        await read_all("done-reader")
+        await asyncio.sleep(1.5)  # three retention windows, many trims
+        # "late-reader" has read nothing: every announcement stays for it.
+        assert await redis.xlen(stream) == 40
+        await read_all("late-reader")
+
+        async def trimmed() -> bool:
+            return int(await redis.xlen(stream)) == 0
+
+        await wait_until(trimmed, 10)
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 30)
+    assert await count(engine, Episode) == 40

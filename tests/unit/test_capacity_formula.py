@@ -53,6 +53,22 @@ def test_one_gb_sustains_1e9_over_the_sum_of_bytes_times_seconds_held() -> None:
     assert c.verdict.startswith("no maxmemory") and c.seconds_until_full is None
 
 
+def test_each_command_carries_its_share_of_an_episode_announcement_for_the_retention() -> None:
+    sample, streams = measured()
+    without = assess(SETTINGS, (10 * MB, 0, "noeviction"), 1_000, sample, streams, 1.0, "t")
+    # 100 sessions of 4 commands announced 100 episodes of ~600 B each (P:episodes).
+    streams.append(StreamUsage("agents:episodes", 100, 100 * 600, 100, 0, 1000))
+    c = assess(SETTINGS, (10 * MB, 0, "noeviction"), 1_000, sample, streams, 1.0, "t")
+    assert c.bytes_per_episodes_entry == 600
+    assert c.episodes_per_command == pytest.approx(100 / 400)
+    assert without.byte_seconds_per_command is not None
+    assert c.byte_seconds_per_command == pytest.approx(
+        without.byte_seconds_per_command + 600 / 4 * 3600  # a quarter, held for retention
+    )
+    assert c.bytes_per_command == pytest.approx((without.bytes_per_command or 0) + 600 / 4)
+    assert c.window_bytes_now == pytest.approx(without.window_bytes_now + 100 * 600)
+
+
 def test_redis_that_levels_off_below_maxmemory_is_not_filling() -> None:
     sample, streams = measured()
     c = assess(SETTINGS, (10 * MB, 100 * MB, "noeviction"), 1_000, sample, streams, 1.0, "t")

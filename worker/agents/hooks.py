@@ -5,8 +5,9 @@ each receives a ``LifecycleEvent``. Unlike the seed, where hooks ran inside the 
 and an error was logged and dropped, hooks here are served by ``await hooks.serve(group)``: a
 consumer group on every shard's results stream, so they run for every command whoever
 published it, and a restart resumes where the group left off. Delivery is at least once per
-result; a hook that raises is retried with backoff and, after the delivery cap, the result is
-dead-lettered with the hook's error. A hook that meets an outage (``is_unavailable``) holds the
+result; a hook that raises is retried with backoff for ``MEMWORKER_HOOK_RETRY_SECONDS`` (and at
+least ``MEMWORKER_MAX_DELIVERIES`` times), then the result is dead-lettered with the hook's
+error. A hook that meets an outage (``is_unavailable``) holds the
 result without counting a failure. Rejected commands (``command.rejected``) run no hook.
 """
 
@@ -182,11 +183,12 @@ class LifecycleHooks:
         consumer held are taken over after ``MEMWORKER_RECLAIM_IDLE_MS``). A new group starts
         with the results published from now on, or with all retained results when
         ``from_start``. A result is acknowledged when all its hooks returned; a hook that
-        raises is retried with backoff (only it and the hooks after it) and after
-        ``MEMWORKER_MAX_DELIVERIES`` failures the result goes to the DLQ with reason
-        ``hook_failed`` and the hook's error. An outage only pauses it: Redis's, or one a
-        hook meets (a refused or timed-out connection, a Redis that is loading, read-only, out
-        of memory or busy), which holds the result and counts no failure against it.
+        raises is retried with backoff (only it and the hooks after it) for
+        ``MEMWORKER_HOOK_RETRY_SECONDS`` (and at least ``MEMWORKER_MAX_DELIVERIES`` times),
+        then the result goes to the DLQ with reason ``hook_failed`` and the hook's error. An
+        outage only pauses it: Redis's, or one a hook meets (a refused or timed-out
+        connection, a Redis that is loading, read-only, out of memory or busy), which holds
+        the result and counts no failure against it.
         ``ready`` is set once the group exists on every results stream: results published
         after that reach the hooks. Runs until ``stop`` is set (the batch in hand is
         finished) or the task is cancelled.
@@ -207,7 +209,11 @@ class LifecycleHooks:
             if ready is not None:
                 ready.set()
             await GroupConsumer.from_settings(
-                client, handler, settings, consumer=consumer or default_consumer_name()
+                client,
+                handler,
+                settings,
+                consumer=consumer or default_consumer_name(),
+                retry_window_s=settings.hook_retry_seconds,
             ).run(stop)
         finally:
             if redis is None:

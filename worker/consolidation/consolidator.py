@@ -16,6 +16,10 @@ Why it is shaped this way:
   apart. Down: nothing is acknowledged and the loop backs off (capped) until it answers. Up: the
   batch is split in halves until the failing entry stands alone; it is retried with backoff and
   dead-lettered (``storage_failed``) after ``consolidation_max_attempts`` failures.
+- **It trims what it writes.** ``P:episodes`` gets the retention of the other streams
+  (``worker.consumers.retention``: ``MINID`` below every group's oldest pending and
+  undelivered entry, ``MEMWORKER_RETENTION_SECONDS`` kept), from the loop's ``tick`` every
+  ``MEMWORKER_RETENTION_INTERVAL_SECONDS``; the lifecycle worker trims its two streams.
 - **The group loop is ``worker.consumers.loop``**: own pending entries first, reclaim of dead
   consumers' entries, the delivery cap and DLQ, outages, readiness. This module is its handler:
   it turns entries into rows (``prepare``) and writes them (``finish``).
@@ -51,6 +55,7 @@ from worker.consumers.loop import (
     StorageUnavailableError,
     StreamEntry,
 )
+from worker.consumers.retention import trim_stream
 from worker.consumers.service import GroupService
 from worker.db.batch import insert_batch
 from worker.db.engine import create_database_engine
@@ -142,11 +147,12 @@ class Consolidator(GroupService):
             settings,
             batch_size=batch_size or settings.consolidation_batch_size,
             max_attempts=settings.consolidation_max_attempts,
-            tick=self.announcer.tick,
+            tick=self.tick,
             **loop_options,
         )
         self.consumer = self.loop.consumer
         self.log = self.announcer.log = log.bind(consumer=self.consumer)
+        self._last_trim = float("-inf")
 
     # -- public --------------------------------------------------------------------------------
 
@@ -159,6 +165,29 @@ class Consolidator(GroupService):
     async def relay(self, max_batches: int = 10) -> int:
         """Publish episodes still owed an ``episode.recorded``; how many (``Announcer.relay``)."""
         return await self.announcer.relay(max_batches)
+
+    async def trim_once(self, keep_seconds: float | None = None) -> int:
+        """Trim ``P:episodes`` (which this consolidator writes) below what every group reading
+        it has acknowledged, keeping ``keep_seconds`` of it (default: the retention setting,
+        as for the lifecycle and results streams); how many entries were removed."""
+        keep = self.settings.retention_seconds if keep_seconds is None else keep_seconds
+        return await trim_stream(self.redis, self.announcer.stream, keep)
+
+    async def tick(self) -> None:
+        """The group loop's ``tick``: the announcement relay when due, then retention of
+        ``P:episodes`` every ``MEMWORKER_RETENTION_INTERVAL_SECONDS``. Never raises but for
+        cancellation: a trim that fails is logged and tried at the next interval."""
+        await self.announcer.tick()
+        now = asyncio.get_running_loop().time()
+        if now - self._last_trim < self.settings.retention_interval_seconds:
+            return
+        self._last_trim = now
+        try:
+            await self.trim_once()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # Redis unavailable: the loop meets it too; trim next time
+            self.log.warning("episodes stream not trimmed, will retry", error=first_line(exc))
 
     async def replay(self, entries: Sequence[StreamEntry]) -> ConsolidationOutcome:
         """Store ``entries`` again (a replay): idempotent; junk is skipped, not dead-lettered,
@@ -254,7 +283,10 @@ class Consolidator(GroupService):
             outcome.failed.append(self._failure(parsed[0], exc))
             return
         outcome.done.extend(p.entry for p in parsed)  # committed: acknowledged, announced or not
-        outcome.episodes_announced += await self.announcer.announce(announcements)
+        # Awaited first, then added: ``x += await`` reads ``x`` before the await, and the other
+        # writer's addition made meanwhile would be lost.
+        announced = await self.announcer.announce(announcements)
+        outcome.episodes_announced += announced
 
     @staticmethod
     def _failure(parsed: PreparedResult, exc: Exception) -> Failure:

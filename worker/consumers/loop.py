@@ -18,9 +18,10 @@ entries. Everything else is here, once:
   consumer (one that died) are taken over with ``XAUTOCLAIM`` (the whole pending list is
   walked, ``batch_size`` a page) and then read as own pending.
 - **Delivery cap**: an entry the handler reports *failed* is retried with backoff; after
-  ``max_attempts`` failures it is dead-lettered (``worker.consumers.dead_letters``: XADD to the
-  DLQ and XACK in one MULTI) with the handler's reason, the last error and its provenance. An
-  entry the handler reports *rejected* (it can never be handled: unparseable, invalid) is
+  ``max_attempts`` failures, and ``retry_window_s`` after its first, it is dead-lettered
+  (``worker.consumers.dead_letters``: XADD to the DLQ and XACK in one MULTI) with the
+  handler's reason, the last error and its provenance. An entry the handler reports
+  *rejected* (it can never be handled: unparseable, invalid) is
   dead-lettered at once.
   The count is the loop's own (failures of the handler), never Redis's delivery counter, which
   reading pending entries and XAUTOCLAIM bump too.
@@ -129,8 +130,9 @@ class GroupConsumer(Generic[B]):
         storage_check_interval_s: float = 5.0,
         lag_probe_s: float | None = None,
         tick: Callable[[], Awaitable[None]] | None = None,
+        retry_window_s: float = 0.0,
     ) -> None:
-        self.redis = redis
+        self.redis, self.retry_window_s = redis, retry_window_s
         self.tick = tick
         self.handler = handler
         self.group = handler.group
@@ -148,7 +150,7 @@ class GroupConsumer(Generic[B]):
         self.acknowledges: bool = getattr(handler, "acknowledges", False)
         self.raw_fields: bool = getattr(handler, "raw_fields", False)
         self._reclaimed: Reclaimed | None = getattr(handler, "reclaimed", None)
-        self._attempts: dict[tuple[str, str], int] = {}
+        self._attempts: dict[tuple[str, str], tuple[int, float]] = {}  # failures, first's time
         self._claimed: list[StreamEntry] = []
         """Entries reclaimed and not handled yet (one page per stream at most)."""
         self._reclaim_cursor = dict.fromkeys(self.streams, "0-0")
@@ -434,12 +436,13 @@ class GroupConsumer(Generic[B]):
     async def _failed(self, failure: Failure, outcome: BatchOutcome) -> None:
         entry = failure.entry
         key = (entry.stream, entry.entry_id)
-        attempts = self._attempts.get(key, 0) + 1
-        self._attempts[key] = attempts
+        now = asyncio.get_running_loop().time()
+        attempts, first = self._attempts.get(key, (0, now))
+        self._attempts[key] = (attempts := attempts + 1, first)
         bound = self.log.bind(
             stream=entry.stream, entry_id=entry.entry_id, attempts=attempts, **failure.context
         )
-        if attempts >= self.max_attempts:
+        if attempts >= self.max_attempts and now - first >= self.retry_window_s:
             bound.error("entry failed too often, dead-lettered", error=failure.error)
             reason = self.handler.failure_reason
             await self.dead_letter([(entry, reason, failure.error)], deliveries=attempts)
@@ -491,5 +494,5 @@ class GroupConsumer(Generic[B]):
         return backoff_delay(failures, self.backoff_initial_s, self.backoff_max_s)
 
     def _retry_delay(self, retrying: Sequence[StreamEntry]) -> float:
-        worst = max(self._attempts.get((e.stream, e.entry_id), 1) for e in retrying)
+        worst = max(self._attempts.get((e.stream, e.entry_id), (1, 0.0))[0] for e in retrying)
         return self._backoff(worst)

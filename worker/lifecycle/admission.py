@@ -106,11 +106,7 @@ class Admission:
             return
         keys = [StreamKeys(self.settings.stream_prefix, shard).admission for shard in shards]
         if cap and used >= limit:
-            reason = (
-                f"Redis is nearly full: used_memory {_mb(used)} is past {_mb(limit)} (maxmemory "
-                f"{_mb(cap)} less MEMWORKER_ADMISSION_RESERVE {reserve:.0%}, kept for applying "
-                "the commands already accepted); retry later, or raise maxmemory"
-            )
+            reason = nearly_full_reason(used, limit, cap, reserve)
             expiry_ms = max(2_000, 8 * self.settings.admission_interval_ms)  # outlives a stall
             # Refused past maxmemory (OOM): Redis then refuses the publishes by itself.
             replies = await channel.execute([["SET", k, reason, "PX", expiry_ms] for k in keys])
@@ -133,5 +129,18 @@ class Admission:
             self.closed_servers.discard(url)
 
 
-def _mb(n: int) -> str:
-    return f"{n / 1_048_576:.2f}M"
+def _mb(n: int, decimals: int = 2) -> str:
+    return f"{n / 1_048_576:.{decimals}f}M"
+
+
+def nearly_full_reason(used: int, limit: int, cap: int, reserve: float) -> str:
+    """The refusal's text: the value and the limit shown with enough digits to differ (a
+    used memory a few bytes past the limit is never "4.51M is past 4.51M"), and in bytes."""
+    decimals = next((d for d in range(2, 7) if _mb(used, d) != _mb(limit, d)), 2)
+    relation = "is past" if used > limit else "reached"
+    return (
+        f"Redis is nearly full: used_memory {_mb(used, decimals)} {relation} the limit "
+        f"{_mb(limit, decimals)} ({used:,} and {limit:,} bytes; the limit is maxmemory "
+        f"{_mb(cap)} less MEMWORKER_ADMISSION_RESERVE {reserve:.0%}, kept for applying the "
+        "commands already accepted); retry later, or raise maxmemory"
+    )

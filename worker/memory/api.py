@@ -397,7 +397,8 @@ class WorkingMemory:
         return await self.backend.restore_checkpoint(_checkpoint_id(checkpoint_id), clear_current)
 
     async def list_checkpoints(self) -> list[CheckpointInfo]:
-        """The session's checkpoints, oldest first: dicts with ``id``, ``description``,
+        """The session's checkpoints, oldest first: dicts with ``id`` (also as
+        ``checkpoint_id``, the name every other place uses), ``description``,
         ``created_at`` (RFC 3339, UTC) and ``items``."""
         listed: list[CheckpointInfo] = []
         for raw in await self.backend.list_checkpoints():
@@ -405,6 +406,7 @@ class WorkingMemory:
             listed.append(
                 {
                     "id": info["checkpoint_id"],
+                    "checkpoint_id": info["checkpoint_id"],
                     "description": info.get("description") or "",
                     "created_at": info["created_at"],
                     "items": int(info.get("items", 0)),

@@ -70,6 +70,9 @@ class CheckpointInfo(TypedDict):
     """
 
     id: str
+    checkpoint_id: str
+    """The same id under the name results, ``tail``, ``memworker inspect`` and the
+    ``checkpoint_id`` parameters use (``id`` is the seed API's)."""
     description: str
     created_at: str
     items: int

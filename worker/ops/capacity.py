@@ -1,7 +1,8 @@
 """Capacity: how long until Redis is full, from what ``capacity_sampling`` measured.
 
 What one command leaves, and for how long (the capacity-planning formula of the README):
-one lifecycle entry and one results entry (held ``retention_seconds``), a dedupe record when
+one lifecycle entry and one results entry and its share of an ``episode.recorded`` in
+``P:episodes`` (episodes ÷ commands added; all held ``retention_seconds``), a dedupe record when
 it is a key of its own (``dedupe_ttl_seconds``; a session's records are in its own keys) and
 its share of a finished session's tombstone and seq counter (their bytes ÷ commands per
 session, held the longer of ``tombstone_ttl_seconds`` and ``dedupe_ttl_seconds``). At ``r``
@@ -24,7 +25,7 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.exceptions import NoPermissionError, ResponseError
 
-from worker.keys import DEDUPE_KIND, SEQ_KIND, StreamKeys
+from worker.keys import DEDUPE_KIND, SEQ_KIND, StreamKeys, episodes_stream
 from worker.logs import get_logger
 from worker.ops.capacity_sampling import (
     KeySample,
@@ -79,6 +80,12 @@ class Capacity:
     seconds_until_full: float | None
     verdict: str
     streams: list[StreamUsage]
+    bytes_per_episodes_entry: float | None = None
+    """An ``episode.recorded`` in ``P:episodes`` (one per session that ends with a
+    consolidated terminate), held ``retention_seconds`` like the other streams' entries."""
+    episodes_per_command: float | None = None
+    """Entries ever added to ``P:episodes`` ÷ entries ever added to the lifecycle streams
+    (``XINFO STREAM`` entries-added): a command's share of an episode announcement."""
 
     @property
     def commands_per_second_per_gb(self) -> float | None:
@@ -123,6 +130,7 @@ def assess(
     result_names = {StreamKeys(settings.stream_prefix, s).results for s in range(settings.shards)}
     lifecycle = [s for s in streams if s.stream in lifecycle_names]
     results = [s for s in streams if s.stream in result_names]
+    episodes = [s for s in streams if s.stream == episodes_stream(settings.stream_prefix)]
     live = sample.estimate("live", dbsize)
     finished = sample.estimate("finished", dbsize)
     dedupes = sample.estimate(DEDUPE_KIND, dbsize)
@@ -136,6 +144,11 @@ def assess(
     per_tombstone = sample.kinds["finished"].bytes_each
     per_live = sample.kinds["live"].bytes_each
     per_lifecycle, per_result = _per_entry(lifecycle), _per_entry(results)
+    per_episode = _per_entry(episodes)
+    commands_added = sum(s.entries_added for s in lifecycle)
+    episodes_per_command = (
+        sum(s.entries_added for s in episodes) / commands_added if commands_added else None
+    )
     sessions = live + finished
     commands_per_session = recent_commands_per_session
     if commands_per_session is None and sessions and dedupes:
@@ -150,6 +163,7 @@ def assess(
         (per_lifecycle or 0.0, settings.retention_seconds),
         (per_result or 0.0, settings.retention_seconds),
         ((per_dedupe or 0.0) * dedupe_share, settings.dedupe_ttl_seconds),
+        ((per_episode or 0.0) * (episodes_per_command or 0.0), settings.retention_seconds),
     ]
     if per_tombstone and commands_per_session:
         parts.append((per_tombstone / commands_per_session, tombstone_ttl))
@@ -157,7 +171,7 @@ def assess(
     per_command = sum(b for b, _ in parts) or None
     byte_seconds = sum(b * s for b, s in parts) or None
     window_now = (
-        sum(s.bytes for s in lifecycle + results)
+        sum(s.bytes for s in lifecycle + results + episodes)
         + dedupes * (per_dedupe or 0.0)
         + finished * (per_tombstone or 0.0)
     )
@@ -213,6 +227,8 @@ def assess(
         seconds_until_full=seconds,
         verdict=verdict,
         streams=streams,
+        bytes_per_episodes_entry=per_episode,
+        episodes_per_command=episodes_per_command,
     )
 
 
@@ -388,7 +404,8 @@ def render_capacity(c: Capacity, settings: Settings) -> str:
         "per dedupe record "
         f"{_bytes(c.bytes_per_dedupe_record)}, per lifecycle entry "
         f"{_bytes(c.bytes_per_lifecycle_entry)}, per results entry "
-        f"{_bytes(c.bytes_per_result_entry)}",
+        f"{_bytes(c.bytes_per_result_entry)}, per episodes entry "
+        f"{_bytes(c.bytes_per_episodes_entry)} ({c.episodes_per_command or 0:.2f} a command)",
         f"one command leaves {_bytes(c.bytes_per_command)} (entries held "
         f"{settings.retention_seconds:g} s, dedupe record {settings.dedupe_ttl_seconds} s, "
         "tombstone and seq counter shares "

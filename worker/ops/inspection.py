@@ -142,10 +142,19 @@ async def inspect_session(
     pipe.hgetall(keys.cpdata)
     pipe.pttl(keys.meta)
     meta, variables, task, scratch, cps, cpdata, ttl = await pipe.execute()
-    checkpoints = []
+    checkpoints = []  # each by ``checkpoint_id``, as results, ``tail`` and the parameters say
     for cp_id, _score in cps:
         info = cpdata.get(cp_id + b"|info")
-        checkpoints.append(orjson.loads(info) if info else {"checkpoint_id": cp_id.decode()})
+        stored = orjson.loads(info) if info else {}
+        checkpoints.append(
+            {
+                "checkpoint_id": cp_id.decode(),
+                "description": stored.get("description", ""),
+                "created_at": stored.get("created_at"),
+                "items": stored.get("items"),
+            }
+        )
+    checkpoints.sort(key=lambda c: c["created_at"] or "")  # oldest first, as list_checkpoints
     return {
         "project_id": project_id,
         "session_id": session_id,
