@@ -8,16 +8,36 @@ connects there directly. ``consumer_client(settings)`` is the client a consumer 
 
 Plain TCP clients pack commands with hiredis (in C): redis-py's asyncio connection packs in
 Python, one ``encode`` per argument, which was the worker's largest cost in a profile.
+
+Every client opens at most ``MEMWORKER_REDIS_MAX_CONNECTIONS`` connections to one server, and
+a call past them waits (up to ``MEMWORKER_REDIS_POOL_TIMEOUT_SECONDS``) for a free one instead
+of failing: a ``BlockingConnectionPool`` for a standalone server, its Sentinel twin for a
+Sentinel-watched master, a gate of as many calls in flight for a Cluster (whose per-node pools
+cannot wait). A pool that stays full raises ``PoolExhaustedError``, which names the setting.
+
+``client_for`` clients (``WorkingMemory``, ``LifecycleClient``, the CLI) retry a call whose
+connection was lost or refused (Redis restarted, failing over, still loading) with backoff for
+``MEMWORKER_REDIS_RETRY_SECONDS``, on a new connection: the first call after a restart
+succeeds. A retried call may run twice when the server ran it and the reply was lost: the
+scripts these clients run are safe to run twice (a publish records its ``event_id`` and its
+``seq``, and a second run returns the first's). Consumer loops (``consumer_client``) do not
+retry here: a failed read must surface, so the loop reads its own pending entries again.
 """
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 from urllib.parse import quote, urlsplit, urlunsplit
 
-from redis.asyncio import Connection, Redis
-from redis.asyncio.cluster import RedisCluster
-from redis.asyncio.sentinel import Sentinel
+from redis.asyncio import BlockingConnectionPool, Connection, Redis
+from redis.asyncio.cluster import ClusterPipeline, RedisCluster
+from redis.asyncio.retry import Retry
+from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
+from redis.backoff import EqualJitterBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import MaxConnectionsError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from worker.keys import tag
 from worker.settings import Settings
@@ -58,24 +78,135 @@ def _sentinel(settings: Settings) -> Sentinel:
     return Sentinel(hosts)  # type: ignore[no-untyped-call]
 
 
-def client_for(settings: Settings, **kwargs: Any) -> AnyRedis:
-    """The client for keyed commands, as the settings say: cluster, sentinel or standalone."""
+class PoolExhaustedError(MaxConnectionsError):
+    """Every connection this client may open stayed busy for the pool timeout: this
+    process's limit, not Redis's (a ``pool_exhausted`` condition)."""
+
+
+def _exhausted(limit: int, timeout: float) -> PoolExhaustedError:
+    return PoolExhaustedError(
+        f"all {limit} Redis connections of this process stayed busy for {timeout:g}s "
+        "(this client's limit, not Redis's); raise MEMWORKER_REDIS_MAX_CONNECTIONS or "
+        "MEMWORKER_REDIS_POOL_TIMEOUT_SECONDS, or make fewer calls at once"
+    )
+
+
+class WaitingPool(BlockingConnectionPool):
+    """A pool whose calls past ``max_connections`` wait for a free connection."""
+
+    async def get_connection(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await super().get_connection(*args, **kwargs)  # type: ignore[no-untyped-call]
+        except RedisConnectionError as exc:
+            if str(exc) != "No connection available.":
+                raise
+            raise _exhausted(self.max_connections, float(self.timeout or 0)) from None
+
+
+class WaitingSentinelPool(SentinelConnectionPool, WaitingPool):
+    """The master's pool of a Sentinel-watched service, waiting like ``WaitingPool``."""
+
+
+class GatedCluster(RedisCluster):
+    """A ``RedisCluster`` with at most ``max_connections`` calls in flight, the others
+    waiting: its per-node pools fail at once (``MaxConnectionsError``) when they are full."""
+
+    def __init__(
+        self, *args: Any, max_connections: int = 100, pool_timeout: float = 30.0, **kwargs: Any
+    ) -> None:
+        kwargs["max_connections"] = max_connections
+        super().__init__(*args, **kwargs)
+        self._limit = max_connections
+        self._gate = asyncio.Semaphore(max_connections)
+        self._gate_timeout = pool_timeout
+
+    async def _enter(self) -> None:
+        try:
+            await asyncio.wait_for(self._gate.acquire(), self._gate_timeout)
+        except TimeoutError:
+            raise _exhausted(self._limit, self._gate_timeout) from None
+
+    async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        await self._enter()
+        try:
+            return await super().execute_command(*args, **kwargs)
+        finally:
+            self._gate.release()
+
+    def pipeline(self, transaction: Any | None = None, shard_hint: Any | None = None) -> Any:
+        pipe: ClusterPipeline = super().pipeline(transaction, shard_hint)
+        execute = pipe.execute
+
+        async def gated(*args: Any, **kwargs: Any) -> Any:
+            await self._enter()
+            try:
+                return await execute(*args, **kwargs)
+            finally:
+                self._gate.release()
+
+        pipe.execute = gated  # type: ignore[method-assign]
+        return pipe
+
+
+def retry_policy(seconds: float) -> Retry:
+    """Retry a lost or refused connection for about ``seconds``: backoff from 50 ms doubling
+    up to 0.5 s (half of it jitter, so clients a restart cut off do not return in step)."""
+    retries, waited, step = 0, 0.0, 0.1
+    while waited < seconds:
+        waited += min(step, 0.5) * 0.75  # the mean of a jittered wait
+        step *= 2
+        retries += 1
+    return Retry(EqualJitterBackoff(cap=0.5, base=0.05), retries)
+
+
+def client_for(
+    settings: Settings, *, retry_seconds: float | None = None, **kwargs: Any
+) -> AnyRedis:
+    """The client for keyed commands, as the settings say: cluster, sentinel or standalone.
+
+    It opens at most ``redis_max_connections`` connections a server (calls past them wait) and
+    retries a lost connection for ``retry_seconds`` (default ``redis_retry_seconds``)."""
     kwargs.setdefault("socket_keepalive", True)
+    seconds = settings.redis_retry_seconds if retry_seconds is None else retry_seconds
+    retry = retry_policy(seconds) if seconds > 0 else Retry(EqualJitterBackoff(), 0)
+    errors = [RedisConnectionError, RedisTimeoutError]
+    limit, timeout = settings.redis_max_connections, settings.redis_pool_timeout_seconds
     if settings.redis_cluster:
-        return RedisCluster.from_url(settings.redis_url, **kwargs)
+        return GatedCluster.from_url(
+            settings.redis_url,
+            max_connections=limit,
+            pool_timeout=timeout,
+            retry=retry,
+            **kwargs,
+        )
+    kwargs.update(retry=retry, retry_on_error=errors if seconds > 0 else [])
     if settings.redis_sentinel_service:
-        master: Redis = _sentinel(settings).master_for(settings.redis_sentinel_service, **kwargs)
+        master: Redis = _sentinel(settings).master_for(
+            settings.redis_sentinel_service,
+            connection_pool_class=WaitingSentinelPool,
+            max_connections=limit,
+            timeout=timeout,
+            **kwargs,
+        )
         return master
-    return redis_client(settings.redis_url, **kwargs)
+    url = settings.redis_url
+    if url.startswith("redis://") and _pack is not None:
+        kwargs.setdefault("connection_class", HiredisPackedConnection)
+    pool = WaitingPool.from_url(url, max_connections=limit, timeout=timeout, **kwargs)
+    return Redis.from_pool(pool)
 
 
 def consumer_client(settings: Settings) -> AnyRedis:
     """The client a consumer loop reads with: a reply later than
     ``MEMWORKER_REPLY_TIMEOUT_SECONDS`` means a dead connection (reads block for
     ``MEMWORKER_BLOCK_MS`` only), so the read fails and the loop reads its own pending entries
-    again, instead of waiting on a socket that will never answer."""
+    again, instead of waiting on a socket that will never answer. No retry of its own: the
+    loop backs off and re-reads what it was given."""
     return client_for(
-        settings, health_check_interval=10, socket_timeout=settings.reply_timeout_seconds
+        settings,
+        retry_seconds=0,
+        health_check_interval=10,
+        socket_timeout=settings.reply_timeout_seconds,
     )
 
 

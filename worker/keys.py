@@ -189,7 +189,7 @@ class KeyKinds:
         p = re.escape(prefix)
         self._pattern = re.compile(
             rf"^{p}:\{{(?P<shard>\d+)\}}:(?:s:(?P<project>[^/]+)/(?P<session>.+):meta"
-            rf"|(?P<kind>evt|seq):[^/]+/.+)$"
+            rf"|(?P<kind>evt|seq):[^/]+/[^/]+)$"
         )
 
     def kind_of(self, key: str) -> str | None:

@@ -4,9 +4,11 @@ A full Redis (``OOM`` under ``maxmemory`` with ``noeviction``), a long script (`
 restart still loading its data (``LOADING``), a failover (``READONLY``, ``MASTERDOWN``), a
 cluster resharding or failing over (``MOVED``, ``ASK``, ``TRYAGAIN``, ``CLUSTERDOWN``), a
 server that cannot persist (``MISCONF``) or lacks replicas (``NOREPLICAS``), and the server
-being unreachable (connection errors, timeouts) are all *the server's* state. Every consumer
-treats them alike (``worker.consumers.loop``, the lifecycle worker): hold the entry, report not
-ready, back off, resume; never count a failed delivery, never dead-letter. ``WorkingMemory``
+being unreachable (connection errors, timeouts) are all *the server's* state; so, for this
+purpose, is a client whose own connection pool stayed full (``pool_exhausted``: the message
+says so and does not blame Redis). Every consumer treats them alike (``worker.consumers.loop``,
+the lifecycle worker): hold the entry, report not ready, back off, resume; never count a
+failed delivery, never dead-letter. ``WorkingMemory``
 and ``LifecycleClient`` raise ``RedisConditionError``, whose message names the condition and
 what to do.
 
@@ -87,6 +89,11 @@ _BY_CLASS: tuple[tuple[type[BaseException], str], ...] = (
 _OOM_TEXT = "command not allowed when used memory > 'maxmemory'"
 
 
+_POOL_EXHAUSTED = (
+    "every connection of this process's Redis pool is busy; raise MEMWORKER_REDIS_MAX_CONNECTIONS"
+)
+
+
 def _code_of(text: str) -> str | None:
     code = text.split(" ", 1)[0]
     if code in _BY_CODE:
@@ -107,6 +114,8 @@ def server_condition(error: BaseException | str | Any) -> ServerCondition | None
                 code = name
                 break
         else:
+            if isinstance(error, rx.MaxConnectionsError):  # this process's pool, not Redis
+                return ServerCondition("pool_exhausted", str(error) or _POOL_EXHAUSTED)
             if isinstance(error, rx.ConnectionError | rx.TimeoutError | OSError | TimeoutError):
                 return ServerCondition("unreachable", f"Redis is unreachable: {error}")
             if isinstance(error, rx.ResponseError):

@@ -49,6 +49,14 @@ class Settings(BaseSettings):
     """REDIS_URL names one node of a Redis Cluster (shards map to the nodes of their slots)."""
     redis_sentinel_service: str | None = None
     """REDIS_URL names Sentinels (``redis://h1:26379,h2:26379/0``) watching this service."""
+    redis_max_connections: int = Field(default=100, ge=1)
+    """Connections a client (``WorkingMemory``, ``LifecycleClient``, the CLI, each consumer)
+    opens to one Redis server at most; a call past them waits for a free one."""
+    redis_pool_timeout_seconds: float = Field(default=30.0, gt=0)
+    """How long a call waits for a free connection before it fails (naming the setting)."""
+    redis_retry_seconds: float = Field(default=5.0, ge=0)
+    """How long a call of ``WorkingMemory``, ``LifecycleClient`` or the CLI retries a lost or
+    refused connection (Redis restarting, failing over) before it raises; 0: not at all."""
     stream_prefix: str = Field(default="agents", min_length=1, max_length=64)
     shards: int = Field(default=1, ge=1, le=1024)
 

@@ -247,3 +247,16 @@ async def test_a_command_whose_session_slot_is_migrating_is_held_not_dead_letter
         await owner.aclose()
         await other.aclose()
         await redis.aclose()
+
+
+async def test_300_concurrent_calls_wait_for_a_connection_on_a_cluster(
+    cluster_settings: Settings,
+) -> None:
+    settings = cluster_settings.model_copy(update={"redis_max_connections": 8})
+    async with LifecycleClient(settings=settings) as client:
+        sent = await asyncio.gather(*(client.spawn("p", f"s{i}", "a") for i in range(300)))
+    async with await WorkingMemory.for_session("s1", "p", settings=settings) as memory:
+        await asyncio.gather(*(memory.set(f"k{i}", i) for i in range(300)))
+        values = await asyncio.gather(*(memory.get(f"k{i}") for i in range(300)))
+    assert len(set(sent)) == 300
+    assert values == list(range(300))

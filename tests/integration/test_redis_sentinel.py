@@ -3,6 +3,7 @@ finds the master through them."""
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import time
 from collections.abc import Iterator
@@ -80,3 +81,16 @@ async def test_the_worker_client_and_memory_find_the_master_through_sentinel(
     assert spawned.type == "agent.spawned"
     assert ended.type == "agent.terminated"
     await redis.aclose()
+
+
+async def test_300_concurrent_calls_wait_for_the_masters_connections(
+    sentinel_settings: Settings,
+) -> None:
+    settings = sentinel_settings.model_copy(update={"redis_max_connections": 8})
+    async with LifecycleClient(settings=settings) as client:
+        sent = await asyncio.gather(*(client.spawn("p", f"s{i}", "a") for i in range(300)))
+    async with await WorkingMemory.for_session("s1", "p", settings=settings) as memory:
+        await asyncio.gather(*(memory.set(f"k{i}", i) for i in range(300)))
+        values = await asyncio.gather(*(memory.get(f"k{i}") for i in range(300)))
+    assert len(set(sent)) == 300
+    assert values == list(range(300))

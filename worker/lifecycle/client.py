@@ -2,6 +2,8 @@
 
 Event ids are fresh UUIDs; ``seq`` is assigned per session by an INCR in Redis, so concurrent
 publishers (in any number of processes) still give every command of a session its own place.
+A publish retried after its connection was lost (``worker.connections``) takes no second seq:
+the script keeps the seq of a session's last 4 event ids and a second run returns it.
 """
 
 from __future__ import annotations
@@ -46,6 +48,11 @@ class ResultTimeoutError(TimeoutError):
 
 def seq_key(prefix: str, shard: int, project_id: str, session_id: str) -> str:
     return f"{prefix}:{tag(shard)}:seq:{project_id}/{session_id}"
+
+
+def publish_records_key(prefix: str, shard: int, project_id: str, session_id: str) -> str:
+    """The session's last publishes (event id digest and seq), beside its seq counter."""
+    return seq_key(prefix, shard, project_id, session_id) + "/pub"
 
 
 class LifecycleClient:
@@ -156,12 +163,14 @@ class LifecycleClient:
                 [
                     seq_key(settings.stream_prefix, keys.shard, project_id, session_id),
                     streams.lifecycle,
+                    publish_records_key(settings.stream_prefix, keys.shard, project_id, session_id),
                 ],
                 [
                     data,
                     "0",  # unused (publish_command.lua)
                     ttl_ms,
                     traceparent or "",
+                    str(event_id),
                 ],
             )
         else:
