@@ -127,6 +127,21 @@ async def test_cli_publish_wait_prints_the_result(redis: Redis, settings: Settin
     assert result["initial_items"] == 1
 
 
+async def test_cli_publish_retried_with_its_event_id_and_wait_prints_the_first_result(
+    redis: Redis, settings: Settings
+) -> None:
+    # The retry is a duplicate (no second result): --wait finds the first one at once
+    # instead of timing out after --timeout.
+    publish = ["publish", "spawn", "-p", "demo", "-s", "s9", "--event-id", "retry-1", "--wait"]
+    async with running_worker(settings):
+        first = await asyncio.to_thread(memworker, settings, *publish)
+        again = await asyncio.to_thread(memworker, settings, *publish, "--timeout", "5")
+    assert first.returncode == 0, first.stderr
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout) == json.loads(first.stdout)
+    assert await redis.xlen(StreamKeys(settings.stream_prefix, 0).results) == 1
+
+
 @pytest.mark.parametrize(
     ("args", "status", "message"),
     [
