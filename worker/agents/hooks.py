@@ -22,7 +22,7 @@ from datetime import datetime
 from typing import Any
 
 from pydantic import ValidationError
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import RedisError
 
 from schemas.results import (
     RESULT_ADAPTER,
@@ -36,6 +36,7 @@ from worker.agents.manager import describe_result
 from worker.codec import entry_data
 from worker.connections import AnyRedis, consumer_client
 from worker.consumers.backoff import backoff_delay
+from worker.consumers.groups import ensure_group
 from worker.consumers.loop import (
     BatchOutcome,
     Failure,
@@ -220,14 +221,6 @@ class LifecycleHooks:
                 await client.aclose()
 
 
-async def _create_group(redis: AnyRedis, stream: str, group: str, start: str) -> None:
-    try:
-        await redis.xgroup_create(stream, group, id=start, mkstream=True)
-    except ResponseError as exc:
-        if "BUSYGROUP" not in str(exc):
-            raise
-
-
 class HookUnavailableError(RuntimeError):
     """A hook met a server-wide condition: the results are held and retried, none counted."""
 
@@ -279,7 +272,7 @@ class _HookHandler:
         while not stop.is_set():
             try:
                 for stream in self.streams:
-                    await _create_group(redis, stream, self.group, start)
+                    await ensure_group(redis, stream, self.group, start)
                 return True
             except (RedisError, OSError) as exc:
                 failures += 1

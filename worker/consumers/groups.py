@@ -25,13 +25,16 @@ def default_consumer_name() -> str:
     return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
 
-async def ensure_group(redis: Redis | RedisCluster, stream: str, group: str) -> None:
-    """Create ``group`` at id ``0`` on ``stream`` (and the stream) unless it exists.
+async def ensure_group(
+    redis: Redis | RedisCluster, stream: str, group: str, start: str = "0"
+) -> None:
+    """Create ``group`` at ``start`` (``0``: the first entry kept; ``$``: after the last) on
+    ``stream`` (and the stream) unless it exists.
 
     A full Redis refuses XGROUP CREATE even for a group that exists: then the group is looked
     up, so a consumer restarted while Redis is full starts (and holds its entries)."""
     try:
-        await redis.xgroup_create(stream, group, id="0", mkstream=True)
+        await redis.xgroup_create(stream, group, id=start, mkstream=True)
     except ResponseError as exc:
         if "BUSYGROUP" in str(exc):
             return

@@ -22,6 +22,7 @@ from schemas.results import RESULT_ADAPTER, Result
 from schemas.streams import EpisodeRecorded
 from worker.codec import json_bytes
 from worker.connections import client_for
+from worker.consumers.groups import ensure_group
 from worker.ids import ID_PATTERN, validate_id
 from worker.keys import SessionKeys, StreamKeys, episodes_stream, tag
 from worker.redis_conditions import RedisConditionError, ServerCondition, conditions_raised
@@ -305,11 +306,7 @@ class LifecycleClient:
         Yields (entry id, decoded ``data``) and acknowledges an entry when the next one is
         asked for, so a crash redelivers at most the entry in hand.
         """
-        try:
-            await self.redis.xgroup_create(stream, group, id="0", mkstream=True)
-        except Exception as exc:
-            if "BUSYGROUP" not in str(exc):
-                raise
+        await ensure_group(self.redis, stream, group)
         last = "0"  # first what this consumer was given before and did not acknowledge
         while True:
             reply: Any = await self.redis.xreadgroup(
