@@ -222,6 +222,7 @@ async def test_hooks_run_for_every_command_retry_a_failing_hook_and_dead_letter_
     seed_env: Settings, redis: Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("MEMWORKER_MAX_DELIVERIES", "3")
+    monkeypatch.setenv("MEMWORKER_HOOK_RETRY_SECONDS", "0")  # MAX_DELIVERIES tries, then the DLQ
     get_settings.cache_clear()
     hooks = LifecycleHooks()
     spawned: list[LifecycleEvent] = []
