@@ -110,11 +110,18 @@ def dev(
     data_dir: Annotated[
         Path | None, typer.Option(help="Where the embedded servers keep data (kept between runs).")
     ] = None,
-    metrics_port: Annotated[int, typer.Option(help="Port of /metrics, /healthz, /readyz.")] = 9464,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(
+            help="Port of /metrics, /healthz, /readyz (default: MEMWORKER_METRICS_PORT, else 9464)."
+        ),
+    ] = None,
 ) -> None:
-    """All in one process: embedded servers, migrations, worker and consolidator.
+    """All in one process: embedded servers, migrations, the lifecycle worker, the consolidator
+    and the indexer.
 
-    The embedded servers start unless REDIS_URL / DATABASE_URL are set.
+    The embedded servers start unless REDIS_URL / DATABASE_URL are set; SIGTERM, SIGINT and
+    SIGHUP stop them, and servers a killed dev left running on the data dir are stopped first.
     """
     from worker.cli.dev import run_dev
 
