@@ -126,8 +126,10 @@ def dev(
         ),
     ] = None,
 ) -> None:
-    """All in one process: embedded servers, migrations, the lifecycle worker, the consolidator
-    and the indexer.
+    """All-in-one: worker, consolidator, indexer.
+
+    Embedded servers, migrations, the lifecycle worker, the consolidator and the indexer (recall
+    by meaning) in one process.
 
     The embedded servers start unless REDIS_URL / DATABASE_URL are set; SIGTERM, SIGINT and
     SIGHUP stop them, and servers a killed dev left running on the data dir are stopped first.
