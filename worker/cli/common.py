@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
-from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 
 import typer
 from pydantic import ValidationError
@@ -43,6 +43,26 @@ def settings_from_env() -> Settings:
         return Settings()
     except ValidationError as exc:
         raise CliError(one_line(exc)) from exc
+
+
+ShardOption = Annotated[
+    int | None,
+    typer.Option(help="One shard, 0 to MEMWORKER_SHARDS - 1 (default: every shard)."),
+]
+"""``--shard`` of every command that takes one (``dlq …``, ``replay``): one form, one check."""
+
+
+def chosen_shards(settings: Settings, shard: int | None) -> list[int]:
+    """The shards ``--shard`` names: all when None; a usage error (exit status 2) outside
+    0..MEMWORKER_SHARDS - 1."""
+    if shard is None:
+        return list(range(settings.shards))
+    if not 0 <= shard < settings.shards:
+        raise typer.BadParameter(
+            f"must be 0..{settings.shards - 1} (MEMWORKER_SHARDS is {settings.shards})",
+            param_hint="--shard",
+        )
+    return [shard]
 
 
 def check_ids(**ids: str) -> None:

@@ -15,6 +15,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from worker.cli.common import (
+    ShardOption,
+    chosen_shards,
     database_engine,
     err,
     out,
@@ -139,7 +141,7 @@ def replay(
     what: Annotated[
         str, typer.Argument(help="lifecycle (into the worker) or results (into the consolidator).")
     ],
-    shard: Annotated[int | None, typer.Option(help="One shard (default: every shard).")] = None,
+    shard: ShardOption = None,
     start: Annotated[str, typer.Option("--from", help="First entry id (inclusive).")] = "-",
     end: Annotated[str, typer.Option("--to", help="Last entry id (inclusive).")] = "+",
     since: Annotated[
@@ -177,9 +179,7 @@ def replay(
     if source not in ("stream", "postgres"):
         raise typer.BadParameter("must be stream or postgres", param_hint="--source")
     settings = settings_from_env()
-    shards = [shard] if shard is not None else list(range(settings.shards))
-    if any(s < 0 or s >= settings.shards for s in shards):
-        raise typer.BadParameter(f"must be 0..{settings.shards - 1}", param_hint="--shard")
+    shards = chosen_shards(settings, shard)
     from worker.consolidation.replay import STREAM_ID, ResultRange, parse_instant
 
     for hint, entry_id, edge in (("--from", start, "-"), ("--to", end, "+")):
