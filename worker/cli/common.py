@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
+import os
+import shlex
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
@@ -38,9 +41,61 @@ def fail(message: str) -> NoReturn:
     raise CliError(message)
 
 
-def settings_from_env() -> Settings:
+DEV_ENV_KEYS = ("REDIS_URL", "DATABASE_URL", "MEMWORKER_STREAM_PREFIX")
+
+
+def _set(key: str) -> bool:
+    """Whether the environment sets ``key`` (REDIS_URL may also be MEMWORKER_REDIS_URL)."""
+    return key in os.environ or f"MEMWORKER_{key}" in os.environ
+
+
+def running_dev_env() -> dict[str, str]:
+    """The settings in ``dev.env`` of a ``memworker dev`` running on the default data dir
+    (its lock is held), for those of ``DEV_ENV_KEYS`` the environment does not set; empty when
+    no ``dev`` runs there or the environment names both servers."""
+    if _set("REDIS_URL") and _set("DATABASE_URL"):
+        return {}
+    from worker.ops.embedded import default_data_dir
+
+    data_dir = default_data_dir()
     try:
-        return Settings()
+        fd = os.open(data_dir / "dev.lock", os.O_RDONLY)
+    except OSError:
+        return {}
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return {}  # free: no dev runs there, its dev.env may name servers long gone
+    except BlockingIOError:
+        pass
+    finally:
+        os.close(fd)
+    found = {}
+    with contextlib.suppress(OSError):
+        for line in (data_dir / "dev.env").read_text().splitlines():
+            key, _, value = line.removeprefix("export ").partition("=")
+            if key in DEV_ENV_KEYS and not _set(key):
+                found[key] = shlex.split(value)[0] if value else ""
+    return found
+
+
+def settings_from_env() -> Settings:
+    """Settings from the environment; what it leaves out of REDIS_URL, DATABASE_URL and
+    MEMWORKER_STREAM_PREFIX from the ``memworker dev`` running on the default data dir (so
+    its servers work without sourcing ``dev.env``), said in one line on stderr."""
+    dev = running_dev_env()
+    if dev:
+        from worker.ops.embedded import default_data_dir
+
+        print(
+            f"memworker: using {', '.join(sorted(dev))} of the memworker dev running on "
+            f"{default_data_dir()} (set them to use other servers)",
+            file=sys.stderr,
+        )
+    try:
+        settings = Settings()
+        # dev.env holds what that dev's validated settings said: no second validation needed
+        fields = {k.lower().removeprefix("memworker_"): v for k, v in dev.items()}
+        return settings.model_copy(update=fields)
     except ValidationError as exc:
         raise CliError(one_line(exc)) from exc
 
