@@ -103,7 +103,10 @@ def stats(
             )
         )
         return
-    table = Table("stream", "length", "group", "lag", "pending", "oldest pending", "consumers")
+    # Fits 80 columns with the default prefix: no frame, short headings; a name is never cut.
+    table = Table(box=None, pad_edge=False)
+    for heading in ("stream", "length", "group", "lag", "pending", "oldest", "consumers"):
+        table.add_column(heading, no_wrap=heading in ("stream", "group"), overflow="fold")
     for r in rows:
         age = "" if r.oldest_pending_age_s is None else f"{r.oldest_pending_age_s:.1f}s"
         gone = len(r.dead_consumers) + len(r.stalled_consumers)
