@@ -193,3 +193,50 @@ def test_episodes_show_prints_a_finished_sessions_episode_or_says_why_there_is_n
     assert missing.returncode == 1
     assert missing.stderr.startswith("memworker: error: no episode for session demo/never-ran")
     assert len(missing.stderr.strip().splitlines()) == 1
+
+
+def test_commands_use_a_running_devs_servers_without_sourcing_dev_env(
+    prefix: str, database_url: str, tmp_path: Path
+) -> None:
+    unset = ("REDIS_URL", "DATABASE_URL", "MEMWORKER_STREAM_PREFIX", "MEMWORKER_METRICS_PORT")
+    plain = {k: v for k, v in os.environ.items() if k not in unset}
+    plain["XDG_DATA_HOME"] = str(tmp_path / "xdg")  # the default data dir: xdg/memworker
+    env = {**plain, "DATABASE_URL": database_url, "MEMWORKER_STREAM_PREFIX": prefix}
+    dev = Memworker(["dev", "--metrics-port", str(free_port())], env)  # embedded Valkey
+    try:
+        dev.wait_for("memworker dev is running.")
+        env_file = tmp_path / "xdg" / "memworker" / "dev.env"
+        sourced = f"source {shlex.quote(str(env_file))} && {shlex.quote(sys.executable)}"
+        spawned = subprocess.run(
+            ["bash", "-c", f"{sourced} -m worker.cli publish spawn -p demo -s s1 --wait"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert spawned.returncode == 0, spawned.stderr
+
+        def cli(*args: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run(
+                [sys.executable, "-m", "worker.cli", *args],
+                env=plain,
+                capture_output=True,
+                text=True,
+                timeout=120,
+                check=False,
+            )
+
+        shown = cli("inspect", "-p", "demo", "-s", "s1")  # read-only: no other server touched
+        assert shown.returncode == 0, shown.stderr
+        assert "active" in shown.stdout
+        assert shown.stderr.splitlines() == [
+            "memworker: using DATABASE_URL, MEMWORKER_STREAM_PREFIX, REDIS_URL of the memworker "
+            f"dev running on {tmp_path / 'xdg' / 'memworker'} (set them to use other servers)"
+        ]
+        ended = cli("publish", "terminate", "-p", "demo", "-s", "s1", "--wait")
+        assert ended.returncode == 0, ended.stderr
+        assert '"type": "agent.terminated"' in ended.stdout
+    finally:
+        if dev.proc.poll() is None:
+            dev.stop_with(signal.SIGTERM)
+        dev.close()

@@ -180,3 +180,38 @@ def test_episodes_show_without_an_id_or_a_session_asks_for_one_of_them() -> None
     assert "not both" not in proc.stderr
     both = memworker("episodes", "show", "-p", "demo", "-s", "s1", "some-id")
     assert both.returncode == 2 and "not both" in both.stderr, both.stderr
+
+
+SHARD_COMMANDS = [
+    ("dlq", "list"),
+    ("dlq", "show", "1-0"),
+    ("dlq", "redrive"),
+    ("dlq", "purge", "--yes"),
+    ("replay", "lifecycle"),
+    ("replay", "results"),
+]
+
+
+@pytest.mark.parametrize("command", SHARD_COMMANDS, ids=" ".join)
+@pytest.mark.parametrize("shard", ["2", "-1"])
+def test_every_shard_option_refuses_a_shard_that_does_not_exist_alike(
+    redis_url: str, prefix: str, command: tuple[str, ...], shard: str
+) -> None:
+    proc = memworker(
+        *command,
+        "--shard",
+        shard,
+        REDIS_URL=redis_url,
+        MEMWORKER_STREAM_PREFIX=prefix,
+        MEMWORKER_SHARDS="2",
+    )
+    assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
+    assert "Error: Invalid value for --shard: must be 0..1 (MEMWORKER_SHARDS is 2)" in proc.stderr
+
+
+def test_every_shard_option_reads_alike_in_help() -> None:
+    for command in SHARD_COMMANDS:
+        shown = " ".join(memworker(*command[:2], "--help").stdout.split())
+        assert (
+            "--shard <int> One shard, 0 to MEMWORKER_SHARDS - 1 (default: every shard)." in shown
+        ), (command, shown)

@@ -33,3 +33,27 @@ def test_no_help_page_labels_a_flag_with_a_type() -> None:
         assert shown.returncode == 0, (path, shown.stderr)
         assert "<bool>" not in shown.stdout, (path, shown.stdout)
         assert "--help" in shown.stdout
+
+
+def memworker(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "worker.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_version_prints_the_installed_version() -> None:
+    from importlib.metadata import version
+
+    shown = memworker("--version")
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout == f"memworker {version('memworker')}\n"
+
+
+def test_dev_help_and_the_command_list_name_the_indexer() -> None:
+    assert "indexer" in " ".join(memworker("dev", "--help").stdout.split())
+    listed = [line for line in memworker("--help").stdout.splitlines() if line.startswith("  dev ")]
+    assert len(listed) == 1 and "indexer" in listed[0], listed

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Annotated
 
 import typer
 
@@ -28,6 +29,28 @@ app = typer.Typer(
     # usage error is a short "Error: …" line rather than a box.
     rich_markup_mode=None,
 )
+
+
+def _version(asked: bool) -> None:
+    if asked:
+        from importlib.metadata import version
+
+        print(f"memworker {version('memworker')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_version, is_eager=True, help="Print the version and exit."
+        ),
+    ] = False,
+) -> None:
+    """Agent-memory lifecycle worker: commands in on Redis Streams, working memory in Redis,
+    episodes in Postgres."""
+
 
 # Help lists the commands in this order, then the groups.
 for command in (

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
+import os
+import shlex
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
-from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 
 import typer
 from pydantic import ValidationError
@@ -38,11 +41,83 @@ def fail(message: str) -> NoReturn:
     raise CliError(message)
 
 
-def settings_from_env() -> Settings:
+DEV_ENV_KEYS = ("REDIS_URL", "DATABASE_URL", "MEMWORKER_STREAM_PREFIX")
+
+
+def _set(key: str) -> bool:
+    """Whether the environment sets ``key`` (REDIS_URL may also be MEMWORKER_REDIS_URL)."""
+    return key in os.environ or f"MEMWORKER_{key}" in os.environ
+
+
+def running_dev_env() -> dict[str, str]:
+    """The settings in ``dev.env`` of a ``memworker dev`` running on the default data dir
+    (its lock is held), for those of ``DEV_ENV_KEYS`` the environment does not set; empty when
+    no ``dev`` runs there or the environment names both servers."""
+    if _set("REDIS_URL") and _set("DATABASE_URL"):
+        return {}
+    from worker.ops.embedded import default_data_dir
+
+    data_dir = default_data_dir()
     try:
-        return Settings()
+        fd = os.open(data_dir / "dev.lock", os.O_RDONLY)
+    except OSError:
+        return {}
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return {}  # free: no dev runs there, its dev.env may name servers long gone
+    except BlockingIOError:
+        pass
+    finally:
+        os.close(fd)
+    found = {}
+    with contextlib.suppress(OSError):
+        for line in (data_dir / "dev.env").read_text().splitlines():
+            key, _, value = line.removeprefix("export ").partition("=")
+            if key in DEV_ENV_KEYS and not _set(key):
+                found[key] = shlex.split(value)[0] if value else ""
+    return found
+
+
+def settings_from_env() -> Settings:
+    """Settings from the environment; what it leaves out of REDIS_URL, DATABASE_URL and
+    MEMWORKER_STREAM_PREFIX from the ``memworker dev`` running on the default data dir (so
+    its servers work without sourcing ``dev.env``), said in one line on stderr."""
+    dev = running_dev_env()
+    if dev:
+        from worker.ops.embedded import default_data_dir
+
+        print(
+            f"memworker: using {', '.join(sorted(dev))} of the memworker dev running on "
+            f"{default_data_dir()} (set them to use other servers)",
+            file=sys.stderr,
+        )
+    try:
+        settings = Settings()
+        # dev.env holds what that dev's validated settings said: no second validation needed
+        fields = {k.lower().removeprefix("memworker_"): v for k, v in dev.items()}
+        return settings.model_copy(update=fields)
     except ValidationError as exc:
         raise CliError(one_line(exc)) from exc
+
+
+ShardOption = Annotated[
+    int | None,
+    typer.Option(help="One shard, 0 to MEMWORKER_SHARDS - 1 (default: every shard)."),
+]
+"""``--shard`` of every command that takes one (``dlq …``, ``replay``): one form, one check."""
+
+
+def chosen_shards(settings: Settings, shard: int | None) -> list[int]:
+    """The shards ``--shard`` names: all when None; a usage error (exit status 2) outside
+    0..MEMWORKER_SHARDS - 1."""
+    if shard is None:
+        return list(range(settings.shards))
+    if not 0 <= shard < settings.shards:
+        raise typer.BadParameter(
+            f"must be 0..{settings.shards - 1} (MEMWORKER_SHARDS is {settings.shards})",
+            param_hint="--shard",
+        )
+    return [shard]
 
 
 def check_ids(**ids: str) -> None:

@@ -10,7 +10,15 @@ import typer
 from redis.asyncio import Redis
 from rich.table import Table
 
-from worker.cli.common import fail, out, run_async, settings_from_env, with_redis
+from worker.cli.common import (
+    ShardOption,
+    chosen_shards,
+    fail,
+    out,
+    run_async,
+    settings_from_env,
+    with_redis,
+)
 from worker.keys import StreamKeys
 from worker.settings import Settings
 
@@ -20,8 +28,7 @@ dlq_app = typer.Typer(
 
 
 def _dlq_streams(settings: Settings, shard: int | None) -> list[str]:
-    shards = [shard] if shard is not None else list(range(settings.shards))
-    streams = [StreamKeys(settings.stream_prefix, s).dlq for s in shards]
+    streams = [StreamKeys(settings.stream_prefix, s).dlq for s in chosen_shards(settings, shard)]
     if shard is None:  # the indexer's (P:episodes is not sharded)
         from worker.episodes.indexer import indexer_dlq
 
@@ -31,18 +38,19 @@ def _dlq_streams(settings: Settings, shard: int | None) -> list[str]:
 
 @dlq_app.command("list")
 def dlq_list(
-    shard: Annotated[int | None, typer.Option(help="One shard (default: all).")] = None,
+    shard: ShardOption = None,
     count: Annotated[int, typer.Option(help="At most this many per shard.")] = 50,
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """List dead letters, oldest first."""
     settings = settings_from_env()
+    streams = _dlq_streams(settings, shard)
 
     async def go(redis: Redis) -> list[tuple[str, str, dict[str, str]]]:
         from worker.consumers.dead_letters import list_dead_letters
 
         rows = []
-        for stream in _dlq_streams(settings, shard):
+        for stream in streams:
             rows += [(stream, i, f) for i, f in await list_dead_letters(redis, stream, count)]
         return rows
 
@@ -65,37 +73,40 @@ def dlq_list(
 @dlq_app.command("show")
 def dlq_show(
     entry_id: Annotated[str, typer.Argument(help="The dead letter's id.")],
-    shard: Annotated[int, typer.Option(help="Its shard.")] = 0,
+    shard: ShardOption = None,
 ) -> None:
     """Show one dead letter in full."""
     settings = settings_from_env()
+    streams = _dlq_streams(settings, shard)
 
     async def go(redis: Redis) -> list[tuple[str, dict[str, str]]]:
         from worker.consumers.dead_letters import list_dead_letters
 
-        rows = await list_dead_letters(redis, _dlq_streams(settings, shard)[0], 1, entry_id)
-        return [r for r in rows if r[0] == entry_id]
+        found = []
+        for stream in streams:
+            rows = await list_dead_letters(redis, stream, 1, entry_id)
+            found += [r for r in rows if r[0] == entry_id]
+        return found
 
     rows = run_async(with_redis(settings, go))
     if not rows:
-        fail(f"no dead letter {entry_id} on shard {shard}")
+        fail(f"no dead letter {entry_id} in {', '.join(streams)}")
     print(json.dumps({"id": rows[0][0], **rows[0][1]}, indent=2))
 
 
 @dlq_app.command("redrive")
 def dlq_redrive(
     entry_ids: Annotated[list[str] | None, typer.Argument(help="Ids (default: all).")] = None,
-    shard: Annotated[int | None, typer.Option(help="One shard (default: all).")] = None,
+    shard: ShardOption = None,
 ) -> None:
     """Publish dead letters back to their source stream and remove them from the DLQ."""
     settings = settings_from_env()
+    streams = _dlq_streams(settings, shard)
 
     async def go(redis: Redis) -> int:
         from worker.consumers.dead_letters import redrive
 
-        return sum(
-            [await redrive(redis, s, entry_ids or None) for s in _dlq_streams(settings, shard)]
-        )
+        return sum([await redrive(redis, s, entry_ids or None) for s in streams])
 
     out.print(f"redriven: {run_async(with_redis(settings, go))}")
 
@@ -103,19 +114,18 @@ def dlq_redrive(
 @dlq_app.command("purge")
 def dlq_purge(
     entry_ids: Annotated[list[str] | None, typer.Argument(help="Ids (default: all).")] = None,
-    shard: Annotated[int | None, typer.Option(help="One shard (default: all).")] = None,
+    shard: ShardOption = None,
     yes: Annotated[bool, typer.Option("--yes", help="Required to purge everything.")] = False,
 ) -> None:
     """Delete dead letters for good."""
     if not entry_ids and not yes:
         raise typer.BadParameter("purging every dead letter needs --yes", param_hint="--yes")
     settings = settings_from_env()
+    streams = _dlq_streams(settings, shard)
 
     async def go(redis: Redis) -> int:
         from worker.consumers.dead_letters import purge
 
-        return sum(
-            [await purge(redis, s, entry_ids or None) for s in _dlq_streams(settings, shard)]
-        )
+        return sum([await purge(redis, s, entry_ids or None) for s in streams])
 
     out.print(f"purged: {run_async(with_redis(settings, go))}")

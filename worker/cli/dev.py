@@ -7,8 +7,12 @@ by meaning: ``worker.episodes.indexer``) run side by side.
 
 One ``dev`` per data dir: a lock file (``dev.lock``, holding the pid) refuses a second one
 before it touches anything; the lock is an ``flock``, so a crashed instance's lock is free
-again. ``dev.env`` holds the database URL (and any password in it): it is written only once
-the servers are up, readable by its owner only. The embedded Redis keeps its port between
+again. The embedded servers are daemons: SIGTERM, SIGINT and SIGHUP stop them with ``dev``, and
+what a ``dev`` killed with SIGKILL left running on the data dir the next one stops (holding the
+lock, it knows no live ``dev`` owns them) before it starts its own.
+
+``dev.env`` holds the database URL (and any password in it): it is written only once the
+servers are up, readable by its owner only. The embedded Redis keeps its port between
 runs when the port is free, so an old ``dev.env`` stays right.
 """
 
@@ -126,15 +130,36 @@ async def _start_redis(data_dir: Path) -> tuple[EmbeddedRedis, str]:
     return server, url
 
 
-async def run_dev(data_dir: Path | None, metrics_port: int) -> None:
+async def _stop_leftovers(data_dir: Path) -> None:
+    """Stop the embedded servers a ``dev`` killed with SIGKILL left running on ``data_dir``
+    (only a holder of the lock may: no live ``dev`` owns them)."""
+    for name, server in (
+        ("Valkey", EmbeddedRedis(data_dir / "valkey")),
+        ("PostgreSQL", EmbeddedPostgres(data_dir / "postgres")),
+    ):
+        pid = await asyncio.to_thread(server.stop_leftover)
+        if pid is not None:
+            _say(
+                f"note: stopped the embedded {name} (pid {pid}) that a memworker dev which did "
+                f"not exit cleanly left running on {data_dir}"
+            )
+
+
+DEFAULT_METRICS_PORT = 9464
+
+
+async def run_dev(data_dir: Path | None, metrics_port: int | None) -> None:
     base = Settings()
     configure_logging(base.log_level, base.log_json)
     data_dir = (data_dir or default_data_dir()).expanduser().resolve()
+    if metrics_port is None:
+        metrics_port = base.metrics_port or DEFAULT_METRICS_PORT
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         loop.add_signal_handler(sig, stop.set)
     with data_dir_lock(data_dir):
+        await _stop_leftovers(data_dir)
         await _run_locked(base, data_dir, metrics_port, stop)
 
 

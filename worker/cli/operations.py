@@ -15,6 +15,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from worker.cli.common import (
+    ShardOption,
+    chosen_shards,
     database_engine,
     err,
     out,
@@ -101,7 +103,10 @@ def stats(
             )
         )
         return
-    table = Table("stream", "length", "group", "lag", "pending", "oldest pending", "consumers")
+    # Fits 80 columns with the default prefix: no frame, short headings; a name is never cut.
+    table = Table(box=None, pad_edge=False)
+    for heading in ("stream", "length", "group", "lag", "pending", "oldest", "consumers"):
+        table.add_column(heading, no_wrap=heading in ("stream", "group"), overflow="fold")
     for r in rows:
         age = "" if r.oldest_pending_age_s is None else f"{r.oldest_pending_age_s:.1f}s"
         gone = len(r.dead_consumers) + len(r.stalled_consumers)
@@ -139,7 +144,7 @@ def replay(
     what: Annotated[
         str, typer.Argument(help="lifecycle (into the worker) or results (into the consolidator).")
     ],
-    shard: Annotated[int | None, typer.Option(help="One shard (default: every shard).")] = None,
+    shard: ShardOption = None,
     start: Annotated[str, typer.Option("--from", help="First entry id (inclusive).")] = "-",
     end: Annotated[str, typer.Option("--to", help="Last entry id (inclusive).")] = "+",
     since: Annotated[
@@ -177,9 +182,7 @@ def replay(
     if source not in ("stream", "postgres"):
         raise typer.BadParameter("must be stream or postgres", param_hint="--source")
     settings = settings_from_env()
-    shards = [shard] if shard is not None else list(range(settings.shards))
-    if any(s < 0 or s >= settings.shards for s in shards):
-        raise typer.BadParameter(f"must be 0..{settings.shards - 1}", param_hint="--shard")
+    shards = chosen_shards(settings, shard)
     from worker.consolidation.replay import STREAM_ID, ResultRange, parse_instant
 
     for hint, entry_id, edge in (("--from", start, "-"), ("--to", end, "+")):

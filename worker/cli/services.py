@@ -69,14 +69,23 @@ def run(
         str | None, typer.Option(help="Consumer name (default: host-pid-random).")
     ] = None,
     metrics_port: Annotated[
-        int | None, typer.Option(help="Serve /metrics, /healthz, /readyz on this port.")
+        int | None,
+        typer.Option(
+            help="Serve /metrics, /healthz, /readyz on this port (default: "
+            "MEMWORKER_METRICS_PORT); with --workers N, worker n serves port + n."
+        ),
     ] = None,
 ) -> None:
-    """Run the lifecycle worker (consumer group `lifecycle` on every shard)."""
+    """Run the lifecycle worker (consumer group `lifecycle` on every shard).
+
+    With --workers N: N processes; one that dies is restarted, and one that dies 5 times within
+    a minute stops them all (exit status 1).
+    """
     settings = settings_from_env()
     configure_logging(settings.log_level, settings.log_json)
     if workers > 1:
-        raise typer.Exit(run_processes(workers, consumer, metrics_port))
+        port = metrics_port if metrics_port is not None else settings.metrics_port
+        raise typer.Exit(run_processes(workers, consumer, port))
 
     async def serve() -> None:
         from worker.lifecycle.worker import LifecycleWorker
@@ -110,11 +119,20 @@ def dev(
     data_dir: Annotated[
         Path | None, typer.Option(help="Where the embedded servers keep data (kept between runs).")
     ] = None,
-    metrics_port: Annotated[int, typer.Option(help="Port of /metrics, /healthz, /readyz.")] = 9464,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(
+            help="Port of /metrics, /healthz, /readyz (default: MEMWORKER_METRICS_PORT, else 9464)."
+        ),
+    ] = None,
 ) -> None:
-    """All in one process: embedded servers, migrations, worker and consolidator.
+    """All-in-one: worker, consolidator, indexer.
 
-    The embedded servers start unless REDIS_URL / DATABASE_URL are set.
+    Embedded servers, migrations, the lifecycle worker, the consolidator and the indexer (recall
+    by meaning) in one process.
+
+    The embedded servers start unless REDIS_URL / DATABASE_URL are set; SIGTERM, SIGINT and
+    SIGHUP stop them, and servers a killed dev left running on the data dir are stopped first.
     """
     from worker.cli.dev import run_dev
 

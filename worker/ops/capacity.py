@@ -392,26 +392,29 @@ def render_capacity(c: Capacity, settings: Settings) -> str:
     sampled = "every key" if c.scan_complete else f"a sample of {c.keys_scanned:,} keys"
     rate = "-" if c.commands_per_second is None else f"{c.commands_per_second:,.1f}"
     per_gb = c.commands_per_second_per_gb
+    # One fact a line, each short enough for an 80-column terminal (no line wraps).
     lines = [
         f"Redis memory: {_mb(c.used_memory)} used of {limit}{share}, "
         f"policy {c.maxmemory_policy or '-'}",
-        f"keys: {c.keys:,} (measured from {sampled}); estimated live sessions "
-        f"{c.live_sessions:,.0f}, finished sessions {c.finished_sessions:,.0f}, "
-        f"dedupe records {c.dedupe_records:,.0f}",
-        f"bytes per live session {_bytes(c.bytes_per_live_session)}, per finished session "
-        f"{_bytes(c.bytes_per_finished_session)} (tombstone {_bytes(c.bytes_per_tombstone)} "
-        f"+ seq counter; {c.commands_per_session or 0:.1f} commands a session), "
-        "per dedupe record "
-        f"{_bytes(c.bytes_per_dedupe_record)}, per lifecycle entry "
-        f"{_bytes(c.bytes_per_lifecycle_entry)}, per results entry "
-        f"{_bytes(c.bytes_per_result_entry)}, per episodes entry "
-        f"{_bytes(c.bytes_per_episodes_entry)} ({c.episodes_per_command or 0:.2f} a command)",
-        f"one command leaves {_bytes(c.bytes_per_command)} (entries held "
-        f"{settings.retention_seconds:g} s, dedupe record {settings.dedupe_ttl_seconds} s, "
-        "tombstone and seq counter shares "
-        f"{max(settings.tombstone_ttl_seconds, settings.dedupe_ttl_seconds)} s): 1 GB sustains "
-        + ("-" if per_gb is None else f"{per_gb:,.1f}")
-        + " commands/s",
-        f"rate: {rate} commands/s ({c.rate_source}); {c.verdict}",
+        f"keys: {c.keys:,} (measured from {sampled})",
+        f"  estimated live sessions {c.live_sessions:,.0f}, "
+        f"finished sessions {c.finished_sessions:,.0f}",
+        f"  estimated dedupe records {c.dedupe_records:,.0f}",
+        f"bytes per live session {_bytes(c.bytes_per_live_session)}, "
+        f"per finished session {_bytes(c.bytes_per_finished_session)}",
+        f"  (tombstone {_bytes(c.bytes_per_tombstone)} + seq counter; "
+        f"{c.commands_per_session or 0:.1f} commands a session)",
+        f"bytes per dedupe record {_bytes(c.bytes_per_dedupe_record)}, "
+        f"per lifecycle entry {_bytes(c.bytes_per_lifecycle_entry)}, "
+        f"per results entry {_bytes(c.bytes_per_result_entry)}",
+        f"  per episodes entry {_bytes(c.bytes_per_episodes_entry)} "
+        f"({c.episodes_per_command or 0:.2f} a command)",
+        f"one command leaves {_bytes(c.bytes_per_command)}: entries held "
+        f"{settings.retention_seconds:g} s, dedupe record {settings.dedupe_ttl_seconds} s,",
+        "  tombstone and seq counter shares "
+        f"{max(settings.tombstone_ttl_seconds, settings.dedupe_ttl_seconds)} s",
+        "1 GB sustains " + ("-" if per_gb is None else f"{per_gb:,.1f}") + " commands/s",
+        f"rate: {rate} commands/s ({c.rate_source})",
+        c.verdict,
     ]
     return "\n".join(lines)
