@@ -14,7 +14,7 @@ from sqlalchemy import text
 from tests.recall_set import load_recall_set, remember_all
 from worker.db.engine import create_database_engine
 from worker.db.migrate import head_revision, migrate_reporting
-from worker.db.vectors import MISSING_PGVECTOR, VECTOR_TABLE
+from worker.db.vectors import VECTOR_TABLE, missing_pgvector
 from worker.episodes.embedding import Embedder
 from worker.episodes.store import EpisodeStore
 from worker.settings import Settings
@@ -43,8 +43,11 @@ async def test_without_pgvector_recall_falls_back_to_full_text_and_warns_once(
                     text("SELECT 1 FROM pg_available_extensions WHERE name='vector'")
                 )
             ).first()
+            major = (await conn.execute(text("SHOW server_version_num"))).scalar_one()
+            hint = missing_pgvector((int(major) // 10000,))
             if has is None:
-                assert missing == MISSING_PGVECTOR
+                assert missing == hint
+                assert f"postgresql-{int(major) // 10000}-pgvector" in hint
                 assert "\n" not in missing
             else:  # this server ships pgvector: drop the table, as a server without it has none
                 assert missing is None
@@ -62,7 +65,7 @@ async def test_without_pgvector_recall_falls_back_to_full_text_and_warns_once(
         assert first[0].vector_rank is None and first[0].text_rank == 1
         assert str(second[0].episode.task_description).startswith("Translate the onboarding")
         warnings = [entry for entry in logs if entry["log_level"] == "warning"]
-        assert [w["event"] for w in warnings] == [MISSING_PGVECTOR]
+        assert [w["event"] for w in warnings] == [hint]
         export = await store.export("acme")
         assert len(export.episodes) == len(episodes)
         assert all("embedding" not in e or e["embedding"] is None for e in export.episodes)
@@ -83,6 +86,7 @@ async def test_memworker_migrate_says_in_one_line_what_to_install_when_pgvector_
     try:
         async with engine.connect() as conn:
             table = (await conn.execute(text("SELECT to_regclass('episode_embeddings')"))).scalar()
+            major = int((await conn.execute(text("SHOW server_version_num"))).scalar_one()) // 10000
             episodes = (await conn.execute(text("SELECT to_regclass('episodes')"))).scalar()
     finally:
         await engine.dispose()
@@ -90,5 +94,6 @@ async def test_memworker_migrate_says_in_one_line_what_to_install_when_pgvector_
     if table is None:  # a server without pgvector
         [line] = done.stderr.strip().splitlines()
         assert "pgvector is not installed" in line and "install it" in line
+        assert f"postgresql-{major}-pgvector package for this PostgreSQL {major}" in line
     else:
         assert done.stderr.strip() == ""

@@ -22,11 +22,19 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 VECTOR_TABLE = "episode_embeddings"
-MISSING_PGVECTOR = (
-    "pgvector is not installed on this PostgreSQL server: recall uses full-text search only"
-    " (install it: https://github.com/pgvector/pgvector#installation, e.g. the"
-    " postgresql-16-pgvector package or the pgvector/pgvector image, then run memworker migrate)"
-)
+
+
+def missing_pgvector(server_version: tuple[int | str, ...] | None) -> str:
+    """One line: pgvector is missing, recall falls back to full text, and what to install for
+    this server's major version (``dialect.server_version_info``; PostgreSQL 16 when unknown)."""
+    major = server_version[0] if server_version else 16
+    return (
+        "pgvector is not installed on this PostgreSQL server: recall uses full-text search only"
+        " (install it: https://github.com/pgvector/pgvector#installation, e.g. the"
+        f" postgresql-{major}-pgvector package for this PostgreSQL {major}, or the"
+        " pgvector/pgvector image, then run memworker migrate)"
+    )
+
 
 CREATE_TABLE = f"""
 CREATE TABLE IF NOT EXISTS {VECTOR_TABLE} (
@@ -70,7 +78,7 @@ def create_vector_schema(conn: Connection, dimension: int) -> str | None:
     done, else one line saying why not (the server has no pgvector, or this role may not
     enable it); then nothing was changed."""
     if not pgvector_available(conn):
-        return MISSING_PGVECTOR
+        return missing_pgvector(conn.dialect.server_version_info)
     try:
         with conn.begin_nested():
             conn.execute(text("CREATE EXTENSION IF NOT EXISTS vector"))

@@ -44,10 +44,10 @@ from worker.consumers.service import GroupService
 from worker.db.engine import create_database_engine
 from worker.db.outages import first_line, is_connection_error
 from worker.db.vectors import (
-    MISSING_PGVECTOR,
     VECTOR_TABLE,
     ensure_dimension_index,
     has_vector_table,
+    missing_pgvector,
     store_vectors,
 )
 from worker.episodes.embedding import Embedder, EmbeddingError, embedder_from_settings, episode_text
@@ -169,7 +169,7 @@ class Indexer(GroupService):
                     if self._vectors:
                         await ensure_dimension_index(conn, self.embedder.dimension)
                     else:
-                        log.warning(MISSING_PGVECTOR)
+                        log.warning(missing_pgvector(conn.dialect.server_version_info))
         except Exception as exc:
             raise StorageUnavailableError(f"postgres cannot be used: {first_line(exc)}") from exc
 
@@ -231,7 +231,7 @@ async def reindex(
     model; returns how many. Safe to run next to the indexer (both upsert by episode id)."""
     async with engine.begin() as conn:
         if not await has_vector_table(conn):
-            raise EmbeddingError(MISSING_PGVECTOR)
+            raise EmbeddingError(missing_pgvector(conn.dialect.server_version_info))
         await ensure_dimension_index(conn, embedder.dimension)
     total = 0
     while True:

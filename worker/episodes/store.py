@@ -32,7 +32,7 @@ from sqlalchemy.dialects.postgresql import UUID as PG_UUID
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, async_sessionmaker
 
 from worker.db.models import SEARCH_CONFIG, Episode, LifecycleEvent
-from worker.db.vectors import MISSING_PGVECTOR, VECTOR_TABLE, has_vector_table, vector_literal
+from worker.db.vectors import VECTOR_TABLE, has_vector_table, missing_pgvector, vector_literal
 from worker.episodes.embedding import Embedder, EmbeddingError
 from worker.episodes.erasure import ForgetResult, ProjectExport, export_project, forget_project
 from worker.episodes.ranking import DEFAULT_WEIGHTS, Candidate, RecallWeights, fuse
@@ -252,7 +252,8 @@ class EpisodeStore:
             self._warn_once("no_embedder", "recall has no embedder: full-text search only")
             return []
         if not await self._has_vectors():
-            self._warn_once("no_pgvector", MISSING_PGVECTOR)
+            version = self.engine.dialect.server_version_info
+            self._warn_once("no_pgvector", missing_pgvector(version))
             return []
         dimension = self.embedder.dimension
         try:
