@@ -52,26 +52,31 @@ async def main(url, sessions):
             if len(pipe) >= 2000:
                 await pipe.execute()
     await pipe.execute()
+    cpu0 = await redis.info("cpu")
     worker = LifecycleWorker(settings)
     stop = asyncio.Event()
-    started = time.perf_counter()
+    started, python0 = time.perf_counter(), time.process_time()
     task = asyncio.create_task(worker.run(stop))
     while int(await redis.xlen(streams.results)) < total:
         await asyncio.sleep(0.01)
-    elapsed = time.perf_counter() - started
+    elapsed, python = time.perf_counter() - started, time.process_time() - python0
+    cpu1 = await redis.info("cpu")
     stop.set()
     await task
     keys = [k async for k in redis.scan_iter(match=prefix + ":*", count=5000)]
     for i in range(0, len(keys), 5000):
         await redis.unlink(*keys[i:i + 5000])
     await redis.aclose()
-    print(total / elapsed)
+    server = sum(float(cpu1[k]) - float(cpu0[k]) for k in ("used_cpu_sys", "used_cpu_user"))
+    print(total / elapsed, python / total * 1e6, server / total * 1e6)
 
 asyncio.run(main(sys.argv[1], int(sys.argv[2])))
 """
 
 
-def measure(tree: Path, url: str, sessions: int) -> float:
+def measure(tree: Path, url: str, sessions: int) -> tuple[float, float, float]:
+    """Commands/s, the worker process's Python CPU µs per command (``time.process_time``, the
+    bench's publishing before it excluded) and Redis CPU µs per command (``INFO cpu`` Δ)."""
     env = dict(os.environ, PYTHONPATH=str(tree))
     done = subprocess.run(
         [sys.executable, "-c", RUNNER, url, str(sessions)],
@@ -82,7 +87,8 @@ def measure(tree: Path, url: str, sessions: int) -> float:
         check=True,
         timeout=600,
     )
-    return float(done.stdout.strip().splitlines()[-1])
+    rate, python, server = done.stdout.strip().splitlines()[-1].split()
+    return float(rate), float(python), float(server)
 
 
 async def main() -> None:
@@ -93,27 +99,33 @@ async def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     with earlier_checkout(args.before) as tree:
-        before: list[float] = []
-        after: list[float] = []
+        before: list[tuple[float, float, float]] = []
+        after: list[tuple[float, float, float]] = []
         for _ in range(args.rounds):  # alternate, so noise hits both alike
             before.append(await asyncio.to_thread(measure, tree, args.redis_url, args.sessions))
             after.append(await asyncio.to_thread(measure, ROOT, args.redis_url, args.sessions))
-    b, a = sorted(before)[len(before) // 2], sorted(after)[len(after) // 2]
+
+    def median(rounds: list[tuple[float, float, float]], i: int) -> float:
+        return sorted(r[i] for r in rounds)[len(rounds) // 2]
+
+    b, a = median(before, 0), median(after, 0)
     print(
         f"{args.sessions * 4:,} commands (spawn with 10 keys), median of {args.rounds} "
-        "alternating rounds."
+        "alternating rounds; CPU µs per command: the worker process's Python, and Redis's."
     )
     print()
-    print("| worker version | commands/s (median) | rounds | ratio |")
-    print("|---|---:|---|---:|")
-    print(
-        f"| before: commit {args.before} (redis-py pipeline per batch) | {b:,.0f} "
-        f"| {', '.join(f'{x:,.0f}' for x in before)} | 1.0x |"
-    )
-    print(
-        f"| after: this checkout | {a:,.0f} | {', '.join(f'{x:,.0f}' for x in after)} "
-        f"| {a / b:.1f}x |"
-    )
+    columns = ["worker version", "commands/s (median)", "rounds", "ratio"]
+    columns += ["Python CPU µs/cmd", "Redis CPU µs/cmd"]
+    print("| " + " | ".join(columns) + " |")
+    print("|---|---:|---|---:|---:|---:|")
+    for name, rounds, rate, ratio in (
+        (f"before: commit {args.before}", before, b, 1.0),
+        ("after: this checkout", after, a, a / b),
+    ):
+        print(
+            f"| {name} | {rate:,.0f} | {', '.join(f'{r[0]:,.0f}' for r in rounds)} "
+            f"| {ratio:.1f}x | {median(rounds, 1):.1f} | {median(rounds, 2):.1f} |"
+        )
 
 
 if __name__ == "__main__":
