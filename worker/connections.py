@@ -9,11 +9,11 @@ connects there directly. ``consumer_client(settings)`` is the client a consumer 
 Plain TCP clients pack commands with hiredis (in C): redis-py's asyncio connection packs in
 Python, one ``encode`` per argument, which was the worker's largest cost in a profile.
 
-Every client opens at most ``MEMWORKER_REDIS_MAX_CONNECTIONS`` connections to one server, and
-a call past them waits (up to ``MEMWORKER_REDIS_POOL_TIMEOUT_SECONDS``) for a free one instead
-of failing: a ``BlockingConnectionPool`` for a standalone server, its Sentinel twin for a
-Sentinel-watched master, a gate of as many calls in flight for a Cluster (whose per-node pools
-cannot wait). A pool that stays full raises ``PoolExhaustedError``, which names the setting.
+A standalone or Sentinel client opens at most ``MEMWORKER_REDIS_MAX_CONNECTIONS`` connections
+to one server, and a call past them waits (up to ``MEMWORKER_REDIS_POOL_TIMEOUT_SECONDS``) for
+a free one instead of failing (a ``BlockingConnectionPool``, or its Sentinel twin). A Redis
+Cluster client's node pools cannot wait (a full one fails the call), so they are not capped.
+A pool that stays full raises ``PoolExhaustedError``, which names the setting.
 
 ``client_for`` clients (``WorkingMemory``, ``LifecycleClient``, the CLI) retry a call whose
 connection was lost or refused (Redis restarted, failing over, still loading) with backoff for
@@ -21,17 +21,18 @@ connection was lost or refused (Redis restarted, failing over, still loading) wi
 succeeds. A retried call may run twice when the server ran it and the reply was lost: the
 scripts these clients run are safe to run twice (a publish records its ``event_id`` and its
 ``seq``, and a second run returns the first's). Consumer loops (``consumer_client``) do not
-retry here: a failed read must surface, so the loop reads its own pending entries again.
+retry here: a failed read must surface, so the loop reads its own pending entries again. A
+Redis Cluster client keeps redis-py's own cluster retries (re-reading the topology): a retry
+policy of ours there raced redis-py, closing a connection under a call still connecting.
 """
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 from urllib.parse import quote, urlsplit, urlunsplit
 
 from redis.asyncio import BlockingConnectionPool, Connection, Redis
-from redis.asyncio.cluster import ClusterPipeline, RedisCluster
+from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 from redis.backoff import EqualJitterBackoff
@@ -107,45 +108,8 @@ class WaitingSentinelPool(SentinelConnectionPool, WaitingPool):
     """The master's pool of a Sentinel-watched service, waiting like ``WaitingPool``."""
 
 
-class GatedCluster(RedisCluster):
-    """A ``RedisCluster`` with at most ``max_connections`` calls in flight, the others
-    waiting: its per-node pools fail at once (``MaxConnectionsError``) when they are full."""
-
-    def __init__(
-        self, *args: Any, max_connections: int = 100, pool_timeout: float = 30.0, **kwargs: Any
-    ) -> None:
-        kwargs["max_connections"] = max_connections
-        super().__init__(*args, **kwargs)
-        self._limit = max_connections
-        self._gate = asyncio.Semaphore(max_connections)
-        self._gate_timeout = pool_timeout
-
-    async def _enter(self) -> None:
-        try:
-            await asyncio.wait_for(self._gate.acquire(), self._gate_timeout)
-        except TimeoutError:
-            raise _exhausted(self._limit, self._gate_timeout) from None
-
-    async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
-        await self._enter()
-        try:
-            return await super().execute_command(*args, **kwargs)
-        finally:
-            self._gate.release()
-
-    def pipeline(self, transaction: Any | None = None, shard_hint: Any | None = None) -> Any:
-        pipe: ClusterPipeline = super().pipeline(transaction, shard_hint)
-        execute = pipe.execute
-
-        async def gated(*args: Any, **kwargs: Any) -> Any:
-            await self._enter()
-            try:
-                return await execute(*args, **kwargs)
-            finally:
-                self._gate.release()
-
-        pipe.execute = gated  # type: ignore[method-assign]
-        return pipe
+CLUSTER_NODE_CONNECTIONS = 2**31
+"""No cap on a cluster node's pool (a full one fails the call at once, it cannot wait)."""
 
 
 def retry_policy(seconds: float) -> Retry:
@@ -164,7 +128,8 @@ def client_for(
 ) -> AnyRedis:
     """The client for keyed commands, as the settings say: cluster, sentinel or standalone.
 
-    It opens at most ``redis_max_connections`` connections a server (calls past them wait) and
+    It opens at most ``redis_max_connections`` connections a server (calls past them wait; on
+    a Redis Cluster each node's pool opens what concurrent calls need) and
     retries a lost connection for ``retry_seconds`` (default ``redis_retry_seconds``)."""
     kwargs.setdefault("socket_keepalive", True)
     seconds = settings.redis_retry_seconds if retry_seconds is None else retry_seconds
@@ -172,12 +137,11 @@ def client_for(
     errors = [RedisConnectionError, RedisTimeoutError]
     limit, timeout = settings.redis_max_connections, settings.redis_pool_timeout_seconds
     if settings.redis_cluster:
-        return GatedCluster.from_url(
-            settings.redis_url,
-            max_connections=limit,
-            pool_timeout=timeout,
-            retry=retry,
-            **kwargs,
+        # A node's pool opens what concurrent calls need: a capped cluster pool fails at once
+        # when full. No retry policy of ours: redis-py's cluster retries re-read the topology,
+        # and ours raced them (a connection closed under a call still connecting).
+        return RedisCluster.from_url(
+            settings.redis_url, max_connections=CLUSTER_NODE_CONNECTIONS, **kwargs
         )
     kwargs.update(retry=retry, retry_on_error=errors if seconds > 0 else [])
     if settings.redis_sentinel_service:
