@@ -21,7 +21,7 @@ DEFAULT_DATABASE_URL = "postgresql+asyncpg://postgres@127.0.0.1:5432/postgres"
 LOCAL_EMBEDDING_MODEL = "all-MiniLM-L6-v2"
 """The bundled offline embedding model (``MEMWORKER_EMBEDDING_PROVIDER=local``)."""
 LOCAL_EMBEDDING_DIMENSION = 384
-"""Its vector size: the ``episode_vectors`` column the first migration creates."""
+"""Its vector size: the ``episode_embeddings`` column the vectors migration creates."""
 
 
 def asyncpg_url(database_url: str) -> str:
