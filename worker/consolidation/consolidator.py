@@ -16,6 +16,10 @@ Why it is shaped this way:
   apart. Down: nothing is acknowledged and the loop backs off (capped) until it answers. Up: the
   batch is split in halves until the failing entry stands alone; it is retried with backoff and
   dead-lettered (``storage_failed``) after ``consolidation_max_attempts`` failures.
+- **Forgotten stays forgotten.** Each write takes the shared advisory lock of its projects and
+  skips the results an ``erasures`` row covers (``worker.db.erasures``), in the transaction
+  that writes the rest; a ``forgotten`` rejection is acknowledged, never stored. Replays go
+  through the same write, so none brings back what ``memworker forget`` removed.
 - **It trims what it writes.** ``P:episodes`` gets the retention of the other streams
   (``worker.consumers.retention``: ``MINID`` below every group's oldest pending and
   undelivered entry, ``MEMWORKER_RETENTION_SECONDS`` kept), from the loop's ``tick`` every
@@ -59,6 +63,7 @@ from worker.consumers.retention import trim_stream
 from worker.consumers.service import GroupService
 from worker.db.batch import insert_batch
 from worker.db.engine import create_database_engine
+from worker.db.erasures import covered, lock_projects
 from worker.db.outages import first_line, is_connection_error, storage_error
 from worker.episodes.announcements import Announcement, Announcer
 from worker.keys import CONSOLIDATION_GROUP, StreamKeys, episodes_stream
@@ -303,14 +308,27 @@ class Consolidator(GroupService):
         ones a crash left unannounced (replayed, or redelivered after a crash before XADD)."""
         events: dict[str, tuple[Any, ...]] = {}
         episodes: dict[str, tuple[Any, ...]] = {}
-        for p in prepared:
-            events.setdefault(p.event_id, p.event)
-            if p.episode is not None:
-                episodes.setdefault(p.event_id, p.episode)
+        prepared = [p for p in prepared if not _forgotten_rejection(p)]
         async with self.engine.begin() as conn:
+            # Shared locks of the projects, then the erasure record (``worker.db.erasures``):
+            # a forget runs wholly before this transaction or wholly after it.
+            await lock_projects(conn, (p.event[2] for p in prepared if p.event[2] is not None))
+            erased = await covered(conn, [(p.event[2], p.event[3], p.event[8]) for p in prepared])
+            for p, gone in zip(prepared, erased, strict=True):
+                if gone:
+                    continue  # forgotten (memworker forget): never stored again
+                events.setdefault(p.event_id, p.event)
+                if p.episode is not None:
+                    episodes.setdefault(p.event_id, p.episode)
             owed = await insert_batch(conn, list(events.values()), list(episodes.values()))
         return [Announcement(*key) for key in owed]
 
     async def _storage_error(self) -> Exception | None:
         """None when Postgres answers ``SELECT 1`` within ``probe_timeout_s``, else why not."""
         return await storage_error(self.engine, self.probe_timeout_s)
+
+
+def _forgotten_rejection(prepared: PreparedResult) -> bool:
+    """A ``forgotten`` rejection: ids only, and not stored (a row would bring the forgotten
+    session back into ``lifecycle_events``)."""
+    return prepared.event[1] == "command.rejected" and '"reason":"forgotten"' in prepared.event[9]

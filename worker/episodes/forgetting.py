@@ -40,11 +40,12 @@ from typing import Any
 
 import orjson
 from redis.asyncio import Redis
-from sqlalchemy import ColumnElement, column, delete, func, insert, select, table, text, update
+from sqlalchemy import ColumnElement, column, delete, func, insert, select, table, update
 from sqlalchemy.dialects.postgresql import UUID as PG_UUID
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from worker import codec
+from worker.db.erasures import lock_project
 from worker.db.models import Episode, Erasure, LifecycleEvent
 from worker.db.vectors import VECTOR_TABLE, has_vector_table
 from worker.episodes.scrubbing import FORGOTTEN_EVENT, scrub_streams
@@ -65,12 +66,6 @@ SCAN_COUNT = 1_000
 DEFAULT_MARKER_TTL_MS = 3_600_000
 """How long a forgotten session's marker is kept when the caller does not say (the default
 tombstone window, ``MEMWORKER_TOMBSTONE_TTL_SECONDS``)."""
-
-
-def project_lock_sql() -> str:
-    """The advisory lock of one project (``:project``): forget holds it exclusive, the
-    consolidator shared while it writes that project's rows."""
-    return "hashtextextended(CAST(:project AS text), 0)"
 
 
 @dataclass(slots=True)
@@ -291,9 +286,7 @@ async def _forget_rows(engine: AsyncEngine, receipt: ForgetReceipt, found: _Foun
     episodes = row_scope(Episode, project, session, before)
     events = row_scope(LifecycleEvent, project, session, before)
     async with engine.begin() as conn:
-        await conn.execute(
-            text(f"SELECT pg_advisory_xact_lock({project_lock_sql()})"), {"project": project}
-        )
+        await lock_project(conn, project)
         now: datetime = (await conn.execute(select(func.now()))).scalar_one()
         receipt.cutoff = min(now, before) if before is not None else now
         vectors = await _count_vectors(conn, episodes)

@@ -167,6 +167,29 @@ local function reject(reason, detail)
   return out
 end
 
+-- What a rejection of a forgotten session's command keeps of the command: ids and times, so
+-- no content of a session someone asked to forget is published again (no metadata, no
+-- correlation_id, no state).
+local FORGOTTEN_KEEPS = {'event_id', 'causation_id', 'command', 'project_id', 'session_id',
+  'agent_instance_id', 'seq', 'occurred_at', 'duration_ms'}
+
+local function reject_forgotten()
+  local ok, body = pcall(cjson.decode, prefix .. '}')
+  local result = {}
+  if ok and type(body) == 'table' then
+    for _, name in ipairs(FORGOTTEN_KEEPS) do
+      if body[name] ~= nil and body[name] ~= cjson.null then result[name] = body[name] end
+    end
+  end
+  result['type'] = 'command.rejected'
+  result['reason'] = 'forgotten'
+  result['detail'] = 'this session was forgotten (memworker forget); nothing was applied; '
+    .. 'use another session_id'
+  local out = finish('rejected', nil, cjson.encode(result))
+  out[3] = 'forgotten'
+  return out
+end
+
 local function spawn()
   if state then
     advance_seq()
@@ -409,7 +432,7 @@ local function apply_one()
   if previous then
     -- A retried publish took a seq of its own (LifecycleClient's counter): the session's
     -- next seq is that one once its turn comes, or its later commands would wait for it.
-    if seq and state and state ~= 'terminated' then
+    if seq and state and state ~= 'terminated' and state ~= 'forgotten' then
       local last_seq = tonumber(meta[2]) or 0
       if seq > last_seq + 1 then return {'wait', tostring(last_seq + 1)} end
       if seq == last_seq + 1 then call('HSET', K_META, 'last_seq', seq_text) end
@@ -417,6 +440,10 @@ local function apply_one()
     acknowledge()
     return {'duplicate', previous}
   end
+
+  -- A forgotten session (memworker forget marked it) answers every command, whatever its
+  -- seq, with forgotten: ids only.
+  if state == 'forgotten' and op ~= 'reject' then return reject_forgotten() end
 
   -- A terminated session answers every command, whatever its seq, with already_terminated.
   if state == 'terminated' and op ~= 'reject' then
