@@ -173,7 +173,8 @@ class ResultReplayer:
         async with self.engine.connect() as conn:
             gone = await covered(conn, [s for s in scopes if s is not None])
         dropped = {i for i, g in zip(wanted, gone, strict=True) if g}
-        self.counts["forgotten"] += len(dropped)
+        if dropped:
+            self.counts["forgotten"] += len(dropped)
         return [e for i, e in enumerate(entries) if i not in dropped]
 
 

@@ -88,6 +88,9 @@ end
 -- (one XACK; under memory pressure one XDEL too: see apply). acks[1..n_acks] (reused).
 local acks, n_acks = {}, 0
 
+-- The entries of commands rejected `forgotten` in this call: deleted at its end (reused).
+local forgotten, n_forgotten = {}, 0
+
 local function acknowledge()
   n_acks = n_acks + 1
   acks[n_acks] = entry_id
@@ -187,6 +190,8 @@ local function reject_forgotten()
     .. 'use another session_id'
   local out = finish('rejected', nil, cjson.encode(result))
   out[3] = 'forgotten'
+  n_forgotten = n_forgotten + 1
+  forgotten[n_forgotten] = entry_id
   return out
 end
 
@@ -507,7 +512,7 @@ local function apply(keys, argv)
   group, default_ttl, dedupe_ttl, tombstone_ttl = settings[1], settings[2], settings[3], settings[4]
   now, now_iso = settings[7], settings[8]
   args = argv
-  n_acks = 0
+  n_acks, n_forgotten = 0, 0
   local replies, n = {}, 0
   local key, at, last = 3, 2, #argv
   while at <= last do
@@ -549,6 +554,11 @@ local function apply(keys, argv)
     -- they are not kept for the replay window, their memory goes to the commands still
     -- waiting. pcall: a user whose ACL lacks XDEL (an upgrade) keeps them, and the call works.
     if settings[6] == '1' then redis.pcall('XDEL', K_SOURCE, unpack(acks, i, j)) end
+  end
+  -- A command for a forgotten session is not kept either (memworker forget: no copy of what
+  -- was sent for it stays; its rejection carries ids only). pcall, as above.
+  if n_forgotten > 0 and settings[6] ~= '1' then
+    redis.pcall('XDEL', K_SOURCE, unpack(forgotten, 1, n_forgotten))
   end
   return replies
 end
