@@ -81,6 +81,7 @@ def forget(
                 before=when,
                 dry_run=dry_run,
                 marker_ttl_ms=ttl_ms,
+                shards=settings.shards,
             )
 
     from worker.episodes.forgetting import ForgetReceipt

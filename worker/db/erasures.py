@@ -35,12 +35,18 @@ async def lock_project(conn: AsyncConnection, project_id: str) -> None:
 
 
 async def lock_projects(conn: AsyncConnection, projects: Iterable[str]) -> None:
-    """The projects' locks, shared, until the transaction ends (a writer of their rows); in
-    one order, so two writers never wait on each other."""
-    for project in sorted(set(projects)):
-        await conn.execute(
-            text(f"SELECT pg_advisory_xact_lock_shared({PROJECT_LOCK})"), {"project": project}
-        )
+    """The projects' locks, shared, until the transaction ends (a writer of their rows): one
+    statement, taken in one order, so two writers never wait on each other."""
+    wanted = sorted(set(projects))
+    if not wanted:
+        return
+    await conn.execute(
+        text(
+            "SELECT count(pg_advisory_xact_lock_shared(hashtextextended(p, 0)))"
+            " FROM (SELECT p FROM unnest(CAST(:projects AS text[])) AS p ORDER BY p) AS o"
+        ),
+        {"projects": wanted},
+    )
 
 
 async def covered(

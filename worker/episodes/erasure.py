@@ -137,6 +137,7 @@ async def forget_project(
     prefix: str | None = None,
     dry_run: bool = False,
     marker_ttl_ms: int = DEFAULT_MARKER_TTL_MS,
+    shards: int | None = None,
 ) -> ForgetResult:
     """Forget the project (one session's, the history older than ``before``, when given)
     everywhere memworker keeps it: ``worker.episodes.forgetting.forget_everywhere``, the code
@@ -154,6 +155,7 @@ async def forget_project(
         before=before,
         dry_run=dry_run,
         marker_ttl_ms=marker_ttl_ms,
+        shards=shards,
     )
     if not receipt.ok:
         raise ForgetIncompleteError(receipt)

@@ -12,8 +12,10 @@ what could not be). In this order, so that nothing forgotten can come back:
 2. **The erasure record and Postgres, in one transaction** under the project's advisory lock
    (the consolidator holds it shared while it writes): a row of ``erasures`` (ids, the cutoff,
    the counts; never content), then the ``episodes`` (their vectors go with them, ``ON DELETE
-   CASCADE``) and ``lifecycle_events`` rows. The cutoff is the transaction's time (or
-   ``before``): the consolidator stores no result of the scope that occurred before it.
+   CASCADE``) and ``lifecycle_events`` rows. The cutoff is the later of Postgres's clock once
+   the lock is held and Redis's (stream ids), or ``before``: the consolidator stores no result
+   of the scope that occurred before it. (Clocks of the worker's hosts are assumed within
+   milliseconds of these; a result stamped by a clock running behind is still covered.)
 3. **``P:erased``** (``worker.erased``) gets the same cutoff, for the replay of commands and
    the DLQ's redrive.
 4. **Every stream under the prefix** (commands, results, ``P:episodes``, every DLQ, anything a
@@ -33,6 +35,7 @@ their keys are live state, never "older". ``dry_run`` counts and changes nothing
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -157,9 +160,11 @@ async def forget_everywhere(
     before: datetime | None = None,
     dry_run: bool = False,
     marker_ttl_ms: int = DEFAULT_MARKER_TTL_MS,
+    shards: int | None = None,
 ) -> ForgetReceipt:
     """Forget the scope everywhere (see the module doc); never raises for one place that
-    fails: its error is in ``receipt.errors`` and the other places are still cleared."""
+    fails: its error is in ``receipt.errors`` and the other places are still cleared.
+    ``shards``: ``MEMWORKER_SHARDS`` (default: as the streams under the prefix show it)."""
     validate_id(project_id, "project_id")
     if session_id is not None:
         validate_id(session_id, "session_id")
@@ -173,7 +178,13 @@ async def forget_everywhere(
             "redis working memory",
             _mark_live(redis, prefix, receipt, found, marker_ttl_ms),
         )
-    await _step(receipt, "postgres", _forget_rows(engine, receipt, found))
+    redis_now = None
+    if live:  # the cutoff is the later of Redis's clock (stream ids) and Postgres's
+        assert redis is not None
+        with contextlib.suppress(Exception):  # unreachable: its own steps will say so
+            seconds, micros = await redis.time()
+            redis_now = datetime.fromtimestamp(seconds + micros / 1e6, UTC)
+    await _step(receipt, "postgres", _forget_rows(engine, receipt, found, redis_now))
     if not live:
         return receipt
     assert redis is not None and prefix is not None
@@ -184,9 +195,9 @@ async def forget_everywhere(
             "redis erasure record",
             record_erased(redis, prefix, project_id, session_id, cutoff_ms),
         )
-    await _step(receipt, "redis streams", _scrub_streams(redis, prefix, receipt, found))
+    await _step(receipt, "redis streams", _scrub_streams(redis, prefix, receipt, found, cutoff_ms))
     if before is None:
-        shards = await _shard_count(redis, prefix)
+        shards = shards or await _shard_count(redis, prefix)
         await _step(
             receipt,
             "redis sessions",
@@ -281,13 +292,18 @@ async def _shard_count(redis: Redis, prefix: str) -> int:
 # -- 2: Postgres ---------------------------------------------------------------------------------
 
 
-async def _forget_rows(engine: AsyncEngine, receipt: ForgetReceipt, found: _Found) -> None:
+async def _forget_rows(
+    engine: AsyncEngine, receipt: ForgetReceipt, found: _Found, redis_now: datetime | None
+) -> None:
     project, session, before = receipt.project_id, receipt.session_id, receipt.before
     episodes = row_scope(Episode, project, session, before)
     events = row_scope(LifecycleEvent, project, session, before)
     async with engine.begin() as conn:
         await lock_project(conn, project)
-        now: datetime = (await conn.execute(select(func.now()))).scalar_one()
+        # After the lock: every row a writer committed before it is older than the cutoff.
+        now: datetime = (await conn.execute(select(func.clock_timestamp()))).scalar_one()
+        if redis_now is not None:
+            now = max(now, redis_now)
         receipt.cutoff = min(now, before) if before is not None else now
         vectors = await _count_vectors(conn, episodes)
         if receipt.dry_run:
@@ -362,9 +378,11 @@ async def _store_counts(engine: AsyncEngine, receipt: ForgetReceipt) -> None:
 # -- 4: streams (``worker.episodes.scrubbing``) ---------------------------------------------------
 
 
-async def _scrub_streams(redis: Redis, prefix: str, receipt: ForgetReceipt, found: _Found) -> None:
+async def _scrub_streams(
+    redis: Redis, prefix: str, receipt: ForgetReceipt, found: _Found, cutoff_ms: int
+) -> None:
     scrubbed = await scrub_streams(
-        redis, prefix, receipt.project_id, receipt.session_id, receipt.before, receipt.dry_run
+        redis, prefix, receipt.project_id, receipt.session_id, cutoff_ms, receipt.dry_run
     )
     receipt.streams.update(scrubbed.removed)
     found.sessions.update(scrubbed.sessions)

@@ -46,11 +46,12 @@ def _kept(fields: dict[Any, Any]) -> bool:
 def _covers(
     project_id: str,
     session_id: str | None,
-    before_ms: int | None,
+    cutoff_ms: int | None,
     entry_id: Any,
     fields: dict[Any, Any],
 ) -> bool:
-    """Whether a forget of the scope deletes this entry."""
+    """Whether a forget of the scope deletes this entry: the scope's, and (when ``cutoff_ms``)
+    added before the cutoff (a dead letter: its source entry was)."""
     if project_id.encode() not in b"".join(
         v if isinstance(v, bytes) else str(v).encode() for v in fields.values()
     ):
@@ -60,8 +61,10 @@ def _covers(
         return False
     if session_id is not None and session != session_id:
         return False
-    if before_ms is not None and entry_ms(entry_id) >= before_ms:
-        return False
+    if cutoff_ms is not None:
+        source = fields.get(b"source_id", fields.get("source_id"))
+        if entry_ms(source if source else entry_id) >= cutoff_ms:
+            return False
     return not _kept(fields)
 
 
@@ -123,20 +126,20 @@ async def scrub_streams(
     prefix: str,
     project_id: str,
     session_id: str | None,
-    before: datetime | None,
+    cutoff_ms: int,
     dry_run: bool = False,
 ) -> Scrubbed:
     """Delete (XACK in every group, then XDEL, in one MULTI) every entry of every stream under
-    the prefix that carries the scope (older than ``before``, when given)."""
+    the prefix that carries the scope and was added before ``cutoff_ms`` (the forget's
+    cutoff: what comes later is a new session's, or a ``forgotten`` rejection)."""
     out = Scrubbed()
-    before_ms = _ms(before) if before is not None else None
     for stream in await _streams(redis, prefix):
         groups = [codec.text(g["name"]) for g in await redis.xinfo_groups(stream)]
         removed = 0
         async for rows in _batches(redis, stream):
             doomed = []
             for entry_id, fields in rows:
-                if _covers(project_id, session_id, before_ms, entry_id, fields):
+                if _covers(project_id, session_id, cutoff_ms, entry_id, fields):
                     doomed.append(codec.text(entry_id))
                     session = entry_scope(fields)[1]
                     if session is not None:

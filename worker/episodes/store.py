@@ -338,6 +338,7 @@ class EpisodeStore:
         prefix: str | None = None,
         dry_run: bool = False,
         marker_ttl_ms: int = DEFAULT_MARKER_TTL_MS,
+        shards: int | None = None,
     ) -> ForgetResult:
         """Forget the project (a session, the history before a time) everywhere memworker
         keeps it: ``forget_project``, the code ``memworker forget`` runs; ``result.receipt``
@@ -351,6 +352,7 @@ class EpisodeStore:
             prefix=prefix,
             dry_run=dry_run,
             marker_ttl_ms=marker_ttl_ms,
+            shards=shards,
         )
 
     async def export(
