@@ -33,7 +33,7 @@ from worker.db.migrate import migrate
 from worker.episodes.indexer import Indexer, indexer_dlq
 from worker.episodes.store import EpisodeStore
 from worker.erased import load_erased
-from worker.keys import StreamKeys, episodes_stream, shard_of
+from worker.keys import StreamKeys, episodes_stream, erased_key, shard_of
 from worker.lifecycle.client import LifecycleClient
 from worker.lifecycle.replay import replay_lifecycle
 from worker.memory import SessionForgottenError, WorkingMemory
@@ -350,6 +350,38 @@ async def test_a_forgotten_session_rejects_later_commands_and_writes_and_backups
     assert not [v for v in rows["episodes"] + rows["lifecycle_events"] if SECRET.decode() in v]
     assert [r for r in rows["erasures"] if '"session_id":null' in r]
     assert all(SECRET.decode() not in r for r in rows["erasures"])
+
+    # A Redis restored without P:erased but with an old dead letter: the consolidator copies
+    # the record back from Postgres, and the redrive drops the letter instead of replaying it.
+    await redis.delete(erased_key(prefix))
+    keys = StreamKeys(prefix, shard_of(GONE, "s0", live.shards))
+    old_command = {
+        "type": "pause",
+        "event_id": "old-1",
+        "project_id": GONE,
+        "session_id": "s0",
+        "agent_instance_id": "a",
+        "description": "SECRET-gone-restored",
+    }
+    await write_dead_letters(
+        redis,
+        "lifecycle",
+        lambda _s: keys.dlq,
+        [(keys.lifecycle, "1000-0", {"data": orjson.dumps(old_command)}, "seq_gap", "test")],
+    )
+    consolidator = Consolidator.from_settings(live)
+    try:
+        assert await consolidator.sync_erased() == 2  # the session's forget and the project's
+    finally:
+        await consolidator.close()
+    before = await redis.xlen(keys.lifecycle)
+    assert await redrive(redis, keys.dlq, None, await load_erased(redis, prefix)) == 0
+    assert await redis.xlen(keys.dlq) == 0
+    assert await redis.xlen(keys.lifecycle) == before
+    # ... and a restored command stream is not applied again by a replay.
+    await redis.delete(keys.lifecycle)
+    await redis.xadd(keys.lifecycle, {"data": orjson.dumps(old_command)}, id="1000-0")
+    assert await replay_lifecycle(redis, live, keys.shard) == {"forgotten": 1}
     await engine.dispose()
 
 

@@ -63,9 +63,10 @@ from worker.consumers.retention import trim_stream
 from worker.consumers.service import GroupService
 from worker.db.batch import insert_batch
 from worker.db.engine import create_database_engine
-from worker.db.erasures import covered, lock_projects
+from worker.db.erasures import covered, erasure_cutoffs, lock_projects
 from worker.db.outages import first_line, is_connection_error, storage_error
 from worker.episodes.announcements import Announcement, Announcer
+from worker.erased import record_erased
 from worker.keys import CONSOLIDATION_GROUP, StreamKeys, episodes_stream
 from worker.logs import get_logger
 from worker.metrics import (
@@ -178,9 +179,26 @@ class Consolidator(GroupService):
         keep = self.settings.retention_seconds if keep_seconds is None else keep_seconds
         return await trim_stream(self.redis, self.announcer.stream, keep)
 
+    async def sync_erased(self) -> int:
+        """Copy the erasure record (the ``erasures`` table) to ``P:erased``, which the replay of
+        commands and the DLQ's redrive read: a Redis restored from a backup taken before a
+        forget gets it back within one retention interval. How many scopes were written."""
+        async with self.engine.connect() as conn:
+            cutoffs = await erasure_cutoffs(conn)
+        for (project, session), cutoff in cutoffs.items():
+            await record_erased(
+                self.redis,  # type: ignore[arg-type]
+                self.settings.stream_prefix,
+                project,
+                session,
+                int(cutoff.timestamp() * 1000),
+            )
+        return len(cutoffs)
+
     async def tick(self) -> None:
         """The group loop's ``tick``: the announcement relay when due, then retention of
-        ``P:episodes`` every ``MEMWORKER_RETENTION_INTERVAL_SECONDS``. Never raises but for
+        ``P:episodes`` and the copy of the erasure record (``sync_erased``) every
+        ``MEMWORKER_RETENTION_INTERVAL_SECONDS``. Never raises but for
         cancellation: a trim that fails is logged and tried at the next interval."""
         await self.announcer.tick()
         now = asyncio.get_running_loop().time()
@@ -189,6 +207,7 @@ class Consolidator(GroupService):
         self._last_trim = now
         try:
             await self.trim_once()
+            await self.sync_erased()
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # Redis unavailable: the loop meets it too; trim next time

@@ -49,6 +49,14 @@ async def lock_projects(conn: AsyncConnection, projects: Iterable[str]) -> None:
     )
 
 
+async def erasure_cutoffs(conn: AsyncConnection) -> dict[tuple[str, str | None], datetime]:
+    """The latest cutoff of every scope (project, or project and session) ever forgotten."""
+    rows = await conn.execute(
+        text("SELECT project_id, session_id, max(cutoff) FROM erasures GROUP BY 1, 2")
+    )
+    return {(r[0], r[1]): r[2] for r in rows}
+
+
 async def covered(
     conn: AsyncConnection, items: Sequence[tuple[str | None, str | None, datetime]]
 ) -> list[bool]:
