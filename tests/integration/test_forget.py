@@ -18,6 +18,7 @@ import pytest
 from redis.asyncio import Redis
 from sqlalchemy import text as sql
 
+from schemas.streams import MemoryForgotten
 from tests.helpers import running_worker, wait_until
 from tests.integration.test_client_and_cli import memworker
 from worker.codec import text
@@ -279,6 +280,8 @@ async def test_forget_under_traffic_leaves_no_copy_and_no_replay_brings_it_back(
     events = [orjson.loads(f[b"data"]) for _i, f in entries]
     forgotten = [e for e in events if e["type"] == "memory.forgotten"]
     assert len(forgotten) == 1 and forgotten[0]["counts"]["postgres"]["episodes"] == FINISHED
+    event = MemoryForgotten.model_validate(forgotten[0])  # the contract's model
+    assert event.project_id == GONE and event.session_id is None and event.complete
 
     # The other project: intact and recallable.
     kept_after = {e.session_id for e in await store.list_episodes(KEPT, limit=1000)}
