@@ -35,6 +35,7 @@ their keys are live state, never "older". ``dry_run`` counts and changes nothing
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import uuid
 from dataclasses import dataclass, field
@@ -66,6 +67,9 @@ from worker.keys import (
 )
 
 SCAN_COUNT = 1_000
+DELETE_BATCH = 500
+MARK_CONCURRENCY = 32
+"""Sessions marked at once (a MULTI each: their keys share a slot, sessions do not)."""
 DEFAULT_MARKER_TTL_MS = 3_600_000
 """How long a forgotten session's marker is kept when the caller does not say (the default
 tombstone window, ``MEMWORKER_TOMBSTONE_TTL_SECONDS``)."""
@@ -235,9 +239,25 @@ async def _mark_live(
         if (match := shard_re.match(key)) is not None:
             shard = int(key[len(prefix) + 2 : key.index("}", len(prefix))])
             sessions.setdefault(match["session"], shard)
-    for session, shard in sorted(sessions.items()):
-        keys = SessionKeys(prefix, shard, receipt.project_id, session)
-        await _mark(redis, keys, receipt, found, ttl_ms)
+    await _mark_all(
+        redis,
+        [
+            SessionKeys(prefix, shard, receipt.project_id, s)
+            for s, shard in sorted(sessions.items())
+        ],
+        receipt,
+        found,
+        ttl_ms,
+    )
+
+
+async def _mark_all(
+    redis: Redis, sessions: list[SessionKeys], receipt: ForgetReceipt, found: _Found, ttl_ms: int
+) -> None:
+    """``_mark`` each session, ``MARK_CONCURRENCY`` at a time (each is its own MULTI)."""
+    for at in range(0, len(sessions), MARK_CONCURRENCY):
+        part = sessions[at : at + MARK_CONCURRENCY]
+        await asyncio.gather(*(_mark(redis, keys, receipt, found, ttl_ms) for keys in part))
 
 
 async def _mark(
@@ -268,11 +288,12 @@ async def _mark(
 async def _mark_seen(
     redis: Redis, prefix: str, shards: int, receipt: ForgetReceipt, found: _Found, ttl_ms: int
 ) -> None:
-    for session in sorted(found.sessions - found.marked):
-        shard = shard_of(receipt.project_id, session, shards)
-        await _mark(
-            redis, SessionKeys(prefix, shard, receipt.project_id, session), receipt, found, ttl_ms
-        )
+    project = receipt.project_id
+    seen = [
+        SessionKeys(prefix, shard_of(project, s, shards), project, s)
+        for s in sorted(found.sessions - found.marked)
+    ]
+    await _mark_all(redis, seen, receipt, found, ttl_ms)
 
 
 async def _shard_count(redis: Redis, prefix: str) -> int:
@@ -422,8 +443,11 @@ async def _forget_counters(
             _add(receipt.redis, name, len(keys))
             continue
         removed = 0
-        for key in keys:  # one key per UNLINK: fine on a cluster
-            removed += int(await redis.unlink(key))
+        for at in range(0, len(keys), DELETE_BATCH):
+            pipe = redis.pipeline(transaction=False)
+            for key in keys[at : at + DELETE_BATCH]:  # one key per UNLINK: fine on a cluster
+                pipe.unlink(key)
+            removed += sum(int(n) for n in await pipe.execute())
         _add(receipt.redis, name, removed)
 
 
