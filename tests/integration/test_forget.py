@@ -419,6 +419,14 @@ async def test_forget_dry_run_export_and_an_incomplete_forget_through_the_cli(
     ]
     assert memory[f"s{FINISHED}"]["vars"]["note"] == f'"{secret(GONE, FINISHED)}"'
 
+    piped = await asyncio.to_thread(memworker, live, "export", "-p", GONE, "--before", "0s")
+    assert piped.returncode == 0, piped.stderr
+    older = orjson.loads(piped.stdout)  # stdout is the document alone (no progress off a tty)
+    assert len(older["episodes"]) == FINISHED and older["working_memory"] == {}
+    assert sum(map(len, older["stream_entries"].values())) == sum(
+        map(len, document["stream_entries"].values())
+    )  # --before still exports the stream entries forget --before would delete
+
     broken = live.model_copy(update={"database_url": "postgresql://nobody@127.0.0.1:1/none"})
     failed = await asyncio.to_thread(memworker, broken, "forget", "-p", GONE)
     assert failed.returncode == 1

@@ -20,6 +20,7 @@ from redis.asyncio import Redis
 from worker.cli.common import (
     check_ids,
     database_engine,
+    err,
     fail,
     out,
     run_async,
@@ -118,17 +119,34 @@ def export(
     settings = settings_from_env()
 
     async def go(redis: Redis) -> bytes:
+        from rich.progress import Progress, TaskID, TextColumn, TimeElapsedColumn
+
         from worker.episodes.erasure import export_project
 
-        async with database_engine(settings) as engine:
-            exported = await export_project(
-                engine,
-                project,
-                session_id=session,
-                before=when,
-                redis=redis,
-                prefix=settings.stream_prefix,
-            )
+        # On a terminal, a line per part counting up (stderr: stdout may be the document).
+        with Progress(
+            TextColumn("exporting {task.description}: {task.completed:,.0f}"),
+            TimeElapsedColumn(),
+            console=err,
+            disable=not err.is_terminal,
+        ) as bar:
+            tasks: dict[str, TaskID] = {}
+
+            def advance(part: str, n: int) -> None:
+                if part not in tasks:
+                    tasks[part] = bar.add_task(part, total=None)
+                bar.advance(tasks[part], n)
+
+            async with database_engine(settings) as engine:
+                exported = await export_project(
+                    engine,
+                    project,
+                    session_id=session,
+                    before=when,
+                    redis=redis,
+                    prefix=settings.stream_prefix,
+                    progress=advance,
+                )
         return orjson.dumps(exported.to_dict(), option=orjson.OPT_INDENT_2) + b"\n"
 
     document = run_async(with_redis(settings, go))

@@ -12,7 +12,7 @@ entries that carry the scope. The forgetting itself is ``worker.episodes.forgett
 from __future__ import annotations
 
 import base64
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -187,8 +187,11 @@ async def export_project(
     before: datetime | None = None,
     redis: Redis | None = None,
     prefix: str | None = None,
+    progress: Callable[[str, int], None] | None = None,
 ) -> ProjectExport:
-    """Everything ``forget_project`` with the same arguments would remove, as JSON-ready data."""
+    """Everything ``forget_project`` with the same arguments would remove, as JSON-ready data.
+    ``progress(part, n)`` is told as each part grows (``memworker export``'s progress bar)."""
+    tell = progress or (lambda _part, _n: None)
     episode_query = select(Episode).where(*_scope(Episode, project_id, session_id, before))
     event_query = select(LifecycleEvent).where(
         *_scope(LifecycleEvent, project_id, session_id, before)
@@ -197,12 +200,16 @@ async def export_project(
     async with AsyncSession(engine, expire_on_commit=False) as session:
         episodes = await session.scalars(episode_query.order_by(Episode.occurred_at, Episode.id))
         export.episodes = [e.to_dict() for e in episodes]
+        tell("episodes", len(export.episodes))
         events = await session.scalars(
             event_query.order_by(LifecycleEvent.occurred_at, LifecycleEvent.event_id)
         )
         export.lifecycle_events = [e.to_dict() for e in events]
+        tell("results", len(export.lifecycle_events))
     await _attach_vectors(engine, export.episodes)
-    if redis is not None and prefix is not None and before is None:
+    if redis is None or prefix is None:
+        return export
+    if before is None:  # working memory is live state, never "older"
         async for key, key_session, kind in working_memory_keys(
             redis, prefix, project_id, session_id
         ):
@@ -211,12 +218,14 @@ async def export_project(
                 continue  # a forgotten session's marker: ids and a time, no memory
             if value is not None:
                 export.working_memory.setdefault(key_session, {})[kind] = value
-        async for stream, entry_id, fields in scope_entries(
-            redis, prefix, project_id, session_id, before
-        ):
-            export.stream_entries.setdefault(stream, []).append(
-                {"id": entry_id, "fields": _json_ready(fields)}
-            )
+                tell("working memory keys", 1)
+    async for stream, entry_id, fields in scope_entries(
+        redis, prefix, project_id, session_id, before
+    ):
+        export.stream_entries.setdefault(stream, []).append(
+            {"id": entry_id, "fields": _json_ready(fields)}
+        )
+        tell("stream entries", 1)
     return export
 
 
