@@ -245,7 +245,7 @@ async def test_forget_counts_the_vectors_and_no_replayed_announcement_embeds_the
     removed = await store.forget("acme", redis=redis, prefix=prefix)
 
     assert removed.receipt is not None
-    assert removed.receipt.postgres["episode_vectors"] == 3
+    assert removed.receipt.postgres["episode_embeddings"] == 3
     assert removed.receipt.streams == {stream: 3}  # the project's episode.recorded
     assert len(await vector_rows(vector_engine)) == 3  # the other project's are kept
     # A partial restore brings an episode row and every announcement back: nothing is embedded.

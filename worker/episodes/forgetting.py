@@ -362,7 +362,9 @@ async def _forget_rows(
             event_sessions = list(gone_events)
             n_events = len(event_sessions)
             found.sessions.update(s for s in event_sessions if s is not None)
-    receipt.postgres.update(episodes=n_episodes, lifecycle_events=n_events, episode_vectors=vectors)
+    receipt.postgres.update(
+        episodes=n_episodes, lifecycle_events=n_events, episode_embeddings=vectors
+    )
 
 
 async def _count(
