@@ -24,7 +24,7 @@ from schemas.results import (
     ResultBase,
     Snapshot,
 )
-from schemas.streams import DeadLetter, EpisodeRecorded
+from schemas.streams import DeadLetter, EpisodeRecorded, MemoryForgotten
 
 __all__ = [
     "COMMAND_ADAPTER",
@@ -43,6 +43,7 @@ __all__ = [
     "DeadLetter",
     "EpisodeRecorded",
     "Id",
+    "MemoryForgotten",
     "PauseCommand",
     "Result",
     "ResultBase",

@@ -20,6 +20,7 @@ RejectionReason = Literal[
     "limit_exceeded",
     "stale_seq",
     "stale_session",
+    "forgotten",
 ]
 RESULT_TYPES: tuple[str, ...] = (
     "agent.spawned",

@@ -1,11 +1,12 @@
-"""Events on the streams other than commands and results: dead letters and episodes."""
+"""Events on the streams other than commands and results: dead letters, episodes and
+forgetting."""
 
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, TypeAdapter
 
 
 class DeadLetter(BaseModel):
@@ -30,3 +31,24 @@ class EpisodeRecorded(BaseModel):
     project_id: str
     session_id: str
     causation_id: str = Field(description="The event_id of the agent.terminated result.")
+
+
+class MemoryForgotten(BaseModel):
+    """Published on ``P:episodes`` by ``memworker forget``: ids, times and counts, no content.
+    A subscriber that keeps copies deletes its own of the project (or session) on it."""
+
+    type: Literal["memory.forgotten"] = "memory.forgotten"
+    event_id: str = Field(description="The erasure's id (a row of the table erasures).")
+    project_id: str
+    session_id: str | None = Field(description="Null when the whole project was forgotten.")
+    before: datetime | None = Field(description="Only history older than this, when given.")
+    cutoff: datetime | None = Field(description="What occurred before it is forgotten.")
+    occurred_at: datetime
+    counts: dict[str, dict[str, Any]] = Field(
+        description='{"postgres": {table: n}, "redis": {what: n}, "streams": {stream: n}}'
+    )
+    complete: bool = Field(description="False when something could not be removed.")
+
+
+EpisodesEvent = Annotated[EpisodeRecorded | MemoryForgotten, Field(discriminator="type")]
+EPISODES_EVENT_ADAPTER: TypeAdapter[EpisodesEvent] = TypeAdapter(EpisodesEvent)

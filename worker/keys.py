@@ -66,6 +66,17 @@ def episodes_stream(prefix: str) -> str:
     return f"{prefix}:{EPISODES}"
 
 
+def erased_key(prefix: str) -> str:
+    """The hash of erasures (``worker.erased``): ``project`` or ``project/session`` → the
+    cutoff (ms) of its latest ``forget``. Ids and times only; kept for good."""
+    return f"{prefix}:erased"
+
+
+FORGOTTEN_STATE = "forgotten"
+"""The ``meta`` state of a forgotten session's marker: every later command is rejected
+``forgotten`` (``lua/apply_command.lua``) and its working memory refuses writes."""
+
+
 _SESSION_SUFFIXES = (":meta", ":vars", ":vexp", ":task", ":scratch", ":cps", ":cpdata")
 
 

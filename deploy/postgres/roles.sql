@@ -5,7 +5,8 @@
 --                      as this role. Not a superuser, cannot create roles or databases.
 --   memworker_runtime  `memworker consolidate` (and the long-term memory API) run as this role:
 --                      SELECT, INSERT, DELETE (forget) on lifecycle_events and episodes,
---                      UPDATE of episodes.announced_at only (the outbox flag), SELECT on
+--                      UPDATE of episodes.announced_at only (the outbox flag), SELECT and
+--                      INSERT on erasures (forget's record; UPDATE of its counts), SELECT on
 --                      alembic_version. It cannot CREATE, ALTER, DROP or TRUNCATE anything.
 --
 -- Run as a superuser (or a role with CREATEROLE that is a member of memworker_owner), connected
@@ -74,6 +75,11 @@ BEGIN
     REVOKE ALL ON memworker.episodes FROM memworker_runtime;
     GRANT SELECT, INSERT, DELETE ON memworker.episodes TO memworker_runtime;
     GRANT UPDATE (announced_at) ON memworker.episodes TO memworker_runtime;
+  END IF;
+  IF to_regclass('memworker.erasures') IS NOT NULL THEN
+    REVOKE ALL ON memworker.erasures FROM memworker_runtime;
+    GRANT SELECT, INSERT ON memworker.erasures TO memworker_runtime;
+    GRANT UPDATE (counts) ON memworker.erasures TO memworker_runtime;
   END IF;
   IF to_regclass('memworker.alembic_version') IS NOT NULL THEN
     REVOKE ALL ON memworker.alembic_version FROM memworker_runtime;

@@ -26,7 +26,7 @@ from worker.consolidation.consolidator import Consolidator
 from worker.db.engine import create_database_engine
 from worker.db.migrate import migrate
 from worker.episodes.store import EpisodeStore
-from worker.keys import StreamKeys, episodes_stream
+from worker.keys import StreamKeys, episodes_stream, shard_of
 from worker.lifecycle.client import LifecycleClient
 from worker.settings import Settings
 
@@ -178,6 +178,8 @@ async def test_roles_sql_runs_again_without_changing_any_privilege(roles: RoleUr
         ("episodes", "DELETE"),
         ("episodes", "INSERT"),
         ("episodes", "SELECT"),
+        ("erasures", "INSERT"),
+        ("erasures", "SELECT"),
         ("lifecycle_events", "DELETE"),
         ("lifecycle_events", "INSERT"),
         ("lifecycle_events", "SELECT"),
@@ -221,7 +223,7 @@ async def test_the_consolidator_runs_as_the_runtime_role_and_its_own_redis_user(
     assert finished == 5  # 2 spawned, 2 terminated, 1 dead-lettered
 
     engine = create_database_engine(roles.runtime)
-    redis = Redis.from_url(acl_server.url("consolidator"))
+    redis = Redis.from_url(acl_server.url("operator"))  # forget is an operator's command
     try:
         store = EpisodeStore(engine)
         episodes = await store.list_episodes("p-db")
@@ -235,9 +237,14 @@ async def test_the_consolidator_runs_as_the_runtime_role_and_its_own_redis_user(
         await engine.dispose()
 
     announced: Any = await admin.xrange(episodes_stream("agents"))
-    assert len(announced) == 2
+    # The two episode.recorded went with the project; one memory.forgotten (ids, counts) came
+    assert [orjson.loads(f[b"data"])["type"] for _i, f in announced] == ["memory.forgotten"]
     dead: Any = await admin.xrange(junk_stream.dlq)
     assert [orjson.loads(f[b"data"]) for _i, f in dead] == [{"data": "not json"}]
-    assert [k async for k in admin.scan_iter(match="agents:{*}:s:p-db/*")] == []
+    left = [k async for k in admin.scan_iter(match="agents:{*}:s:p-db/*")]
+    assert sorted(left) == sorted(
+        f"agents:{{{shard_of('p-db', s, 2)}}}:s:p-db/{s}:meta".encode() for s in ("s-1", "s-2")
+    )  # the forgotten sessions' markers
+    assert all([await admin.hget(k, "state") == b"forgotten" for k in left])
     log: Any = await admin.acl_log()
     assert [(e["username"], e["object"]) for e in log] == []

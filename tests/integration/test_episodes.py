@@ -102,11 +102,20 @@ async def test_forget_one_project_leaves_other_projects_rows_and_keys_untouched(
         assert await rows_of(store, project) == others_before[project]
     keys_after = await redis_snapshot(redis, f"{prefix}:*")
     removed = {k for k in keys_before if k not in keys_after}
-    assert len(removed) == 7 * SESSIONS
-    assert all(k.decode().startswith(f"{wm_prefix}:{{") for k in removed)
-    assert all(b":s:proj-a/" in k for k in removed)
-    for key, dumped in keys_after.items():
-        assert keys_before[key] == dumped, key
+    added = {k for k in keys_after if k not in keys_before}
+    changed = {k for k in keys_after if k in keys_before and keys_before[k] != keys_after[k]}
+    # The erasure record and the memory.forgotten event (ids, times, counts)
+    assert added == {f"{wm_prefix}:erased".encode(), f"{wm_prefix}:episodes".encode()}
+    assert len(removed) == 6 * SESSIONS  # all but meta, which is now the session's marker
+    assert len(changed) == SESSIONS
+    for key in removed | changed:
+        assert key.decode().startswith(f"{wm_prefix}:{{"), key
+        assert b":s:proj-a/" in key, key
+    for key in changed:
+        assert key.endswith(b":meta")
+        marker = await redis.hgetall(key)
+        assert set(marker) == {b"state", b"forgotten_at"}  # ids in the name, a time: no content
+        assert marker[b"state"] == b"forgotten"
     assert await store.forget("proj-a", redis=redis, prefix=wm_prefix) == ForgetResult()
 
 

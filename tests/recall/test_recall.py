@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+from datetime import datetime
 from typing import Any
 
 import structlog
@@ -222,3 +223,39 @@ async def test_before_the_indexer_ran_recall_uses_words_and_says_so_once(
     warnings = [e["event"] for e in logs if e["log_level"] == "warning"]
     assert len(warnings) == 1
     assert warnings[0].startswith("project acme has no all-MiniLM-L6-v2 vectors yet")
+
+
+async def test_forget_counts_the_vectors_and_no_replayed_announcement_embeds_them_again(
+    vector_engine: AsyncEngine, redis: Redis, vector_settings: Settings, embedder: LocalEmbedder
+) -> None:
+    from sqlalchemy import insert
+
+    from worker.db.models import Episode
+
+    episodes, _queries = load_recall_set()
+    prefix = vector_settings.stream_prefix
+    await remember_all(vector_engine, redis, prefix, "acme", episodes[:3])
+    await remember_all(vector_engine, redis, prefix, "other", episodes[:3])
+    await Indexer(vector_settings, redis, vector_engine, embedder).run_once()
+    stream = episodes_stream(prefix)
+    announced: Any = await redis.xrange(stream)  # what a restored Redis would hold again
+    store = EpisodeStore(vector_engine, embedder)
+    rows = (await store.export("acme")).episodes
+
+    removed = await store.forget("acme", redis=redis, prefix=prefix)
+
+    assert removed.receipt is not None
+    assert removed.receipt.postgres["episode_embeddings"] == 3
+    assert removed.receipt.streams == {stream: 3}  # the project's episode.recorded
+    assert len(await vector_rows(vector_engine)) == 3  # the other project's are kept
+    # A partial restore brings an episode row and every announcement back: nothing is embedded.
+    kept = {c.name for c in Episode.__table__.columns if c.name != "search_vector"}
+    restored = {k: v for k, v in rows[0].items() if k in kept and not k.endswith("_at")}
+    restored["occurred_at"] = datetime.fromisoformat(rows[0]["occurred_at"])
+    async with vector_engine.begin() as conn:
+        await conn.execute(insert(Episode).values(**restored))
+    for _id, fields in announced:
+        await redis.xadd(stream, fields)
+    await Indexer(vector_settings, redis, vector_engine, embedder, consumer="later").run_once()
+    assert len(await vector_rows(vector_engine)) == 3
+    assert await store.recall("acme", "users cannot sign in", 10, mode="vector") == []

@@ -12,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-from worker.cli import lifecycle, memory, operations, services
+from worker.cli import erasure, lifecycle, memory, operations, services
 from worker.cli.common import CliError
 from worker.cli.dead_letters import dlq_app
 from worker.errors import one_line
@@ -69,6 +69,8 @@ for command in (
     services.index,
     memory.reindex,
     memory.remember,
+    erasure.export,
+    erasure.forget,
 ):
     app.command()(command)
 app.add_typer(dlq_app, name="dlq")

@@ -105,8 +105,10 @@ def dlq_redrive(
 
     async def go(redis: Redis) -> int:
         from worker.consumers.dead_letters import redrive
+        from worker.erased import load_erased
 
-        return sum([await redrive(redis, s, entry_ids or None) for s in streams])
+        erased = await load_erased(redis, settings.stream_prefix)  # forgotten: never redriven
+        return sum([await redrive(redis, s, entry_ids or None, erased) for s in streams])
 
     out.print(f"redriven: {run_async(with_redis(settings, go))}")
 

@@ -16,6 +16,10 @@ Why it is shaped this way:
   apart. Down: nothing is acknowledged and the loop backs off (capped) until it answers. Up: the
   batch is split in halves until the failing entry stands alone; it is retried with backoff and
   dead-lettered (``storage_failed``) after ``consolidation_max_attempts`` failures.
+- **Forgotten stays forgotten.** Each write takes the shared advisory lock of its projects and
+  skips the results an ``erasures`` row covers (``worker.db.erasures``), in the transaction
+  that writes the rest; a ``forgotten`` rejection is acknowledged, never stored. Replays go
+  through the same write, so none brings back what ``memworker forget`` removed.
 - **It trims what it writes.** ``P:episodes`` gets the retention of the other streams
   (``worker.consumers.retention``: ``MINID`` below every group's oldest pending and
   undelivered entry, ``MEMWORKER_RETENTION_SECONDS`` kept), from the loop's ``tick`` every
@@ -59,8 +63,10 @@ from worker.consumers.retention import trim_stream
 from worker.consumers.service import GroupService
 from worker.db.batch import insert_batch
 from worker.db.engine import create_database_engine
+from worker.db.erasures import covered, erasure_cutoffs, lock_projects
 from worker.db.outages import first_line, is_connection_error, storage_error
 from worker.episodes.announcements import Announcement, Announcer
+from worker.erased import record_erased
 from worker.keys import CONSOLIDATION_GROUP, StreamKeys, episodes_stream
 from worker.logs import get_logger
 from worker.metrics import (
@@ -173,9 +179,26 @@ class Consolidator(GroupService):
         keep = self.settings.retention_seconds if keep_seconds is None else keep_seconds
         return await trim_stream(self.redis, self.announcer.stream, keep)
 
+    async def sync_erased(self) -> int:
+        """Copy the erasure record (the ``erasures`` table) to ``P:erased``, which the replay of
+        commands and the DLQ's redrive read: a Redis restored from a backup taken before a
+        forget gets it back within one retention interval. How many scopes were written."""
+        async with self.engine.connect() as conn:
+            cutoffs = await erasure_cutoffs(conn)
+        for (project, session), cutoff in cutoffs.items():
+            await record_erased(
+                self.redis,  # type: ignore[arg-type]
+                self.settings.stream_prefix,
+                project,
+                session,
+                int(cutoff.timestamp() * 1000),
+            )
+        return len(cutoffs)
+
     async def tick(self) -> None:
         """The group loop's ``tick``: the announcement relay when due, then retention of
-        ``P:episodes`` every ``MEMWORKER_RETENTION_INTERVAL_SECONDS``. Never raises but for
+        ``P:episodes`` and the copy of the erasure record (``sync_erased``) every
+        ``MEMWORKER_RETENTION_INTERVAL_SECONDS``. Never raises but for
         cancellation: a trim that fails is logged and tried at the next interval."""
         await self.announcer.tick()
         now = asyncio.get_running_loop().time()
@@ -184,6 +207,7 @@ class Consolidator(GroupService):
         self._last_trim = now
         try:
             await self.trim_once()
+            await self.sync_erased()
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # Redis unavailable: the loop meets it too; trim next time
@@ -303,14 +327,27 @@ class Consolidator(GroupService):
         ones a crash left unannounced (replayed, or redelivered after a crash before XADD)."""
         events: dict[str, tuple[Any, ...]] = {}
         episodes: dict[str, tuple[Any, ...]] = {}
-        for p in prepared:
-            events.setdefault(p.event_id, p.event)
-            if p.episode is not None:
-                episodes.setdefault(p.event_id, p.episode)
+        prepared = [p for p in prepared if not _forgotten_rejection(p)]
         async with self.engine.begin() as conn:
+            # Shared locks of the projects, then the erasure record (``worker.db.erasures``):
+            # a forget runs wholly before this transaction or wholly after it.
+            await lock_projects(conn, (p.event[2] for p in prepared if p.event[2] is not None))
+            erased = await covered(conn, [(p.event[2], p.event[3], p.event[8]) for p in prepared])
+            for p, gone in zip(prepared, erased, strict=True):
+                if gone:
+                    continue  # forgotten (memworker forget): never stored again
+                events.setdefault(p.event_id, p.event)
+                if p.episode is not None:
+                    episodes.setdefault(p.event_id, p.episode)
             owed = await insert_batch(conn, list(events.values()), list(episodes.values()))
         return [Announcement(*key) for key in owed]
 
     async def _storage_error(self) -> Exception | None:
         """None when Postgres answers ``SELECT 1`` within ``probe_timeout_s``, else why not."""
         return await storage_error(self.engine, self.probe_timeout_s)
+
+
+def _forgotten_rejection(prepared: PreparedResult) -> bool:
+    """A ``forgotten`` rejection: ids only, and not stored (a row would bring the forgotten
+    session back into ``lifecycle_events``)."""
+    return prepared.event[1] == "command.rejected" and '"reason":"forgotten"' in prepared.event[9]

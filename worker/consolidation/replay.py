@@ -47,6 +47,7 @@ from worker.codec import UnusableEntryError, decode_entry, text
 from worker.consolidation.consolidator import Consolidator
 from worker.consumers.loop import StreamEntry
 from worker.db.engine import create_database_engine
+from worker.db.erasures import covered
 from worker.db.models import Episode, LifecycleEvent
 from worker.keys import StreamKeys, shard_of
 from worker.settings import Settings
@@ -146,6 +147,7 @@ class ResultReplayer:
         self.counts: Counter[str] = Counter()
 
     async def replay(self, entries: list[StreamEntry]) -> None:
+        entries = await self._not_forgotten(entries)
         if not entries:
             return
         outcome = await self.consolidator.replay(entries)
@@ -160,6 +162,35 @@ class ResultReplayer:
                 pipe.xadd(self.publish_to, fields)
             await pipe.execute()
             self.counts["published"] += len(results)
+
+    async def _not_forgotten(self, entries: list[StreamEntry]) -> list[StreamEntry]:
+        """``entries`` less those an erasure covers (``worker.db.erasures``): neither stored
+        nor republished; counted ``forgotten``."""
+        scopes = [_scope_of(e) for e in entries]
+        wanted = [i for i, scope in enumerate(scopes) if scope is not None]
+        if not wanted:
+            return entries
+        async with self.engine.connect() as conn:
+            gone = await covered(conn, [s for s in scopes if s is not None])
+        dropped = {i for i, g in zip(wanted, gone, strict=True) if g}
+        if dropped:
+            self.counts["forgotten"] += len(dropped)
+        return [e for i, e in enumerate(entries) if i not in dropped]
+
+
+def _scope_of(entry: StreamEntry) -> tuple[str | None, str | None, datetime] | None:
+    """``(project, session, occurred_at)`` of a result (None for junk: skipped as before)."""
+    try:
+        result = decode_entry(entry.fields)
+        occurred = datetime.fromisoformat(str(result["occurred_at"]))
+    except (UnusableEntryError, KeyError, ValueError):
+        return None
+    project, session = result.get("project_id"), result.get("session_id")
+    return (
+        project if isinstance(project, str) else None,
+        session if isinstance(session, str) else None,
+        occurred if occurred.tzinfo else occurred.replace(tzinfo=UTC),
+    )
 
 
 def _is_result(entry: StreamEntry) -> bool:

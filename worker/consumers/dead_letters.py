@@ -17,6 +17,7 @@ from redis.asyncio.cluster import ClusterPipeline, RedisCluster
 
 from worker.codec import text
 from worker.consumers.entries import StreamEntry
+from worker.erased import ErasedIndex
 from worker.metrics import DEAD_LETTERS
 
 
@@ -117,11 +118,18 @@ async def list_dead_letters(
     ]
 
 
-async def redrive(redis: Redis, stream: str, entry_ids: list[str] | None = None) -> int:
+async def redrive(
+    redis: Redis,
+    stream: str,
+    entry_ids: list[str] | None = None,
+    erased: ErasedIndex | None = None,
+) -> int:
     """Publish dead letters' original entries back to their source streams, then drop them.
 
     Each entry is re-added and deleted in one MULTI/EXEC, so a redrive is never lost or
-    doubled. Without ``entry_ids`` every dead letter of the stream is redriven.
+    doubled. Without ``entry_ids`` every dead letter of the stream is redriven. A dead letter
+    a ``memworker forget`` covered (``erased``, ``worker.erased``) is dropped, never
+    republished.
     """
     rows: Any
     if entry_ids is None:
@@ -132,6 +140,9 @@ async def redrive(redis: Redis, stream: str, entry_ids: list[str] | None = None)
             rows += await redis.xrange(stream, min=entry_id, max=entry_id)
     moved = 0
     for entry_id, fields in rows:
+        if erased is not None and erased.covers_entry(entry_id, fields):
+            await redis.xdel(stream, entry_id)
+            continue
         original = orjson.loads(fields[b"data"])
         source = fields[b"source_stream"].decode()
         async with redis.pipeline(transaction=True) as pipe:

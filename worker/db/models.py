@@ -189,3 +189,25 @@ class Episode(Base):
             "occurred_at": self.occurred_at.isoformat(),
             "recorded_at": self.recorded_at.isoformat(),
         }
+
+
+class Erasure(Base):
+    """One ``forget`` (``worker.episodes.forgetting``): ids and times only, never content.
+
+    What it covers: the project's (or its one session's) data that occurred before ``cutoff``
+    (when the forget ran, or its ``--before`` if earlier). The consolidator, every replay and
+    the indexer skip what a row covers, so no replay brings it back. Kept for good: one small
+    row per forget; delete a row only to let its data be stored again.
+    """
+
+    __tablename__ = "erasures"
+
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True)
+    project_id: Mapped[str]
+    session_id: Mapped[str | None]
+    before: Mapped[datetime | None]
+    cutoff: Mapped[datetime]
+    forgotten_at: Mapped[datetime] = mapped_column(server_default=func.now())
+    counts: Mapped[dict[str, Any]] = mapped_column(server_default=text("'{}'::jsonb"))
+
+    __table_args__ = (Index(None, "project_id", "session_id"),)

@@ -4,39 +4,48 @@ Every query filters on the ``project_id`` (validated before it reaches SQL): not
 read or remove another project's rows. ``forget_project`` also removes the project's working
 memory from Redis, matching keys with an escaped glob and then checking each name exactly
 (``worker.keys.working_memory_key_re``), so an id that contains ``:`` or a prefix that contains
-glob characters can never widen what is deleted. ``export_project`` returns exactly what
-``forget_project`` with the same arguments would remove.
+glob characters can never widen what is deleted. ``export_project`` returns what
+``forget_project`` with the same arguments would remove: rows, working memory, and the stream
+entries that carry the scope. The forgetting itself is ``worker.episodes.forgetting``.
 """
 
 from __future__ import annotations
 
 import base64
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from redis.asyncio import Redis
-from sqlalchemy import ColumnElement, delete, select, text
+from sqlalchemy import ColumnElement, select, text
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
 from worker import codec
 from worker.db.models import Episode, LifecycleEvent
 from worker.db.vectors import VECTOR_TABLE, has_vector_table, parse_vector
+from worker.episodes.forgetting import (
+    DEFAULT_MARKER_TTL_MS,
+    ForgetReceipt,
+    forget_everywhere,
+    row_scope,
+)
+from worker.episodes.scrubbing import scope_entries
 from worker.ids import validate_id
-from worker.keys import working_memory_key_re, working_memory_pattern
+from worker.keys import FORGOTTEN_STATE, working_memory_key_re, working_memory_pattern
 
 SCAN_COUNT = 1_000
-DELETE_BATCH = 500
 
 
 @dataclass(frozen=True, slots=True)
 class ForgetResult:
-    """How many rows and keys ``forget_project`` actually removed."""
+    """How many rows and keys ``forget_project`` actually removed; ``receipt`` says everything
+    it removed, where (``worker.episodes.forgetting.ForgetReceipt``)."""
 
     episodes: int = 0
     lifecycle_events: int = 0
     redis_keys: int = 0
+    receipt: ForgetReceipt | None = field(default=None, compare=False)
 
 
 @dataclass(slots=True)
@@ -48,6 +57,7 @@ class ProjectExport:
     episodes: list[dict[str, Any]] = field(default_factory=list)
     lifecycle_events: list[dict[str, Any]] = field(default_factory=list)
     working_memory: dict[str, dict[str, Any]] = field(default_factory=dict)
+    stream_entries: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -56,6 +66,7 @@ class ProjectExport:
             "episodes": self.episodes,
             "lifecycle_events": self.lifecycle_events,
             "working_memory": self.working_memory,
+            "stream_entries": self.stream_entries,
         }
 
 
@@ -108,17 +119,12 @@ def _scope(
     session_id: str | None,
     before: datetime | None,
 ) -> list[ColumnElement[bool]]:
-    """The rows ``forget_project`` removes and ``export_project`` returns: one project's,
-    optionally one session's, optionally older than ``before``. Ids are validated before they
-    reach SQL."""
+    """The rows ``forget_project`` removes and ``export_project`` returns (ids validated
+    before they reach SQL)."""
     validate_id(project_id, "project_id")
-    conditions = [model.project_id == project_id]
     if session_id is not None:
         validate_id(session_id, "session_id")
-        conditions.append(model.session_id == session_id)
-    if before is not None:
-        conditions.append(model.occurred_at < before)
-    return conditions
+    return row_scope(model, project_id, session_id, before)
 
 
 async def forget_project(
@@ -129,26 +135,48 @@ async def forget_project(
     before: datetime | None = None,
     redis: Redis | None = None,
     prefix: str | None = None,
+    dry_run: bool = False,
+    marker_ttl_ms: int = DEFAULT_MARKER_TTL_MS,
+    shards: int | None = None,
 ) -> ForgetResult:
-    """Remove the project's episodes and lifecycle events (one session's, older than
-    ``before``, when given), in one transaction; then, when ``redis`` and ``prefix`` are
-    given and ``before`` is not, its working memory in Redis. Returns real counts.
+    """Forget the project (one session's, the history older than ``before``, when given)
+    everywhere memworker keeps it: ``worker.episodes.forgetting.forget_everywhere``, the code
+    ``memworker forget`` runs. Without ``redis`` and ``prefix`` only Postgres is cleared.
 
     ``before`` narrows only the history: working memory is live state, never "older".
-    An episode's vector (``episode_embeddings``) goes with it (``ON DELETE CASCADE``).
-    A session's dedupe records live in its meta hash and go with it: replaying the
-    forgotten session's commands afterwards would apply them again. The records of
-    commands refused before they were applied (``evt:`` keys) expire on their own.
+    Raises ``ForgetIncompleteError`` (with the receipt) when anything could not be removed.
     """
-    episodes = delete(Episode).where(*_scope(Episode, project_id, session_id, before))
-    events = delete(LifecycleEvent).where(*_scope(LifecycleEvent, project_id, session_id, before))
-    async with engine.begin() as conn:
-        removed_episodes = (await conn.execute(episodes)).rowcount
-        removed_events = (await conn.execute(events)).rowcount
-    removed_keys = 0
-    if redis is not None and prefix is not None and before is None:
-        removed_keys = await _forget_working_memory(redis, prefix, project_id, session_id)
-    return ForgetResult(removed_episodes, removed_events, removed_keys)
+    receipt = await forget_everywhere(
+        engine,
+        redis,
+        prefix,
+        project_id,
+        session_id=session_id,
+        before=before,
+        dry_run=dry_run,
+        marker_ttl_ms=marker_ttl_ms,
+        shards=shards,
+    )
+    if not receipt.ok:
+        raise ForgetIncompleteError(receipt)
+    return ForgetResult(
+        receipt.postgres.get("episodes", 0),
+        receipt.postgres.get("lifecycle_events", 0),
+        receipt.redis.get("working_memory_keys", 0),
+        receipt,
+    )
+
+
+class ForgetIncompleteError(RuntimeError):
+    """A forget that could not remove everything: ``receipt`` says what went and what not."""
+
+    def __init__(self, receipt: ForgetReceipt) -> None:
+        self.receipt = receipt
+        super().__init__(
+            f"forget of project {receipt.project_id} is incomplete: "
+            + "; ".join(receipt.errors)
+            + " (run it again: what was removed stays removed)"
+        )
 
 
 async def export_project(
@@ -159,8 +187,11 @@ async def export_project(
     before: datetime | None = None,
     redis: Redis | None = None,
     prefix: str | None = None,
+    progress: Callable[[str, int], None] | None = None,
 ) -> ProjectExport:
-    """Everything ``forget_project`` with the same arguments would remove, as JSON-ready data."""
+    """Everything ``forget_project`` with the same arguments would remove, as JSON-ready data.
+    ``progress(part, n)`` is told as each part grows (``memworker export``'s progress bar)."""
+    tell = progress or (lambda _part, _n: None)
     episode_query = select(Episode).where(*_scope(Episode, project_id, session_id, before))
     event_query = select(LifecycleEvent).where(
         *_scope(LifecycleEvent, project_id, session_id, before)
@@ -169,18 +200,32 @@ async def export_project(
     async with AsyncSession(engine, expire_on_commit=False) as session:
         episodes = await session.scalars(episode_query.order_by(Episode.occurred_at, Episode.id))
         export.episodes = [e.to_dict() for e in episodes]
+        tell("episodes", len(export.episodes))
         events = await session.scalars(
             event_query.order_by(LifecycleEvent.occurred_at, LifecycleEvent.event_id)
         )
         export.lifecycle_events = [e.to_dict() for e in events]
+        tell("results", len(export.lifecycle_events))
     await _attach_vectors(engine, export.episodes)
-    if redis is not None and prefix is not None and before is None:
+    if redis is None or prefix is None:
+        return export
+    if before is None:  # working memory is live state, never "older"
         async for key, key_session, kind in working_memory_keys(
             redis, prefix, project_id, session_id
         ):
             value = await _read_key(redis, key)
+            if kind == "meta" and isinstance(value, dict) and value.get("state") == FORGOTTEN_STATE:
+                continue  # a forgotten session's marker: ids and a time, no memory
             if value is not None:
                 export.working_memory.setdefault(key_session, {})[kind] = value
+                tell("working memory keys", 1)
+    async for stream, entry_id, fields in scope_entries(
+        redis, prefix, project_id, session_id, before
+    ):
+        export.stream_entries.setdefault(stream, []).append(
+            {"id": entry_id, "fields": _json_ready(fields)}
+        )
+        tell("stream entries", 1)
     return export
 
 
@@ -208,26 +253,3 @@ async def _attach_vectors(engine: AsyncEngine, episodes: list[dict[str, Any]]) -
         }
     for episode in episodes:
         episode["embedding"] = vectors.get(episode["id"])
-
-
-async def _forget_working_memory(
-    redis: Redis, prefix: str, project_id: str, session_id: str | None
-) -> int:
-    removed = 0
-    batch: list[str] = []
-
-    async def flush() -> int:
-        pipe = redis.pipeline(transaction=False)
-        for key in batch:  # one key per UNLINK: fine on a cluster, where slots differ
-            pipe.unlink(key)
-        counts: Sequence[int] = await pipe.execute()
-        batch.clear()
-        return sum(int(c) for c in counts)
-
-    async for key, _session, _kind in working_memory_keys(redis, prefix, project_id, session_id):
-        batch.append(key)
-        if len(batch) >= DELETE_BATCH:
-            removed += await flush()
-    if batch:
-        removed += await flush()
-    return removed

@@ -42,6 +42,7 @@ from worker.consumers.loop import (
 )
 from worker.consumers.service import GroupService
 from worker.db.engine import create_database_engine
+from worker.db.erasures import NOT_ERASED
 from worker.db.outages import first_line, is_connection_error
 from worker.db.vectors import (
     VECTOR_TABLE,
@@ -75,6 +76,8 @@ class Announced:
 class IndexBatch:
     episodes: list[Announced] = field(default_factory=list)
     rejected: list[Rejection] = field(default_factory=list)
+    other: list[StreamEntry] = field(default_factory=list)
+    """Other events of ``P:episodes`` (``memory.forgotten``): acknowledged, nothing to embed."""
 
 
 def parse_announcement(entry: StreamEntry) -> Announced:
@@ -88,12 +91,26 @@ def parse_announcement(entry: StreamEntry) -> Announced:
     return Announced(entry, str(uuid.UUID(str(event["episode_id"]))))
 
 
+def _is_forgotten_event(entry: StreamEntry) -> bool:
+    raw = entry.fields.get("data", entry.fields.get(b"data"))
+    if raw is None or b"memory.forgotten" not in (raw if isinstance(raw, bytes) else raw.encode()):
+        return False
+    try:
+        event = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return False
+    return isinstance(event, dict) and event.get("type") == "memory.forgotten"
+
+
 SELECT_UNINDEXED = f"""
 SELECT e.id::text AS id, e.task_description, e.lessons_learned, e.context_summary
 FROM episodes e
 LEFT JOIN {VECTOR_TABLE} v ON v.episode_id = e.id AND v.model = :model
-WHERE e.id = ANY(CAST(:ids AS uuid[])) AND v.episode_id IS NULL
+WHERE e.id = ANY(CAST(:ids AS uuid[])) AND v.episode_id IS NULL AND {NOT_ERASED}
 """
+"""Episodes to embed: announced, without a vector of the model, and not covered by an erasure
+(``worker.db.erasures``: ``memworker forget`` deletes them; the check keeps a replayed
+announcement from embedding anything it covers)."""
 
 
 async def embed_and_store(
@@ -176,6 +193,9 @@ class Indexer(GroupService):
     async def prepare(self, entries: Sequence[StreamEntry]) -> IndexBatch:
         batch = IndexBatch()
         for entry in entries:
+            if _is_forgotten_event(entry):
+                batch.other.append(entry)
+                continue
             try:
                 batch.episodes.append(parse_announcement(entry))
             except Exception as exc:
@@ -185,6 +205,7 @@ class Indexer(GroupService):
     async def finish(self, batch: IndexBatch) -> BatchOutcome:
         started = time.perf_counter()
         outcome = BatchOutcome(rejected=list(batch.rejected))
+        outcome.done.extend(batch.other)
         if not batch.episodes:
             return outcome
         if self._vectors is None:

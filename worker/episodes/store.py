@@ -35,6 +35,7 @@ from worker.db.models import SEARCH_CONFIG, Episode, LifecycleEvent
 from worker.db.vectors import VECTOR_TABLE, has_vector_table, missing_pgvector, vector_literal
 from worker.episodes.embedding import Embedder, EmbeddingError
 from worker.episodes.erasure import ForgetResult, ProjectExport, export_project, forget_project
+from worker.episodes.forgetting import DEFAULT_MARKER_TTL_MS
 from worker.episodes.ranking import DEFAULT_WEIGHTS, Candidate, RecallWeights, fuse
 from worker.ids import validate_id
 from worker.logs import get_logger
@@ -335,8 +336,13 @@ class EpisodeStore:
         before: datetime | None = None,
         redis: Redis | None = None,
         prefix: str | None = None,
+        dry_run: bool = False,
+        marker_ttl_ms: int = DEFAULT_MARKER_TTL_MS,
+        shards: int | None = None,
     ) -> ForgetResult:
-        """Remove the project's history (and working memory): ``forget_project``."""
+        """Forget the project (a session, the history before a time) everywhere memworker
+        keeps it: ``forget_project``, the code ``memworker forget`` runs; ``result.receipt``
+        says what went where."""
         return await forget_project(
             self.engine,
             project_id,
@@ -344,6 +350,9 @@ class EpisodeStore:
             before=before,
             redis=redis,
             prefix=prefix,
+            dry_run=dry_run,
+            marker_ttl_ms=marker_ttl_ms,
+            shards=shards,
         )
 
     async def export(

@@ -12,6 +12,7 @@ from typing import Any
 
 from redis.asyncio import Redis
 
+from worker.erased import load_erased
 from worker.keys import LIFECYCLE_GROUP, StreamKeys
 from worker.lifecycle.apply import CommandApplier
 from worker.settings import Settings
@@ -44,13 +45,18 @@ async def replay_lifecycle(
     end: str = "+",
     progress: Callable[[int], None] | None = None,
 ) -> Counter[str]:
-    """Re-apply ``P:lifecycle:{shard}`` entries; counts of applied/rejected/duplicate/…"""
+    """Re-apply ``P:lifecycle:{shard}`` entries; counts of applied/rejected/duplicate/…;
+    ``forgotten``: commands a ``memworker forget`` covered (``P:erased``), never applied."""
     applier = CommandApplier(redis, settings, LIFECYCLE_GROUP)
     await applier.ensure_scripts()
     stream = StreamKeys(settings.stream_prefix, shard).lifecycle
+    erased = await load_erased(redis, settings.stream_prefix)
     counts: Counter[str] = Counter()
     async for rows in read_range(redis, stream, start, end, settings.batch_size):
-        for outcome in await applier.apply(shard, rows, dead_letters=False):
+        kept = [(i, f) for i, f in rows if not erased.covers_entry(i, f)]
+        if len(kept) < len(rows):
+            counts["forgotten"] += len(rows) - len(kept)
+        for outcome in await applier.apply(shard, kept, dead_letters=False) if kept else []:
             counts[outcome.status] += 1
         if progress:
             progress(len(rows))

@@ -65,12 +65,14 @@ local function session_state()
   return call('HGET', K_META, 'state')
 end
 
--- Why a write to the session's working memory is refused ('WM_TERMINATED', 'WM_PAUSED'), or
+-- Why a write to the session's working memory is refused ('WM_TERMINATED', 'WM_FORGOTTEN',
+-- 'WM_PAUSED'), or
 -- nil. A paused session's memory is read-only: resume restores its checkpoint over whatever
 -- was written meanwhile, so a write accepted now would be lost without a word.
 local function write_refused()
   local state = session_state()
   if state == 'terminated' then return 'WM_TERMINATED' end
+  if state == 'forgotten' then return 'WM_FORGOTTEN' end
   if state == 'paused' then return 'WM_PAUSED' end
   return nil
 end
@@ -80,7 +82,7 @@ end
 local function touch(default_ttl_ms)
   local fields = call('HMGET', K_META, 'state', 'ttl_ms')
   local state = fields[1]
-  if state == 'terminated' then return end
+  if state == 'terminated' or state == 'forgotten' then return end
   if state == 'paused' then
     for _, k in ipairs(session_keys()) do call('PERSIST', k) end
     return

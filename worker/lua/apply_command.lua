@@ -88,6 +88,9 @@ end
 -- (one XACK; under memory pressure one XDEL too: see apply). acks[1..n_acks] (reused).
 local acks, n_acks = {}, 0
 
+-- The entries of commands rejected `forgotten` in this call: deleted at its end (reused).
+local forgotten, n_forgotten = {}, 0
+
 local function acknowledge()
   n_acks = n_acks + 1
   acks[n_acks] = entry_id
@@ -164,6 +167,31 @@ local function reject(reason, detail)
   local out = finish('rejected', ',"type":"command.rejected","reason":' .. cjson.encode(reason)
     .. ',"detail":' .. cjson.encode(detail))
   out[3] = reason
+  return out
+end
+
+-- What a rejection of a forgotten session's command keeps of the command: ids and times, so
+-- no content of a session someone asked to forget is published again (no metadata, no
+-- correlation_id, no state).
+local FORGOTTEN_KEEPS = {'event_id', 'causation_id', 'command', 'project_id', 'session_id',
+  'agent_instance_id', 'seq', 'occurred_at', 'duration_ms'}
+
+local function reject_forgotten()
+  local ok, body = pcall(cjson.decode, prefix .. '}')
+  local result = {}
+  if ok and type(body) == 'table' then
+    for _, name in ipairs(FORGOTTEN_KEEPS) do
+      if body[name] ~= nil and body[name] ~= cjson.null then result[name] = body[name] end
+    end
+  end
+  result['type'] = 'command.rejected'
+  result['reason'] = 'forgotten'
+  result['detail'] = 'this session was forgotten (memworker forget); nothing was applied; '
+    .. 'use another session_id'
+  local out = finish('rejected', nil, cjson.encode(result))
+  out[3] = 'forgotten'
+  n_forgotten = n_forgotten + 1
+  forgotten[n_forgotten] = entry_id
   return out
 end
 
@@ -409,7 +437,7 @@ local function apply_one()
   if previous then
     -- A retried publish took a seq of its own (LifecycleClient's counter): the session's
     -- next seq is that one once its turn comes, or its later commands would wait for it.
-    if seq and state and state ~= 'terminated' then
+    if seq and state and state ~= 'terminated' and state ~= 'forgotten' then
       local last_seq = tonumber(meta[2]) or 0
       if seq > last_seq + 1 then return {'wait', tostring(last_seq + 1)} end
       if seq == last_seq + 1 then call('HSET', K_META, 'last_seq', seq_text) end
@@ -417,6 +445,10 @@ local function apply_one()
     acknowledge()
     return {'duplicate', previous}
   end
+
+  -- A forgotten session (memworker forget marked it) answers every command, whatever its
+  -- seq, with forgotten: ids only.
+  if state == 'forgotten' and op ~= 'reject' then return reject_forgotten() end
 
   -- A terminated session answers every command, whatever its seq, with already_terminated.
   if state == 'terminated' and op ~= 'reject' then
@@ -480,7 +512,7 @@ local function apply(keys, argv)
   group, default_ttl, dedupe_ttl, tombstone_ttl = settings[1], settings[2], settings[3], settings[4]
   now, now_iso = settings[7], settings[8]
   args = argv
-  n_acks = 0
+  n_acks, n_forgotten = 0, 0
   local replies, n = {}, 0
   local key, at, last = 3, 2, #argv
   while at <= last do
@@ -522,6 +554,11 @@ local function apply(keys, argv)
     -- they are not kept for the replay window, their memory goes to the commands still
     -- waiting. pcall: a user whose ACL lacks XDEL (an upgrade) keeps them, and the call works.
     if settings[6] == '1' then redis.pcall('XDEL', K_SOURCE, unpack(acks, i, j)) end
+  end
+  -- A command for a forgotten session is not kept either (memworker forget: no copy of what
+  -- was sent for it stays; its rejection carries ids only). pcall, as above.
+  if n_forgotten > 0 and settings[6] ~= '1' then
+    redis.pcall('XDEL', K_SOURCE, unpack(forgotten, 1, n_forgotten))
   end
   return replies
 end

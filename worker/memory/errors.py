@@ -43,6 +43,10 @@ class SessionTerminatedError(WorkingMemoryError):
     """A write to a session the lifecycle worker has terminated."""
 
 
+class SessionForgottenError(SessionTerminatedError):
+    """A write to a session ``memworker forget`` forgot: nothing of it may be kept again."""
+
+
 class SessionPausedError(WorkingMemoryError):
     """A write to a paused session: resume restores its checkpoint over anything written
     meanwhile, so the write is refused rather than accepted and lost."""

@@ -21,6 +21,7 @@ from worker.memory.errors import (
     CheckpointNotFoundError,
     LimitExceededError,
     RedisUnavailableError,
+    SessionForgottenError,
     SessionPausedError,
     SessionTerminatedError,
     WorkingMemoryError,
@@ -90,6 +91,11 @@ class RedisBackend:
         if code == "WM_TERMINATED":
             raise SessionTerminatedError(
                 f"{self._where} is terminated; its working memory is read-only"
+            ) from None
+        if code == "WM_FORGOTTEN":
+            raise SessionForgottenError(
+                f"{self._where} was forgotten (memworker forget); nothing may be written to it:"
+                " use another session_id"
             ) from None
         if code == "WM_PAUSED":
             raise SessionPausedError(

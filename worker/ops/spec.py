@@ -17,7 +17,7 @@ from pydantic import BaseModel
 import schemas
 from schemas.commands import Command
 from schemas.results import Result
-from schemas.streams import DeadLetter, EpisodeRecorded
+from schemas.streams import DeadLetter, EpisodeRecorded, EpisodesEvent, MemoryForgotten
 from worker.keys import CONSOLIDATION_GROUP, LIFECYCLE_GROUP, StreamKeys, episodes_stream
 from worker.settings import Settings
 
@@ -33,6 +33,7 @@ EVENT_MODELS: dict[str, type[BaseModel]] = {
     "command.rejected": schemas.CommandRejected,
     "dead_letter": DeadLetter,
     "episode.recorded": EpisodeRecorded,
+    "memory.forgotten": MemoryForgotten,
 }
 
 
@@ -73,8 +74,9 @@ def asyncapi_document(settings: Settings) -> dict[str, Any]:
     broker.publisher(
         stream=episodes_stream(settings.stream_prefix),
         title="episodes",
-        schema=EpisodeRecorded,
-        description="A new episode stored in Postgres, `P:episodes`.",
+        schema=EpisodesEvent,
+        description="A new episode stored in Postgres (`episode.recorded`), or a project or "
+        "session forgotten (`memory.forgotten`), `P:episodes`.",
     )
     spec = AsyncAPI(
         broker,

@@ -1,0 +1,157 @@
+"""``memworker forget`` and ``memworker export``: the data-subject request in two commands.
+
+Both take the same selectors (``--project``, narrowed by ``--session`` and ``--before``) and run
+the same code as the Python API (``EpisodeStore.forget``/``export``:
+``worker.episodes.forgetting``, ``worker.episodes.erasure``). ``--user`` is not offered:
+sessions carry no user id yet, so it could not be made true.
+"""
+
+from __future__ import annotations
+
+import sys
+from datetime import datetime
+from pathlib import Path
+from typing import Annotated
+
+import orjson
+import typer
+from redis.asyncio import Redis
+
+from worker.cli.common import (
+    check_ids,
+    database_engine,
+    err,
+    fail,
+    out,
+    run_async,
+    settings_from_env,
+    with_redis,
+)
+
+ProjectOption = Annotated[str, typer.Option("--project", "-p", help="The project.")]
+SessionOption = Annotated[
+    str | None, typer.Option("--session", "-s", help="Only this session of the project.")
+]
+BeforeOption = Annotated[
+    str | None,
+    typer.Option(
+        help="Only history older than this (RFC 3339, or ago: 90m, 36h, 7d); live sessions "
+        "and their working memory are kept."
+    ),
+]
+
+
+def _before(raw: str | None) -> datetime | None:
+    if raw is None:
+        return None
+    from worker.consolidation.replay import parse_instant
+
+    try:
+        return parse_instant(raw)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--before") from exc
+
+
+def forget(
+    project: ProjectOption,
+    session: SessionOption = None,
+    before: BeforeOption = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Print what would be removed; remove nothing.")
+    ] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the receipt as JSON.")] = False,
+) -> None:
+    """Forget a project (or one session, or its history before a time) everywhere memworker
+    keeps it: working memory, Postgres rows and vectors, every stream entry; later commands
+    for a forgotten session are rejected `forgotten`. Prints a receipt."""
+    check_ids(project_id=project, **({"session_id": session} if session else {}))
+    when = _before(before)
+    settings = settings_from_env()
+    ttl_ms = 1000 * max(settings.tombstone_ttl_seconds, settings.dedupe_ttl_seconds)
+
+    async def go(redis: Redis) -> object:
+        from worker.episodes.forgetting import forget_everywhere
+
+        async with database_engine(settings) as engine:
+            return await forget_everywhere(
+                engine,
+                redis,
+                settings.stream_prefix,
+                project,
+                session_id=session,
+                before=when,
+                dry_run=dry_run,
+                marker_ttl_ms=ttl_ms,
+                shards=settings.shards,
+            )
+
+    from worker.episodes.forgetting import ForgetReceipt
+
+    receipt = run_async(with_redis(settings, go))
+    assert isinstance(receipt, ForgetReceipt)
+    if as_json:
+        sys.stdout.write(orjson.dumps(receipt.to_dict(), option=orjson.OPT_INDENT_2).decode())
+        sys.stdout.write("\n")
+    else:
+        for line in receipt.lines():
+            out.print(line, highlight=False, markup=False)
+    if not receipt.ok:
+        fail(
+            "forget is incomplete: "
+            + "; ".join(receipt.errors)
+            + " (run it again: what was removed stays removed)"
+        )
+
+
+def export(
+    project: ProjectOption,
+    session: SessionOption = None,
+    before: BeforeOption = None,
+    out_file: Annotated[
+        Path | None, typer.Option("--out", help="Write the JSON here instead of stdout.")
+    ] = None,
+) -> None:
+    """Export, as one JSON document, everything `memworker forget` with the same selectors
+    would remove: episodes (with vectors), results, working memory of live sessions, stream
+    entries."""
+    check_ids(project_id=project, **({"session_id": session} if session else {}))
+    when = _before(before)
+    settings = settings_from_env()
+
+    async def go(redis: Redis) -> bytes:
+        from rich.progress import Progress, TaskID, TextColumn, TimeElapsedColumn
+
+        from worker.episodes.erasure import export_project
+
+        # On a terminal, a line per part counting up (stderr: stdout may be the document).
+        with Progress(
+            TextColumn("exporting {task.description}: {task.completed:,.0f}"),
+            TimeElapsedColumn(),
+            console=err,
+            disable=not err.is_terminal,
+        ) as bar:
+            tasks: dict[str, TaskID] = {}
+
+            def advance(part: str, n: int) -> None:
+                if part not in tasks:
+                    tasks[part] = bar.add_task(part, total=None)
+                bar.advance(tasks[part], n)
+
+            async with database_engine(settings) as engine:
+                exported = await export_project(
+                    engine,
+                    project,
+                    session_id=session,
+                    before=when,
+                    redis=redis,
+                    prefix=settings.stream_prefix,
+                    progress=advance,
+                )
+        return orjson.dumps(exported.to_dict(), option=orjson.OPT_INDENT_2) + b"\n"
+
+    document = run_async(with_redis(settings, go))
+    if out_file is None:
+        sys.stdout.buffer.write(document)
+        sys.stdout.flush()
+    else:
+        out_file.write_bytes(document)
