@@ -70,6 +70,13 @@ BENCHES = [
         quick=["--sessions", "1000"],
     ),
     Bench(
+        "forget.py",
+        "Forgetting a project of 10,000 finished sessions",
+        "`forget_everywhere` (what `memworker forget` runs) beside another project of the same size.",
+        database=True,
+        quick=["--sessions", "1000"],
+    ),
+    Bench(
         "worker_versions.py",
         "Before and after the worker's optimisations (one process)",
         "The first batched worker (commit 4583134) and this checkout, alternating rounds.",
