@@ -72,7 +72,7 @@ BENCHES = [
     Bench(
         "forget.py",
         "Forgetting a project of 10,000 finished sessions",
-        "`forget_everywhere` (what `memworker forget` runs) beside another project of the same size.",
+        "`forget_everywhere` (what `memworker forget` runs) beside a project of the same size.",
         database=True,
         quick=["--sessions", "1000"],
     ),
