@@ -60,6 +60,11 @@ class SpawnCommand(CommandBase):
     """Create the session and load its initial working memory."""
 
     type: Literal["spawn"] = "spawn"
+    user_id: Id | None = Field(
+        default=None,
+        description="The user the session works for: its episode belongs to that user "
+        "(EpisodeStore.recall(user_id=...)), and every result of the session carries it.",
+    )
     initial_state: dict[str, Any] = Field(default_factory=dict)
     ttl_seconds: Annotated[StrictInt, Field(ge=1)] | None = Field(
         default=None, description="Idle expiry of the session's working memory."

@@ -43,6 +43,10 @@ class ResultBase(BaseModel):
     session_id: str | None = None
     agent_instance_id: str | None = None
     agent_type_id: str | None = None
+    user_id: str | None = Field(
+        default=None,
+        description="The user the session's spawn named (absent when it named none).",
+    )
     seq: int | None = None
     correlation_id: str | None = None
     metadata: dict[str, JsonValue] | None = None

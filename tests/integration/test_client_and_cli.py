@@ -321,3 +321,41 @@ async def test_a_checkpoint_id_has_one_name_in_inspect_results_and_list_checkpoi
     assert [c["checkpoint_id"] for c in listed] == [paused.checkpoint_id, made]
     assert all(set(c) == {"checkpoint_id", "description", "created_at", "items"} for c in shown)
     assert [c["description"] for c in shown] == [c["description"] for c in listed]
+
+
+async def test_cli_publish_user_and_recall_user_find_only_that_users_episode(
+    redis: Redis, settings: Settings, database_url: str
+) -> None:
+    from tests.integration.results_factory import migrated_engine
+    from worker.consolidation.consolidator import Consolidator
+
+    settings = settings.model_copy(update={"database_url": database_url})
+
+    def publish(kind: str, session: str, *extra: str) -> dict[str, Any]:
+        done = memworker(settings, "publish", kind, "-p", "demo", "-s", session, *extra, "--wait")
+        assert done.returncode == 0, done.stderr
+        result: dict[str, Any] = json.loads(done.stdout)
+        return result
+
+    task = "task_description=Summarise the quarterly sales report"
+    async with running_worker(settings):
+        spawned = await asyncio.to_thread(publish, "spawn", "s-ann", "--user", "ann")
+        other = await asyncio.to_thread(publish, "spawn", "s-ben", "--user", "ben")
+        ended = await asyncio.to_thread(publish, "terminate", "s-ann", "--set", task)
+        await asyncio.to_thread(publish, "terminate", "s-ben", "--set", task)
+    assert spawned["user_id"] == "ann" and other["user_id"] == "ben"
+    assert ended["type"] == "agent.terminated" and ended["user_id"] == "ann"
+    async with migrated_engine(database_url) as engine:
+        await Consolidator(settings, redis, engine).run_once()
+
+    def recall(*extra: str) -> list[dict[str, Any]]:
+        done = memworker(settings, "recall", "quarterly sales", "-p", "demo", "--json", *extra)
+        assert done.returncode == 0, done.stderr
+        hits: list[dict[str, Any]] = json.loads(done.stdout)
+        return hits
+
+    assert [(h["session_id"], h["user_id"]) for h in recall("--user", "ann")] == [("s-ann", "ann")]
+    assert recall("--user", "cat") == []
+    assert len(recall()) == 2
+    bad = memworker(settings, "publish", "spawn", "-p", "demo", "-s", "s-x", "--user", "no way")
+    assert bad.returncode == 2 and "user_id" in bad.stderr

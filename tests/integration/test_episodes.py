@@ -11,6 +11,7 @@ import pytest
 from redis.asyncio import Redis
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from tests.helpers import running_worker
 from tests.integration.results_factory import (
     T0,
     base_result,
@@ -19,11 +20,13 @@ from tests.integration.results_factory import (
     session_story,
     terminated,
 )
+from worker.agents.manager import AgentLifecycleManager
 from worker.consolidation.consolidator import Consolidator
 from worker.db.models import episode_id_for
 from worker.episodes.erasure import ForgetResult
 from worker.episodes.store import EpisodeStore
 from worker.keys import SessionKeys
+from worker.lifecycle.client import LifecycleClient
 from worker.settings import Settings
 
 SESSIONS = 1_200  # per project: 8,400 working-memory keys each, well past any page size
@@ -289,3 +292,37 @@ async def test_export_returns_every_row_and_the_working_memory(
         1,
         ["s-7"],
     )
+
+
+async def test_a_spawns_user_owns_its_episode_and_recall_filters_by_user(
+    redis: Redis, settings: Settings, engine: AsyncEngine
+) -> None:
+    async with running_worker(settings):
+        manager = AgentLifecycleManager(LifecycleClient(redis, settings), timeout=20)
+        client = manager.client
+        spawned = await manager.spawn("proj-u", "agent-1", "s-alice", user_id="alice")
+        assert spawned.success, spawned.message
+        await client.spawn("proj-u", "s-bob", "agent-1", user_id="bob")
+        await client.spawn("proj-u", "s-nobody", "agent-1")
+        task = "Migrate the Kafka consumer to Redis Streams"
+        for session_id in ("s-alice", "s-bob", "s-nobody"):
+            await client.wait(
+                await client.terminate(
+                    "proj-u", session_id, "agent-1", task_description=f"{task} ({session_id})"
+                ),
+                timeout=20,
+            )
+    await consolidate(settings, redis, engine)
+    store = EpisodeStore(engine)
+
+    hers = await store.recall("proj-u", "kafka consumer", user_id="alice", mode="text")
+    assert [(h.episode.session_id, h.episode.user_id) for h in hers] == [("s-alice", "alice")]
+    assert hers[0].to_dict()["user_id"] == "alice"
+    assert await store.recall("proj-u", "kafka consumer", user_id="carol", mode="text") == []
+    everyone = await store.recall("proj-u", "kafka consumer", mode="text")
+    assert {h.episode.session_id for h in everyone} == {"s-alice", "s-bob", "s-nobody"}
+    assert [e.session_id for e in await store.list_episodes("proj-u", user_id="bob")] == ["s-bob"]
+    found = await store.search("proj-u", "kafka", user_id="bob")
+    assert [h.episode.session_id for h in found] == ["s-bob"]
+    nobody = await store.list_episodes("proj-u", session_id="s-nobody")
+    assert nobody[0].user_id is None and nobody[0].to_dict()["user_id"] is None

@@ -165,6 +165,7 @@ async def test_a_command_published_twice_has_one_effect_and_one_result(
         ([command("spawn", "r1", seq="one")], "invalid_event", "seq"),
         ([command("spawn", "r1", initial_state={"_secret": 1})], "invalid_event", "_secret"),
         ([command("spawn", "r1", session_id="bad id!")], "invalid_event", "session_id"),
+        ([command("spawn", "r1", user_id="bad user!")], "invalid_event", "user_id"),
         ([command("terminate", "r1", outcome="great")], "invalid_event", "outcome"),
         ([command("explode", "r1")], "invalid_event", "type"),
         ([command("spawn", "r0", seq=1), command("pause", "r1", seq=1)], "stale_seq", "seq 1"),
@@ -189,6 +190,38 @@ async def test_each_rejection_names_its_reason_and_an_actionable_detail(
     assert last["causation_id"] == "r1"
     assert last["reason"] == reason
     assert detail_mentions in last["detail"]
+
+
+async def test_every_result_of_a_users_session_carries_its_user_and_others_none(
+    redis: Redis, settings: Settings
+) -> None:
+    bodies = [
+        command("spawn", "u0", "s-user", user_id="alice"),
+        command("pause", "u1", "s-user"),
+        command("resume", "u2", "s-user", checkpoint_id="nope"),  # rejected: still hers
+        command("resume", "u3", "s-user"),
+        command("spawn", "u4", "s-user", user_id="bob"),  # already_exists: names its own user
+        command("terminate", "u5", "s-user"),
+        command("spawn", "n0", "s-nobody"),
+        command("terminate", "n1", "s-nobody"),
+    ]
+    out = await run_commands(redis, settings, bodies, expect_results=len(bodies))
+    by_cause = {r["causation_id"]: r for r in out}
+    for r in out:
+        RESULT_ADAPTER.validate_python(r)
+    assert {c: by_cause[c].get("user_id") for c in ("u0", "u1", "u2", "u3", "u4", "u5")} == {
+        "u0": "alice",
+        "u1": "alice",
+        "u2": "alice",
+        "u3": "alice",
+        "u4": "bob",
+        "u5": "alice",
+    }
+    assert by_cause["u2"]["reason"] == "checkpoint_not_found"
+    assert by_cause["u4"]["reason"] == "already_exists"
+    assert by_cause["u5"]["type"] == "agent.terminated"
+    # A session whose spawn named no user: not a byte more on its results.
+    assert "user_id" not in by_cause["n0"] and "user_id" not in by_cause["n1"]
 
 
 async def test_a_rejected_command_of_unknown_type_reports_command_null(

@@ -197,8 +197,10 @@ class AgentLifecycleManager:
         metadata: Mapping[str, Any] | None = None,
         *,
         ttl_seconds: int | None = None,
+        user_id: AnyId | None = None,
     ) -> LifecycleResult:
-        """Create the session; ``initial_state`` becomes its variables."""
+        """Create the session; ``initial_state`` becomes its variables; ``user_id`` names the
+        user it works for (its episode is that user's: ``EpisodeStore.recall(user_id=)``)."""
         _mapping(initial_state, "initial_state")
         return await self._call(
             "spawn",
@@ -210,6 +212,7 @@ class AgentLifecycleManager:
                 "agent_type_id": agent_type_id,
                 "initial_state": dict(initial_state or {}),
                 "ttl_seconds": ttl_seconds,
+                "user_id": user_id,
             },
         )
 

@@ -39,6 +39,10 @@ def publish(
     project: Annotated[str, typer.Option("--project", "-p", help="project_id")],
     session: Annotated[str, typer.Option("--session", "-s", help="session_id")],
     agent: Annotated[str, typer.Option("--agent", "-a", help="agent_instance_id")] = "cli",
+    user: Annotated[
+        str | None,
+        typer.Option("--user", "-u", help="spawn: user_id, the user the session works for."),
+    ] = None,
     field: Annotated[
         list[str] | None,
         typer.Option("--set", help="Another field, NAME=VALUE (VALUE parsed as JSON if it can)."),
@@ -79,7 +83,16 @@ def publish(
             raise typer.BadParameter(f"not JSON: {exc}", param_hint="--state") from exc
     if event_id:
         body["event_id"] = event_id
-    check_ids(project_id=project, session_id=session, agent_instance_id=agent)
+    if user is not None:
+        if command_type != "spawn":
+            raise typer.BadParameter("only a spawn names the user", param_hint="--user")
+        body["user_id"] = user
+    check_ids(
+        project_id=project,
+        session_id=session,
+        agent_instance_id=agent,
+        **({"user_id": user} if user is not None else {}),
+    )
     settings = settings_from_env()
 
     async def go(redis: Redis) -> Any:

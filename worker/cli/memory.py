@@ -128,11 +128,16 @@ def recall(
     project: Annotated[str, typer.Option("--project", "-p")],
     limit: Annotated[int, typer.Option(min=1, max=1000, help="How many episodes.")] = 10,
     as_json: Annotated[bool, typer.Option("--json", help="JSON array, best first.")] = False,
+    user: Annotated[
+        str | None, typer.Option("--user", "-u", help="Only this user's episodes (user_id).")
+    ] = None,
 ) -> None:
     """Recall a project's episodes by meaning and words (hybrid: vectors + full-text)."""
     settings = settings_from_env()
     try:
         validate_id(project, "project_id")
+        if user is not None:
+            validate_id(user, "user_id")
     except InvalidIdError as exc:
         raise typer.BadParameter(str(exc)) from exc
     configure_logging(settings.log_level, settings.log_json)
@@ -143,7 +148,8 @@ def recall(
 
         async with database_engine(settings) as engine:
             store = EpisodeStore(engine, embedder_from_settings(settings))
-            return [hit.to_dict() for hit in await store.recall(project, query, limit)]
+            hits = await store.recall(project, query, limit, user_id=user)
+            return [hit.to_dict() for hit in hits]
 
     hits = run_async(go())
     if as_json:

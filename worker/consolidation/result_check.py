@@ -108,6 +108,7 @@ _COMMON_FIELDS: tuple[tuple[str, Check, bool], ...] = (  # name, check, required
     ("session_id", _is_str_or_none, False),
     ("agent_instance_id", _is_str_or_none, False),
     ("agent_type_id", _is_str_or_none, False),
+    ("user_id", _is_str_or_none, False),
     ("seq", _is_int_or_none, False),
     ("correlation_id", _is_str_or_none, False),
     ("metadata", _is_object_or_none, False),

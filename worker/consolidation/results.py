@@ -125,6 +125,7 @@ def episode_row(parsed: ParsedResult, summary_max_chars: int) -> dict[str, Any]:
         "duration_seconds": result.duration_seconds,
         "started_at": _aware(result.started_at),
         "occurred_at": _aware(result.occurred_at),
+        "user_id": result.user_id,
     }
 
 
@@ -135,6 +136,7 @@ _VALUE_FIELDS = (
     "session_id",
     "agent_instance_id",
     "agent_type_id",
+    "user_id",
     "causation_id",
     "command",
     "seq",
@@ -210,5 +212,6 @@ def prepare_result(entry: StreamEntry, summary_max_chars: int) -> PreparedResult
         None if duration is None else float(duration),
         started_at,
         occurred_at,
+        get("user_id"),
     )
     return PreparedResult(entry, event, episode)

@@ -52,6 +52,7 @@ EPISODE_COLUMNS: tuple[tuple[str, str], ...] = (
     ("duration_seconds", "float8"),
     ("started_at", "timestamptz"),
     ("occurred_at", "timestamptz"),
+    ("user_id", "text"),
 )
 """``episodes`` columns the consolidator writes, in the order of its row tuples."""
 

@@ -144,6 +144,9 @@ class Episode(Base):
     session_id: Mapped[str]
     agent_instance_id: Mapped[str | None]
     agent_type_id: Mapped[str | None]
+    user_id: Mapped[str | None] = mapped_column(
+        doc="The user the session's spawn named (null: none); recall filters by it."
+    )
     task_description: Mapped[str | None]
     outcome: Mapped[str]
     lessons_learned: Mapped[list[Any]] = mapped_column(server_default=text("'[]'::jsonb"))
@@ -165,6 +168,7 @@ class Episode(Base):
     __table_args__ = (
         UniqueConstraint("project_id", "session_id"),
         Index(None, "project_id", "occurred_at"),
+        Index(None, "project_id", "user_id", "occurred_at"),
         Index("ix_episodes_search_vector", "search_vector", postgresql_using="gin"),
         {"postgresql_with": {"fillfactor": EPISODES_FILLFACTOR}},
     )
@@ -177,6 +181,7 @@ class Episode(Base):
             "session_id": self.session_id,
             "agent_instance_id": self.agent_instance_id,
             "agent_type_id": self.agent_type_id,
+            "user_id": self.user_id,
             "task_description": self.task_description,
             "outcome": self.outcome,
             "lessons_learned": self.lessons_learned,

@@ -85,6 +85,7 @@ async def remember(
         None,
         None,
         when,
+        None,  # user_id
     )
     async with engine.begin() as conn:
         owed = await insert_batch(conn, [], [row])

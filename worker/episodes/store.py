@@ -60,8 +60,11 @@ def _episode_filters(
     outcome: str | None,
     since: datetime | None,
     until: datetime | None,
+    user_id: str | None = None,
 ) -> list[ColumnElement[bool]]:
     filters: list[ColumnElement[bool]] = [Episode.project_id == project_id]
+    if user_id is not None:
+        filters.append(Episode.user_id == user_id)
     if session_id is not None:
         filters.append(Episode.session_id == session_id)
     if agent_instance_id is not None:
@@ -95,6 +98,7 @@ class RecallHit:
             "episode_id": str(e.id),
             "project_id": e.project_id,
             "session_id": e.session_id,
+            "user_id": e.user_id,
             "task_description": e.task_description,
             "outcome": e.outcome,
             "lessons_learned": e.lessons_learned,
@@ -139,10 +143,12 @@ class EpisodeStore:
         until: datetime | None = None,
         limit: int = 50,
         offset: int = 0,
+        user_id: str | None = None,
     ) -> list[Episode]:
-        """The project's episodes, newest first, filtered by whatever is given."""
+        """The project's episodes, newest first, filtered by whatever is given (``user_id``:
+        only the sessions whose spawn named that user)."""
         filters = _episode_filters(
-            project_id, session_id, agent_instance_id, agent_type_id, outcome, since, until
+            project_id, session_id, agent_instance_id, agent_type_id, outcome, since, until, user_id
         )
         query = (
             select(Episode)
@@ -163,13 +169,17 @@ class EpisodeStore:
         )
         return rows[0] if rows else None
 
-    async def search(self, project_id: str, query: str, limit: int = 10) -> list[SearchHit]:
-        """Full-text search (web-search syntax: ``"exact phrase" -without or``), best first."""
+    async def search(
+        self, project_id: str, query: str, limit: int = 10, *, user_id: str | None = None
+    ) -> list[SearchHit]:
+        """Full-text search (web-search syntax: ``"exact phrase" -without or``), best first;
+        with ``user_id``, only that user's episodes."""
         tsquery = func.websearch_to_tsquery(SEARCH_CONFIG, query)
         rank = func.ts_rank(Episode.search_vector, tsquery).label("rank")
+        mine = [] if user_id is None else [Episode.user_id == user_id]
         statement = (
             select(Episode, rank)
-            .where(Episode.project_id == project_id, Episode.search_vector.op("@@")(tsquery))
+            .where(Episode.project_id == project_id, Episode.search_vector.op("@@")(tsquery), *mine)
             .order_by(desc(rank), desc(Episode.occurred_at), Episode.id)
             .limit(max(0, limit))
         )
@@ -191,12 +201,16 @@ class EpisodeStore:
         until: datetime | None = None,
         weights: RecallWeights = DEFAULT_WEIGHTS,
         mode: RecallMode = "hybrid",
+        user_id: str | None = None,
     ) -> list[RecallHit]:
         """The project's episodes most relevant to ``query``, best first (``episodes.ranking``
-        says how they are ranked). ``mode`` ``"text"`` or ``"vector"`` uses one search only."""
+        says how they are ranked). ``mode`` ``"text"`` or ``"vector"`` uses one search only.
+        ``user_id``: only the episodes of sessions whose spawn named that user."""
         validate_id(project_id, "project_id")
+        if user_id is not None:
+            validate_id(user_id, "user_id")
         filters = _episode_filters(
-            project_id, session_id, agent_instance_id, agent_type_id, outcome, since, until
+            project_id, session_id, agent_instance_id, agent_type_id, outcome, since, until, user_id
         )
         n = max(limit, weights.candidates)
         searches: list[Awaitable[list[Candidate]]] = []

@@ -19,6 +19,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 
 from schemas.commands import (
+    COMMAND_TYPES,
     PauseCommand,
     ResumeCommand,
     SpawnCommand,
@@ -410,6 +411,8 @@ class CommandApplier:
                 "correlation_id": cmd.correlation_id,
                 "metadata": cmd.metadata,
             }
+            if isinstance(cmd, SpawnCommand) and cmd.user_id is not None:  # only when given
+                copied["user_id"] = cmd.user_id
             seq: int | None = cmd.seq
             session_known = True
         else:
@@ -419,11 +422,7 @@ class CommandApplier:
             project_id = copied["project_id"]
             session_id = copied["session_id"]
             kind = raw.get("type")
-            command_type = (
-                kind
-                if isinstance(kind, str) and kind in ("spawn", "pause", "resume", "terminate")
-                else None
-            )
+            command_type = kind if isinstance(kind, str) and kind in COMMAND_TYPES else None
             session_known = (
                 project_id is not None
                 and session_id is not None
@@ -464,6 +463,7 @@ class CommandApplier:
                 ]
                 for key, text in intake.encoded_state:
                     argv += [key, text]
+                argv.append(cmd.user_id or "")  # next to last (see spawn in the function)
             elif isinstance(cmd, PauseCommand):
                 argv += [
                     cmd.checkpoint_id or default_checkpoint_id(cmd.project_id, event_id),

@@ -195,8 +195,14 @@ class LifecycleClient:
         session_id: str,
         agent_instance_id: str,
         initial_state: Mapping[str, Any] | None = None,
+        *,
+        user_id: str | None = None,
         **fields: Any,
     ) -> str:
+        """Publish a spawn; ``user_id``: the user the session works for (its episode is
+        that user's)."""
+        if user_id is not None:
+            fields["user_id"] = user_id
         return await self.publish(
             {
                 "type": "spawn",

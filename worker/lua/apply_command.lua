@@ -60,8 +60,8 @@ local record, traceparent
 -- it does not say), its argument last; and where the session's own is in meta.
 local life, life_at
 -- The session as the call found it (and its state as the call changes it): meta holds state,
--- last_seq, ttl_ms, the command's record as a field of its own, PACKED and (terminate only)
--- started_ms, started_at and the other fields spawn writes (see terminate).
+-- last_seq, ttl_ms, the command's record as a field of its own, PACKED, (terminate only)
+-- started_ms, started_at and the other fields spawn writes (see terminate), life and user_id.
 local meta, state
 -- Fields of the meta hash to write with the command's record, in one HSET at the end:
 -- updates[1..n_updates] (the table is reused across calls; entries past n_updates are stale).
@@ -228,6 +228,11 @@ local function spawn()
   update('ttl_ms', ttl_ms)
   update('life', life)
   if agent_type_id ~= '' then update('agent_type_id', agent_type_id) end
+  -- The spawn's user_id (its next to last argument; '' when none): kept only when given, for
+  -- the results of the session's later commands (see apply_one). The spawn's own result
+  -- carries it already (its prefix).
+  local user_id = args[o + tonumber(args[o]) - 1]
+  if user_id ~= '' then update('user_id', user_id) end
   if seq then update('last_seq', seq_text) end
   state, meta[3] = 'active', ttl_ms
   local out = finish('applied', ',"type":"agent.spawned","initial_items":' .. args[o + 10])
@@ -313,7 +318,7 @@ local function terminate()
   -- records of their own (past 8, or written by an earlier version): read the whole hash then.
   local digests = meta[5] or ''
   local known = 0
-  for i = 1, 11 do
+  for i = 1, 12 do
     if meta[i] then known = known + 1 end
   end
   if call('HLEN', K_META) > known then
@@ -416,10 +421,10 @@ local function apply_one()
   if op == 'terminate' then
     -- Also every other field spawn writes (terminate counts them: see there).
     meta = call('HMGET', K_META, 'state', 'last_seq', 'ttl_ms', record, PACKED, 'started_ms',
-      'started_at', 'agent_instance_id', 'agent_type_id', 'updated_at', 'life')
+      'started_at', 'agent_instance_id', 'agent_type_id', 'updated_at', 'life', 'user_id')
     life_at = 11
   else
-    meta = call('HMGET', K_META, 'state', 'last_seq', 'ttl_ms', record, PACKED, 'life')
+    meta = call('HMGET', K_META, 'state', 'last_seq', 'ttl_ms', record, PACKED, 'life', 'user_id')
     life_at = 6
   end
   state = meta[1]
@@ -445,6 +450,11 @@ local function apply_one()
     acknowledge()
     return {'duplicate', previous}
   end
+
+  -- The session's user (its spawn named one; right after life in meta) is on every result
+  -- of the session: the spawn's from its own prefix, the others' from here. An id: no escaping.
+  local user_id = meta[life_at + 1]
+  if user_id and op ~= 'spawn' then prefix = prefix .. ',"user_id":"' .. user_id .. '"' end
 
   -- A forgotten session (memworker forget marked it) answers every command, whatever its
   -- seq, with forgotten: ids only.
