@@ -168,7 +168,6 @@ class LifecycleClient:
                 ],
                 [
                     data,
-                    "0",  # unused (publish_command.lua)
                     ttl_ms,
                     traceparent or "",
                     str(event_id),

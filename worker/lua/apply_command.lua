@@ -375,7 +375,7 @@ end
 -- such a spawn, and is rejected unknown_session when there is none. Looks at up to 100
 -- earlier pending entries and the next 100 entries; past either bound it waits (and asks
 -- again at its next retry), as every command ahead did before this check.
-local function spawn_of(id, fields, project_session, session)
+local function spawn_of(fields, project_session, session)
   for i = 1, #fields - 1, 2 do
     local data = fields[i + 1]
     if fields[i] == 'data' and string.find(data, session, 1, true)
@@ -400,10 +400,10 @@ local function spawn_in_flight()
   if #earlier == 100 or #later == 100 then return true end
   for _, row in ipairs(earlier) do
     local found = call('XRANGE', K_SOURCE, row[1], row[1])
-    if found[1] and spawn_of(row[1], found[1][2], project_session, session) then return true end
+    if found[1] and spawn_of(found[1][2], project_session, session) then return true end
   end
   for _, entry in ipairs(later) do
-    if spawn_of(entry[1], entry[2], project_session, session) then return true end
+    if spawn_of(entry[2], project_session, session) then return true end
   end
   return false
 end

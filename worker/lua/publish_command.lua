@@ -9,12 +9,11 @@
 -- KEYS: 1 the session's seq counter (an integer, as INCR keeps it), 2 the lifecycle stream,
 --       3 the session's publish records: "\n<digest> <seq>" per publish, newest first (digest:
 --       16 hex digits of SHA-1 of the event_id), kept as long as the counter.
--- ARGV: 1 the command's JSON without seq (an object), 2 unused (was: '1' for a spawn, which
---       restarted the counter at 1; a spawn of a live session then left the counter behind
---       the session's seq), 3 counter TTL ms, 4 traceparent ('' if none), 5 the event_id.
+-- ARGV: 1 the command's JSON without seq (an object), 2 counter TTL ms, 3 traceparent ('' if
+--       none), 4 the event_id.
 -- Returns {stream entry id ('' when the event_id was published already), seq}.
 local KEEP = 4
-local digest = string.sub(redis.sha1hex(ARGV[5]), 1, 16)
+local digest = string.sub(redis.sha1hex(ARGV[4]), 1, 16)
 local records = redis.call('GET', KEYS[3]) or ''
 local at = string.find(records, '\n' .. digest .. ' ', 1, true)
 if at then
@@ -23,11 +22,11 @@ if at then
   return {'', tonumber(string.sub(records, from, to and to - 1 or -1))}
 end
 local seq = redis.call('INCR', KEYS[1])
-redis.call('PEXPIRE', KEYS[1], ARGV[3])
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
 local data = string.sub(ARGV[1], 1, -2) .. ',"seq":' .. seq .. '}'
 local id
-if ARGV[4] ~= '' then
-  id = redis.call('XADD', KEYS[2], '*', 'data', data, 'traceparent', ARGV[4])
+if ARGV[3] ~= '' then
+  id = redis.call('XADD', KEYS[2], '*', 'data', data, 'traceparent', ARGV[3])
 else
   id = redis.call('XADD', KEYS[2], '*', 'data', data)
 end
@@ -41,5 +40,5 @@ if cut then
   local beyond = string.find(records, '\n', cut + 1, true)
   if beyond then records = string.sub(records, 1, beyond - 1) end
 end
-redis.call('SET', KEYS[3], records, 'PX', ARGV[3])
+redis.call('SET', KEYS[3], records, 'PX', ARGV[2])
 return {id, seq}
