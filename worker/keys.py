@@ -66,6 +66,24 @@ def episodes_stream(prefix: str) -> str:
     return f"{prefix}:{EPISODES}"
 
 
+CHANGES = "changes"
+
+
+def changes_shard(project_id: str, shards: int) -> int:
+    """The shard of a project's change feed: zlib CRC-32 of the project id mod ``shards``."""
+    return zlib.crc32(project_id.encode()) % shards
+
+
+def changes_stream(prefix: str, project_id: str, shards: int) -> str:
+    """``P:changes:{i}``: the change feed of user memory (``worker.episodes.changes``) of
+    every project whose ``changes_shard`` is ``i``, in the order the changes were published."""
+    return f"{prefix}:{CHANGES}:{tag(changes_shard(project_id, shards))}"
+
+
+def all_changes_streams(prefix: str, shards: int) -> list[str]:
+    return [f"{prefix}:{CHANGES}:{tag(i)}" for i in range(shards)]
+
+
 def erased_key(prefix: str) -> str:
     """The hash of erasures (``worker.erased``): ``project`` or ``project/session`` → the
     cutoff (ms) of its latest ``forget``. Ids and times only; kept for good."""

@@ -12,7 +12,17 @@ import worker
 ROOT = Path(worker.__file__).parent
 KERNEL = "kernel"
 PUBLIC = "public"
-ROOMS = ("consumers", "memory", "db", "ops", "lifecycle", "episodes", "consolidation", "agents")
+ROOMS = (
+    "consumers",
+    "memory",
+    "db",
+    "ops",
+    "lifecycle",
+    "episodes",
+    "user_memory",
+    "consolidation",
+    "agents",
+)
 MAY_IMPORT: dict[str, set[str]] = {
     KERNEL: set(),
     "consumers": {KERNEL},
@@ -21,6 +31,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     "ops": {KERNEL, "db"},
     "lifecycle": {KERNEL, "consumers", "ops"},
     "episodes": {KERNEL, "consumers", "db"},
+    "user_memory": {KERNEL, "db", "episodes"},
     "consolidation": {KERNEL, "consumers", "db", "episodes", "lifecycle"},
     "agents": {KERNEL, "consumers", "db", "memory", "lifecycle"},
     "cli": {KERNEL, *ROOMS},

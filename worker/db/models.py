@@ -15,6 +15,7 @@ from sqlalchemy import (
     Computed,
     DateTime,
     Double,
+    Identity,
     Index,
     MetaData,
     Text,
@@ -22,7 +23,7 @@ from sqlalchemy import (
     func,
     text,
 )
-from sqlalchemy.dialects.postgresql import JSONB, TSVECTOR, UUID
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB, TSVECTOR, UUID
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 EPISODE_NAMESPACE = uuid.UUID("6f1c54b2-7d0e-5f39-9a52-3b0c1e8d4a71")
@@ -55,17 +56,31 @@ def _searched_summary(summary: str) -> str:
 
 
 SEARCH_VECTOR_SQL = (
-    f"setweight(to_tsvector('{SEARCH_CONFIG}'::regconfig, coalesce(task_description, '')), 'A')"
+    f"setweight(to_tsvector('{SEARCH_CONFIG}'::regconfig,"
+    " coalesce(task_description, input, '')), 'A')"
     f" || setweight(jsonb_to_tsvector('{SEARCH_CONFIG}'::regconfig, lessons_learned,"
     " '[\"string\"]'::jsonb), 'B')"
+    f" || setweight(to_tsvector('{SEARCH_CONFIG}'::regconfig, coalesce(output, '')), 'B')"
     f" || setweight(to_tsvector('{SEARCH_CONFIG}'::regconfig,"
-    f" outcome || ' ' || {_searched_summary('context_summary')}), 'C')"
+    f" CASE WHEN turn_id IS NULL THEN outcome || ' ' || {_searched_summary('context_summary')}"
+    " ELSE '' END), 'C')"
 )
-"""Task description weighs most, then lessons, then the outcome, task state and last steps
-(from the summary). Each word is indexed once: the task and lessons are not read again from
-the summary, and its variable dumps are left out (JSON: noise for ranking). Parsing text into
-lexemes is most of what inserting an episode costs Postgres; indexing the whole head of the
-summary (the first 1,000 characters) cost ~60 µs an episode more on the benchmark's results."""
+"""Task description (a turn's input) weighs most, then lessons (a turn's output), then the
+outcome, task state and last steps (from the summary; session episodes only). Each word is
+indexed once: the task and lessons are not read again from the summary, and its variable
+dumps are left out (JSON: noise for ranking). Parsing text into lexemes is most of what
+inserting an episode costs Postgres; indexing the whole head of the summary (the first 1,000
+characters) cost ~60 µs an episode more on the benchmark's results."""
+
+FACT_SEARCH_SQL = (
+    f"to_tsvector('{SEARCH_CONFIG}'::regconfig,"
+    " subject || ' ' || replace(predicate, '_', ' ') || ' ' || object)"
+)
+"""A fact is searched by the words of its subject, predicate (``lives_in``: "lives in") and
+object."""
+
+TURN_OUTCOME = "turn"
+"""``episodes.outcome`` of a turn (``worker.user_memory``): a turn has no outcome of its own."""
 
 EPISODES_FILLFACTOR = 50
 """Room on each page for a second version of its rows, so marking an episode announced (the
@@ -161,12 +176,29 @@ class Episode(Base):
     announced_at: Mapped[datetime | None] = mapped_column(
         doc="When episode.recorded was published; null while it is owed (an outbox flag)."
     )
+    turn_id: Mapped[str | None] = mapped_column(
+        doc="A turn's own id (LoomFlow's Episode.id); null for a session's episode."
+    )
+    input: Mapped[str | None]
+    output: Mapped[str | None]
+    tool_calls: Mapped[list[Any] | None]
+    tool_transcript: Mapped[list[Any] | None]
+    consolidated_at: Mapped[datetime | None] = mapped_column(
+        doc="When the fact extractor ran on it (``Memory.consolidate``); null: not yet."
+    )
     search_vector: Mapped[str] = mapped_column(
         TSVECTOR(), Computed(SEARCH_VECTOR_SQL, persisted=True), deferred=True
     )
 
     __table_args__ = (
-        UniqueConstraint("project_id", "session_id"),
+        Index(
+            "uq_episodes_project_id_session_id",
+            "project_id",
+            "session_id",
+            unique=True,
+            postgresql_where=text("turn_id IS NULL"),
+        ),
+        UniqueConstraint("project_id", "turn_id"),
         Index(None, "project_id", "occurred_at"),
         Index(None, "project_id", "user_id", "occurred_at"),
         Index("ix_episodes_search_vector", "search_vector", postgresql_using="gin"),
@@ -214,5 +246,63 @@ class Erasure(Base):
     cutoff: Mapped[datetime]
     forgotten_at: Mapped[datetime] = mapped_column(server_default=func.now())
     counts: Mapped[dict[str, Any]] = mapped_column(server_default=text("'{}'::jsonb"))
+    user_id: Mapped[str | None] = mapped_column(doc="The user the forget named (null: none).")
 
     __table_args__ = (Index(None, "project_id", "session_id"),)
+
+
+class MemoryBlockRow(Base):
+    """A user's pinned block (``worker.user_memory.blocks``); ``user_key`` '' is anonymous."""
+
+    __tablename__ = "memory_blocks"
+
+    project_id: Mapped[str] = mapped_column(primary_key=True)
+    user_key: Mapped[str] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(primary_key=True)
+    content: Mapped[str]
+    pinned_order: Mapped[int]
+    updated_at: Mapped[datetime] = mapped_column(server_default=func.now())
+
+
+class FactRow(Base):
+    """A bi-temporal fact (``worker.user_memory.facts``): LoomFlow's ``Fact``, per project."""
+
+    __tablename__ = "facts"
+
+    project_id: Mapped[str] = mapped_column(primary_key=True)
+    id: Mapped[str] = mapped_column(primary_key=True)
+    user_id: Mapped[str | None]
+    subject: Mapped[str]
+    predicate: Mapped[str]
+    object: Mapped[str]
+    confidence: Mapped[float]
+    valid_from: Mapped[datetime]
+    valid_until: Mapped[datetime | None]
+    recorded_at: Mapped[datetime]
+    sources: Mapped[list[Any]] = mapped_column(server_default=text("'[]'::jsonb"))
+    embedding: Mapped[list[float] | None] = mapped_column(
+        ARRAY(Double()), doc="The triple's vector (``FactStore`` with an embedder); null: none."
+    )
+    embedding_model: Mapped[str | None]
+    search_vector: Mapped[str] = mapped_column(
+        TSVECTOR(), Computed(FACT_SEARCH_SQL, persisted=True), deferred=True
+    )
+
+    __table_args__ = (
+        Index(None, "project_id", "user_id", "subject", "predicate"),
+        Index(None, "project_id", "user_id", "recorded_at"),
+        Index("ix_facts_search_vector", "search_vector", postgresql_using="gin"),
+    )
+
+
+class MemoryChange(Base):
+    """The change feed's outbox (``worker.user_memory.changes``): an event committed with its
+    change, deleted once published on the project's changes stream."""
+
+    __tablename__ = "memory_changes"
+
+    seq: Mapped[int] = mapped_column(Identity(always=True), primary_key=True)
+    project_id: Mapped[str]
+    payload: Mapped[dict[str, Any]]
+
+    __table_args__ = (Index(None, "project_id", "seq"),)

@@ -103,12 +103,15 @@ def _is_forgotten_event(entry: StreamEntry) -> bool:
 
 
 SELECT_UNINDEXED = f"""
-SELECT e.id::text AS id, e.task_description, e.lessons_learned, e.context_summary
+SELECT e.id::text AS id, e.project_id, e.user_id, e.turn_id,
+    coalesce(e.task_description, e.input) AS task_description, e.lessons_learned,
+    coalesce(e.output || E'\n', '') || e.context_summary AS context_summary
 FROM episodes e
 LEFT JOIN {VECTOR_TABLE} v ON v.episode_id = e.id AND v.model = :model
 WHERE e.id = ANY(CAST(:ids AS uuid[])) AND v.episode_id IS NULL AND {NOT_ERASED}
 """
-"""Episodes to embed: announced, without a vector of the model, and not covered by an erasure
+"""Episodes to embed (a turn as its input and output): announced, without a vector of the
+model, and not covered by an erasure
 (``worker.db.erasures``: ``memworker forget`` deletes them; the check keeps a replayed
 announcement from embedding anything it covers)."""
 

@@ -1,0 +1,126 @@
+"""Pinned blocks: a user's always-in-context text, named, in pin order (``memory_blocks``).
+
+Kept in Postgres, not Redis: a block must survive a Redis restart without persistence, and
+every process must read what another wrote at once; an indexed read by primary key answers
+well within the 2 ms ``working()`` budget (bench/user_memory.py), so a cache in Redis would be
+one more copy to keep coherent and to forget, for nothing. Blocks cost Redis nothing but their
+``block.updated`` events on the change feed.
+
+Order (LoomFlow's): a new block takes the next pin slot (one past the highest the user has),
+an update or append keeps its slot. Writes of one user are serialised by a transaction-scoped
+advisory lock, so concurrent appends from any number of tasks or processes lose nothing and
+two new blocks never share a slot. A block holds at most ``MEMWORKER_MAX_VALUE_BYTES`` (UTF-8):
+a write past it is refused with a ``ValueError`` and changes nothing.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from worker.episodes.changes import change_event, owe
+from worker.user_memory.models import MemoryBlock
+
+_LOCK = text(
+    "SELECT pg_advisory_xact_lock(hashtextextended('memory_blocks/' || :p || '/' || :u, 0))"
+)
+_WRITE = """
+INSERT INTO memory_blocks (project_id, user_key, name, content, pinned_order, updated_at)
+VALUES (:p, :u, :n, :c, (SELECT coalesce(max(pinned_order) + 1, 0) FROM memory_blocks
+                         WHERE project_id = :p AND user_key = :u), now())
+ON CONFLICT (project_id, user_key, name) DO UPDATE SET content = {content}, updated_at = now()
+    WHERE octet_length({content}) <= :max
+RETURNING pinned_order, octet_length(content) AS size
+"""
+_REPLACE = text(_WRITE.format(content="EXCLUDED.content"))
+_APPEND = text(_WRITE.format(content="memory_blocks.content || EXCLUDED.content"))
+_READ = text(
+    "SELECT name, content, updated_at, pinned_order FROM memory_blocks"
+    " WHERE project_id = :p AND user_key = :u ORDER BY pinned_order, name"
+)
+_DELETE = text(
+    "DELETE FROM memory_blocks WHERE project_id = :p AND user_key = :u"
+    " AND (CAST(:before AS timestamptz) IS NULL OR updated_at < :before) RETURNING name"
+)
+
+
+def user_key(user_id: str | None) -> str:
+    """``memory_blocks.user_key``: the user id, '' for the anonymous bucket."""
+    return "" if user_id is None else user_id
+
+
+class BlockTooLargeError(ValueError):
+    """A block write that would take the block past ``MEMWORKER_MAX_VALUE_BYTES``."""
+
+
+async def write_block(
+    engine: AsyncEngine,
+    project_id: str,
+    user_id: str | None,
+    name: str,
+    content: str,
+    *,
+    append: bool,
+    max_bytes: int,
+) -> None:
+    """Replace (or append to) a block, creating it in the next slot; one ``block.updated``."""
+    if not isinstance(name, str) or not name:
+        raise ValueError("a block needs a non-empty name")
+    if not isinstance(content, str):
+        raise TypeError(f"block content must be text, not {type(content).__name__}")
+    if len(content.encode()) > max_bytes:
+        raise BlockTooLargeError(
+            f"block {name!r} would hold more than {max_bytes} bytes (MEMWORKER_MAX_VALUE_BYTES)"
+        )
+    key = user_key(user_id)
+    async with engine.begin() as conn:
+        await conn.execute(_LOCK, {"p": project_id, "u": key})
+        row = (
+            await conn.execute(
+                _APPEND if append else _REPLACE,
+                {"p": project_id, "u": key, "n": name, "c": content, "max": max_bytes},
+            )
+        ).first()
+        if row is None:
+            raise BlockTooLargeError(
+                f"appending to block {name!r} would take it past {max_bytes} bytes"
+                " (MEMWORKER_MAX_VALUE_BYTES); nothing was changed"
+            )
+        await owe(
+            conn,
+            project_id,
+            [
+                change_event(
+                    "block.updated",
+                    project_id,
+                    user_id,
+                    f"{key}/{name}",
+                    name=name,
+                    pinned_order=row.pinned_order,
+                    change="append" if append else "replace",
+                    size=row.size,
+                )
+            ],
+        )
+
+
+async def read_blocks(
+    conn: AsyncConnection, project_id: str, user_id: str | None
+) -> list[MemoryBlock]:
+    rows = await conn.execute(_READ, {"p": project_id, "u": user_key(user_id)})
+    return [
+        MemoryBlock(
+            name=r.name, content=r.content, updated_at=r.updated_at, pinned_order=r.pinned_order
+        )
+        for r in rows
+    ]
+
+
+async def delete_blocks(
+    conn: AsyncConnection, project_id: str, user_id: str | None, before: datetime | None
+) -> int:
+    """Remove the user's blocks (those last updated before ``before``); how many."""
+    rows = await conn.execute(_DELETE, {"p": project_id, "u": user_key(user_id), "before": before})
+    return len(rows.all())

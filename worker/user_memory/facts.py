@@ -1,0 +1,363 @@
+"""Bi-temporal facts (``facts``): LoomFlow's ``FactStore`` on Postgres, one per project.
+
+``append`` follows LoomFlow's valid-time supersession (Zep/Graphiti's rule): a stored fact of
+the same user, subject and predicate with a different object whose validity overlaps the new
+one's is closed where the new one begins (or, when the new one is an older, backfilled claim,
+the new one is closed where the stored one begins). Nothing is deleted: history stays.
+
+Where LoomFlow leaves a choice, a shared durable store takes this one: **the same claim twice
+is one fact**. Appending a fact whose user, subject, predicate and object match a stored fact
+whose validity covers the new ``valid_from`` returns the stored fact's id (its sources gain the
+new ones); no row is added. So an extractor that runs again over the same episodes adds
+nothing. Appends of one (user, subject, predicate) are serialised by an advisory lock, so
+concurrent writers never leave two facts valid at once for one predicate.
+
+``recall_text`` ranks among the user's facts valid at ``valid_at``:
+
+- **by meaning** when the store has an embedder (``FactStore(embedder=...)``, LoomFlow's or
+  ours): each appended fact's triple ("subject predicate object") is embedded and kept with it
+  (``facts.embedding``, a plain ``float8[]``: no pgvector needed), and facts are ranked by the
+  cosine to the query's vector, facts without a vector of that model left out, as LoomFlow
+  does. The cosine is computed here over the user's candidate facts: a user's facts are few
+  (hundreds, thousands); past ~10k per user this wants an index;
+- **by words** otherwise (Postgres full text, English stemming, any word of the query);
+- an empty query gives the most recently recorded.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+from typing import Any
+
+import orjson
+from sqlalchemy import text
+from sqlalchemy.engine import Row
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from worker.db.models import SEARCH_CONFIG
+from worker.episodes.changes import change_event, owe
+from worker.user_memory.models import (
+    Fact,
+    as_fact,
+    as_utc,
+    normalize_predicate,
+    warn_isolation,
+)
+
+_COLUMNS = (
+    "id, user_id, subject, predicate, object, confidence, valid_from, valid_until,"
+    " recorded_at, sources"
+)
+_LOCK = text(
+    "SELECT pg_advisory_xact_lock(hashtextextended("
+    "'facts/' || :p || '/' || coalesce(CAST(:u AS text), '') || '/' || :s || '/' || :r, 0))"
+)
+_SAME_KEY = text(
+    f"SELECT {_COLUMNS} FROM facts WHERE project_id = :p AND user_id IS NOT DISTINCT FROM :u"
+    " AND subject = :s AND predicate = :r FOR UPDATE"
+)
+_CLOSE = text("UPDATE facts SET valid_until = :until WHERE project_id = :p AND id = :id")
+_ADD_SOURCES = text(
+    "UPDATE facts SET sources = (SELECT coalesce(jsonb_agg(DISTINCT s), '[]'::jsonb)"
+    " FROM jsonb_array_elements(sources || CAST(:src AS jsonb)) AS s)"
+    " WHERE project_id = :p AND id = :id"
+)
+_INSERT = text(
+    f"INSERT INTO facts (project_id, {_COLUMNS}, embedding, embedding_model) VALUES (:p, :id,"
+    " :u, :s, :r, :o, :c, :vf, :vu, :ra, CAST(:src AS jsonb), :vec, :model)"
+    " ON CONFLICT (project_id, id) DO NOTHING RETURNING id"
+)
+
+
+def _user(user_id: str | None) -> str:
+    return "user_id IS NULL" if user_id is None else "user_id = :u"
+
+
+def fact_from_row(row: Row[Any]) -> Fact:
+    return Fact(
+        id=row.id,
+        user_id=row.user_id,
+        subject=row.subject,
+        predicate=row.predicate,
+        object=row.object,
+        confidence=row.confidence,
+        valid_from=row.valid_from,
+        valid_until=row.valid_until,
+        recorded_at=row.recorded_at,
+        sources=list(row.sources or []),
+    )
+
+
+def _valid_at(fact: Fact, when: datetime) -> bool:
+    return fact.valid_from <= when and (fact.valid_until is None or when < fact.valid_until)
+
+
+def _overlap(a: Fact, b: Fact) -> bool:
+    return (a.valid_until is None or a.valid_until > b.valid_from) and (
+        b.valid_until is None or b.valid_until > a.valid_from
+    )
+
+
+def plan_supersession(
+    incoming: Fact, same_key: Iterable[Fact]
+) -> tuple[dict[str, datetime], datetime | None]:
+    """``({stored id: its new valid_until}, incoming's valid_until)``: LoomFlow's rule."""
+    closes: dict[str, datetime] = {}
+    until = incoming.valid_until
+    for stored in same_key:
+        if stored.id == incoming.id or stored.object == incoming.object:
+            continue
+        if not _overlap(stored, incoming):
+            continue
+        if stored.valid_from <= incoming.valid_from:
+            closes[stored.id] = incoming.valid_from
+        elif until is None or until > stored.valid_from:
+            until = stored.valid_from
+    return closes, until
+
+
+async def embed_texts(embedder: Any, texts: list[str]) -> list[list[float]]:
+    """Vectors of ``texts`` from a LoomFlow embedder (``embed_batch``) or ours (``embed``)."""
+    batch = getattr(embedder, "embed_batch", None)
+    vectors = await (batch(texts) if callable(batch) else embedder.embed(texts))
+    return [[float(x) for x in v] for v in vectors]
+
+
+def model_name(embedder: Any) -> str:
+    name = getattr(embedder, "name", None)
+    return name if isinstance(name, str) and name else type(embedder).__qualname__
+
+
+def cosine(a: Sequence[float], b: Sequence[float]) -> float:
+    dot = sum(x * y for x, y in zip(a, b, strict=False))
+    norm = math.sqrt(sum(x * x for x in a)) * math.sqrt(sum(y * y for y in b))
+    return dot / norm if norm else 0.0
+
+
+def triple_text(fact: Fact) -> str:
+    return f"{fact.subject} {fact.predicate} {fact.object}"
+
+
+class FactStore:
+    """LoomFlow's ``FactStore`` protocol over the ``facts`` table of one project."""
+
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        project_id: str,
+        after_change: Any = None,
+        *,
+        embedder: Any = None,
+    ) -> None:
+        self.engine = engine
+        self.project_id = project_id
+        self._after_change = after_change
+        self.embedder = embedder
+
+    async def append(self, fact: Fact) -> str:
+        """Store ``fact`` (LoomFlow's ``Fact`` too), superseding what it contradicts; its id
+        (the stored one when the same claim is there already)."""
+        [fact_id] = await self.append_many([fact])
+        return fact_id
+
+    async def append_many(self, facts: Iterable[Fact]) -> list[str]:
+        """``append`` for each, in one transaction; their ids in order."""
+        ids: list[str] = []
+        batch = [as_fact(f) for f in facts]
+        if not batch:
+            return ids
+        vectors: list[list[float] | None] = [None] * len(batch)
+        if self.embedder is not None:  # outside the transaction: it may call a server
+            vectors = list(await embed_texts(self.embedder, [triple_text(f) for f in batch]))
+        async with self.engine.begin() as conn:
+            for fact, vector in zip(batch, vectors, strict=True):
+                ids.append(await self._append(conn, fact, vector))
+        if self._after_change is not None:
+            await self._after_change()
+        return ids
+
+    async def _append(self, conn: AsyncConnection, fact: Fact, vector: list[float] | None) -> str:
+        key = {"p": self.project_id, "u": fact.user_id, "s": fact.subject, "r": fact.predicate}
+        await conn.execute(_LOCK, key)
+        stored = [fact_from_row(r) for r in await conn.execute(_SAME_KEY, key)]
+        for same in stored:
+            if same.id == fact.id or (
+                same.object == fact.object and _valid_at(same, fact.valid_from)
+            ):
+                await conn.execute(
+                    _ADD_SOURCES,
+                    {
+                        "p": self.project_id,
+                        "id": same.id,
+                        "src": orjson.dumps(fact.sources).decode(),
+                    },
+                )
+                return same.id
+        closes, until = plan_supersession(fact, stored)
+        events = []
+        for stored_id, valid_until in closes.items():
+            await conn.execute(
+                _CLOSE, {"p": self.project_id, "id": stored_id, "until": valid_until}
+            )
+            events.append(
+                change_event(
+                    "fact.superseded",
+                    self.project_id,
+                    fact.user_id,
+                    stored_id,
+                    fact_id=stored_id,
+                    superseded_by=fact.id,
+                    valid_until=valid_until.isoformat(),
+                )
+            )
+        await conn.execute(
+            _INSERT,
+            {
+                **key,
+                "id": fact.id,
+                "o": fact.object,
+                "c": float(fact.confidence),
+                "vf": fact.valid_from,
+                "vu": until,
+                "ra": fact.recorded_at,
+                "src": orjson.dumps(fact.sources).decode(),
+                "vec": vector,
+                "model": None if vector is None else model_name(self.embedder),
+            },
+        )
+        events.insert(
+            0, change_event("fact.added", self.project_id, fact.user_id, fact.id, fact_id=fact.id)
+        )
+        await owe(conn, self.project_id, events)
+        return fact.id
+
+    async def query(
+        self,
+        *,
+        subject: str | None = None,
+        predicate: str | None = None,
+        object_: str | None = None,
+        valid_at: datetime | None = None,
+        limit: int = 10,
+        user_id: str | None = None,
+    ) -> list[Fact]:
+        """The user's facts matching every filter given, most recently recorded first."""
+        where = ["project_id = :p", _user(user_id)]
+        params: dict[str, Any] = {"p": self.project_id, "u": user_id, "n": max(0, limit)}
+        for column, value in (("subject", subject), ("object", object_)):
+            if value is not None:
+                where.append(f"{column} = :{column}")
+                params[column] = value
+        if predicate is not None:
+            where.append("predicate = :predicate")
+            params["predicate"] = normalize_predicate(predicate)
+        if valid_at is not None:
+            where.append("valid_from <= :at AND (valid_until IS NULL OR valid_until > :at)")
+            params["at"] = as_utc(valid_at)
+        statement = text(
+            f"SELECT {_COLUMNS} FROM facts WHERE {' AND '.join(where)}"
+            " ORDER BY recorded_at DESC, id DESC LIMIT :n"
+        )
+        async with self.engine.connect() as conn:
+            return [fact_from_row(r) for r in await conn.execute(statement, params)]
+
+    async def recall_text(
+        self,
+        query: str,
+        *,
+        limit: int = 5,
+        valid_at: datetime | None = None,
+        user_id: str | None = None,
+    ) -> list[Fact]:
+        """The user's facts valid at ``valid_at`` best matching ``query``'s words."""
+        if user_id is None and await self._has_named_users():
+            warn_isolation(
+                "FactStore.recall_text called without user_id, but the store contains facts for"
+                " one or more named users; only anonymous facts are searched. Did you forget"
+                " to pass user_id=?",
+                stacklevel=3,
+            )
+        where = ["project_id = :p", _user(user_id)]
+        params: dict[str, Any] = {"p": self.project_id, "u": user_id, "n": max(0, limit)}
+        if valid_at is not None:
+            where.append("valid_from <= :at AND (valid_until IS NULL OR valid_until > :at)")
+            params["at"] = as_utc(valid_at)
+        if query.strip() and self.embedder is not None:
+            return await self._recall_by_meaning(query, where, params, limit)
+        if not query.strip():
+            order = "recorded_at DESC, id DESC"
+        else:
+            words = (
+                f"CAST(replace(CAST(plainto_tsquery('{SEARCH_CONFIG}', :q) AS text), '&', '|')"
+                " AS tsquery)"
+            )
+            where.append(f"search_vector @@ {words}")
+            order = f"ts_rank(search_vector, {words}) DESC, length(subject || object), id"
+            params["q"] = query
+        statement = text(
+            f"SELECT {_COLUMNS} FROM facts WHERE {' AND '.join(where)} ORDER BY {order} LIMIT :n"
+        )
+        async with self.engine.connect() as conn:
+            return [fact_from_row(r) for r in await conn.execute(statement, params)]
+
+    async def _recall_by_meaning(
+        self, query: str, where: list[str], params: dict[str, Any], limit: int
+    ) -> list[Fact]:
+        [wanted] = await embed_texts(self.embedder, [query])
+        params["model"] = model_name(self.embedder)
+        statement = text(
+            f"SELECT {_COLUMNS}, embedding FROM facts WHERE {' AND '.join(where)}"
+            " AND embedding_model = :model"
+        )
+        async with self.engine.connect() as conn:
+            rows = (await conn.execute(statement, params)).all()
+        ranked = sorted(rows, key=lambda r: (-cosine(wanted, r.embedding), r.id))
+        return [fact_from_row(r) for r in ranked[: max(0, limit)]]
+
+    async def _has_named_users(self) -> bool:
+        statement = text(
+            "SELECT 1 FROM facts WHERE project_id = :p AND user_id IS NOT NULL LIMIT 1"
+        )
+        async with self.engine.connect() as conn:
+            return (await conn.execute(statement, {"p": self.project_id})).first() is not None
+
+    async def all_facts(self) -> list[Fact]:
+        """Every fact of the project, every user's, oldest recorded first."""
+        statement = text(
+            f"SELECT {_COLUMNS} FROM facts WHERE project_id = :p ORDER BY recorded_at, id"
+        )
+        async with self.engine.connect() as conn:
+            return [fact_from_row(r) for r in await conn.execute(statement, {"p": self.project_id})]
+
+    async def delete(self, *, user_id: str | None = None, before: datetime | None = None) -> int:
+        """Remove the user's facts (those recorded before ``before``); how many."""
+        async with self.engine.begin() as conn:
+            return await delete_facts(conn, self.project_id, user_id, before)
+
+    async def count(self, *, user_id: str | None = None) -> int:
+        statement = text(f"SELECT count(*) FROM facts WHERE project_id = :p AND {_user(user_id)}")
+        async with self.engine.connect() as conn:
+            return int(
+                (await conn.execute(statement, {"p": self.project_id, "u": user_id})).scalar_one()
+            )
+
+    async def aclose(self) -> None:
+        """Nothing to close: the ``Memory`` that made this store owns its connections."""
+
+
+async def delete_facts(
+    conn: AsyncConnection, project_id: str, user_id: str | None, before: datetime | None
+) -> int:
+    where = f"project_id = :p AND {_user(user_id)}"
+    params: dict[str, Any] = {"p": project_id, "u": user_id}
+    if before is not None:
+        where += " AND recorded_at < :before"
+        params["before"] = as_utc(before)
+    rows = await conn.execute(text(f"DELETE FROM facts WHERE {where} RETURNING id"), params)
+    return len(rows.all())
+
+
+def facts_sorted(facts: Sequence[Fact]) -> list[Fact]:
+    return sorted(facts, key=lambda f: (f.recorded_at, f.id))

@@ -1,0 +1,430 @@
+"""``Memory``: LoomFlow 0.20's ``Memory`` protocol on memworker's Postgres and Redis.
+
+What an agent knows about a user across sessions: pinned blocks (``blocks``), one episode per
+turn beside the sessions' episodes (``turns``, ``recall``), bi-temporal facts (``facts``),
+session continuity, a profile, export and forget, and a pluggable fact extractor
+(``extractors``). Every change is published on the change feed (``changes``).
+
+``user_id`` is a hard partition of blocks, episodes and facts; ``None`` is its own bucket. A
+recall without ``user_id`` on a project holding named users' episodes sees only anonymous ones
+and warns ``IsolationWarning``, as LoomFlow does. One ``Memory`` serves one project
+(``project_id``): nothing it does reads or removes another project's rows.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from types import TracebackType
+from typing import Any
+
+from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from worker.connections import client_for
+from worker.db.batch import mark_announced
+from worker.db.engine import create_database_engine
+from worker.db.vectors import VECTOR_TABLE, has_vector_table
+from worker.episodes.announcements import Announcement
+from worker.episodes.changes import change_event, owe, publish_owed
+from worker.episodes.embedding import Embedder, EmbeddingError, embedder_from_settings
+from worker.ids import validate_id
+from worker.keys import episodes_stream
+from worker.logs import get_logger
+from worker.settings import Settings
+from worker.user_memory import blocks, turns
+from worker.user_memory.extractors import Extractor, run_extractor
+from worker.user_memory.facts import FactStore, delete_facts
+from worker.user_memory.models import (
+    Episode,
+    EpisodeMatch,
+    Fact,
+    MemoryBlock,
+    MemoryExport,
+    MemoryProfile,
+    Message,
+    as_episode,
+    warn_isolation,
+)
+from worker.user_memory.recall import embed_query, recall_scored
+
+log = get_logger("worker.user_memory")
+
+
+class Memory:
+    """A project's user memory (module doc). Usable as ``async with Memory("p") as memory``.
+
+    ``settings``: connection settings as everywhere else (``MEMWORKER_*`` when omitted).
+    ``consolidator``: the fact extractor ``consolidate()`` runs (LoomFlow's ``Consolidator``
+    shape, or ``worker.user_memory.extractors.LessonsExtractor``); none: ``consolidate()`` does
+    nothing. ``fact_store``: another LoomFlow ``FactStore`` to keep facts in (LoomFlow's
+    argument; profile, export and forget then go through its methods). ``embedder``: what
+    queries are embedded with for recall by meaning (default: the settings' model, loaded only
+    once the project has vectors of it). ``engine``/``redis``: share connections you already
+    have (then ``close`` leaves them open).
+    """
+
+    def __init__(
+        self,
+        project_id: str,
+        *,
+        settings: Settings | None = None,
+        consolidator: Extractor | None = None,
+        fact_store: Any | None = None,
+        embedder: Embedder | None = None,
+        engine: AsyncEngine | None = None,
+        redis: Redis | RedisCluster | None = None,
+    ) -> None:
+        self.project_id = validate_id(project_id, "project_id")
+        self.settings = settings or Settings()
+        self._owned: list[Any] = []
+        if engine is None:
+            engine = create_database_engine(self.settings.database_url)
+            self._owned.append(engine.dispose)
+        if redis is None:
+            redis = client_for(self.settings)
+            self._owned.append(redis.aclose)
+        self.engine = engine
+        self.redis = redis
+        self._consolidator = consolidator
+        self._embedder = embedder
+        self._vectors = False
+        self.facts: Any = fact_store or FactStore(
+            engine, self.project_id, after_change=self.flush_changes, embedder=embedder
+        )
+        """LoomFlow's ``FactStore``: ours (the ``facts`` table) unless ``fact_store`` is given."""
+
+    async def __aenter__(self) -> Memory:
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Publish what the change feed still owes (best effort), then close the connections
+        this memory opened."""
+        try:
+            await self.flush_changes()
+        except Exception as exc:
+            log.warning("change feed not flushed on close", error=str(exc).splitlines()[:1])
+        for closer in reversed(self._owned):
+            await closer()
+        self._owned.clear()
+
+    async def flush_changes(self) -> int:
+        """Publish the project's owed change events (``changes``); how many."""
+        return await publish_owed(
+            self.engine,
+            self.redis,
+            self.settings.stream_prefix,
+            self.settings.shards,
+            self.project_id,
+        )
+
+    # -- working blocks ---------------------------------------------------------------------
+
+    async def working(self, *, user_id: str | None = None) -> list[MemoryBlock]:
+        """The user's pinned blocks, in pin order."""
+        async with self.engine.connect() as conn:
+            return await blocks.read_blocks(conn, self.project_id, user_id)
+
+    async def update_block(self, name: str, content: str, *, user_id: str | None = None) -> None:
+        """Replace a block's content (creating it in the next pin slot)."""
+        await self._write_block(name, content, user_id, append=False)
+
+    async def append_block(self, name: str, content: str, *, user_id: str | None = None) -> None:
+        """Append to a block (creating it in the next pin slot); concurrent appends all land."""
+        await self._write_block(name, content, user_id, append=True)
+
+    async def _write_block(
+        self, name: str, content: str, user_id: str | None, *, append: bool
+    ) -> None:
+        await blocks.write_block(
+            self.engine,
+            self.project_id,
+            user_id,
+            name,
+            content,
+            append=append,
+            max_bytes=self.settings.max_value_bytes,
+        )
+        await self._flush_quietly()
+
+    # -- episodes ---------------------------------------------------------------------------
+
+    async def remember(self, episode: Episode) -> str:
+        """Store a turn (LoomFlow's ``Episode`` too), once; its id (``turns`` module doc)."""
+        episode = as_episode(episode)
+        row_id = turns.turn_uuid(self.project_id, episode.id)
+        async with self.engine.begin() as conn:
+            new = await turns.insert_turn(conn, self.project_id, episode)
+            if new:
+                await owe(
+                    conn,
+                    self.project_id,
+                    [
+                        change_event(
+                            "episode.remembered",
+                            self.project_id,
+                            episode.user_id,
+                            episode.id,
+                            episode_id=episode.id,
+                            session_id=episode.session_id,
+                        )
+                    ],
+                )
+            owed = (
+                await conn.execute(
+                    text("SELECT announced_at IS NULL FROM episodes WHERE id = :id"), {"id": row_id}
+                )
+            ).scalar()
+        if owed:
+            await self._announce(row_id, episode)
+        await self._flush_quietly()
+        return episode.id
+
+    async def _announce(self, row_id: Any, episode: Episode) -> None:
+        """``episode.recorded`` on ``P:episodes`` so the indexer embeds the turn; a Redis that
+        refuses leaves it owed to the consolidator's relay (``announced_at`` stays null)."""
+        source = f"{turns.TURN_SOURCE_PREFIX}{self.project_id}/{episode.id}"
+        announcement = Announcement(row_id, self.project_id, episode.session_id, source)
+        try:
+            await self.redis.xadd(
+                episodes_stream(self.settings.stream_prefix), {"data": announcement.wire()}
+            )
+        except Exception as exc:
+            log.warning("episode.recorded owed to the relay", error=str(exc).splitlines()[:1])
+            return
+        async with self.engine.begin() as conn:
+            await mark_announced(conn, [row_id])
+
+    async def recall(
+        self,
+        query: str,
+        *,
+        kind: str = "episodic",
+        limit: int = 5,
+        time_range: tuple[datetime, datetime] | None = None,
+        user_id: str | None = None,
+    ) -> list[Episode]:
+        """The user's episodes best matching ``query`` (``recall_scored`` without scores)."""
+        matches = await self._recall(query, limit, time_range, user_id, 0.5)
+        return [m.episode for m in matches]
+
+    async def recall_scored(
+        self,
+        query: str,
+        *,
+        kind: str = "episodic",
+        limit: int = 5,
+        time_range: tuple[datetime, datetime] | None = None,
+        user_id: str | None = None,
+        alpha: float = 0.5,
+    ) -> list[EpisodeMatch]:
+        """The user's episodes best matching ``query`` with their scores (``recall`` module)."""
+        return await self._recall(query, limit, time_range, user_id, alpha)
+
+    async def _recall(
+        self,
+        query: str,
+        limit: int,
+        time_range: tuple[datetime, datetime] | None,
+        user_id: str | None,
+        alpha: float,
+    ) -> list[EpisodeMatch]:
+        if user_id is None and await self._has_named_users():
+            warn_isolation(
+                "Memory.recall called without user_id, but the store contains episodes for one"
+                " or more named users. The anonymous bucket is partitioned from named-user"
+                " buckets, so this query will only see anonymous episodes. Did you forget to"
+                " pass user_id=?",
+                stacklevel=3,
+            )
+        embedder = await self._query_embedder()
+        vector = None
+        if embedder is not None and alpha > 0.0:
+            try:
+                vector = await embed_query(embedder, query)
+            except EmbeddingError as exc:
+                log.warning("recall by words only: the embedder failed", error=str(exc))
+        async with self.engine.begin() as conn:
+            return await recall_scored(
+                conn,
+                self.project_id,
+                query,
+                limit=limit,
+                time_range=time_range,
+                user_id=user_id,
+                alpha=alpha,
+                query_vector=vector,
+                model=None if embedder is None else embedder.name,
+            )
+
+    async def _has_named_users(self) -> bool:
+        statement = text(
+            "SELECT 1 FROM episodes WHERE project_id = :p AND user_id IS NOT NULL LIMIT 1"
+        )
+        async with self.engine.connect() as conn:
+            return (await conn.execute(statement, {"p": self.project_id})).first() is not None
+
+    async def _query_embedder(self) -> Embedder | None:
+        """The embedder for queries, once the project has vectors to compare with."""
+        if self._vectors:
+            return self._embedder
+        embedder = self._embedder or embedder_from_settings(self.settings)
+        async with self.engine.connect() as conn:
+            if not await has_vector_table(conn):
+                return None
+            found = await conn.execute(
+                text(f"SELECT 1 FROM {VECTOR_TABLE} WHERE project_id = :p AND model = :m LIMIT 1"),
+                {"p": self.project_id, "m": embedder.name},
+            )
+            if found.first() is None:
+                return None
+        self._embedder, self._vectors = embedder, True
+        return embedder
+
+    async def recall_facts(
+        self,
+        query: str,
+        *,
+        limit: int = 5,
+        valid_at: datetime | None = None,
+        user_id: str | None = None,
+    ) -> list[Fact]:
+        """The user's facts valid at ``valid_at`` best matching ``query``."""
+        found = await self.facts.recall_text(query, limit=limit, valid_at=valid_at, user_id=user_id)
+        return list(found)
+
+    async def session_messages(
+        self, session_id: str, *, user_id: str | None = None, limit: int = 20
+    ) -> list[Message]:
+        """The session's last ``limit // 2`` turns as messages, oldest first."""
+        async with self.engine.connect() as conn:
+            recent = await turns.episodes_of(
+                conn,
+                self.project_id,
+                user_id,
+                session_id=session_id,
+                newest_first=True,
+                limit=max(1, limit // 2),
+            )
+        return turns.session_messages_of(list(reversed(recent)))
+
+    # -- profile, export, forget ------------------------------------------------------------
+
+    async def profile(self, *, user_id: str | None = None) -> MemoryProfile:
+        """Counts, the ten most recent distinct sessions (newest first), last seen, and the
+        ten most recently recorded facts."""
+        where = f"project_id = :p AND {turns.partition(user_id)}"
+        params = {"p": self.project_id, "u": user_id}
+        async with self.engine.connect() as conn:
+            count, last_seen = (
+                await conn.execute(
+                    text(f"SELECT count(*), max(occurred_at) FROM episodes WHERE {where}"), params
+                )
+            ).one()
+            sessions = await conn.execute(
+                text(
+                    f"SELECT session_id FROM episodes WHERE {where} GROUP BY session_id"
+                    " ORDER BY max(occurred_at) DESC, session_id LIMIT 10"
+                ),
+                params,
+            )
+            recent = [r.session_id for r in sessions]
+        return MemoryProfile(
+            user_id=user_id,
+            episode_count=int(count),
+            fact_count=await self.facts.count(user_id=user_id),
+            last_seen=last_seen,
+            recent_sessions=recent,
+            sample_facts=await self.facts.query(user_id=user_id, limit=10),
+        )
+
+    async def export(self, *, user_id: str | None = None) -> MemoryExport:
+        """Everything kept about the user: episodes (oldest first), facts, blocks."""
+        async with self.engine.connect() as conn:
+            episodes = await turns.episodes_of(conn, self.project_id, user_id)
+            user_blocks = await blocks.read_blocks(conn, self.project_id, user_id)
+        facts = await self.facts.query(user_id=user_id, limit=1_000_000)
+        return MemoryExport(
+            user_id=user_id,
+            episodes=episodes,
+            facts=sorted(facts, key=lambda f: (f.recorded_at, f.id)),
+            blocks=user_blocks,
+        )
+
+    async def forget(
+        self,
+        *,
+        user_id: str | None = None,
+        session_id: str | None = None,
+        before: datetime | None = None,
+    ) -> int:
+        """Remove the user's episodes (of one session, or older than ``before``) with their
+        vectors; without ``session_id`` their facts and blocks too. How many items went."""
+        where = f"project_id = :p AND {turns.partition(user_id)}"
+        params: dict[str, Any] = {"p": self.project_id, "u": user_id}
+        if session_id is not None:
+            where += " AND session_id = :s"
+            params["s"] = session_id
+        if before is not None:
+            where += " AND occurred_at < :before"
+            params["before"] = before
+        async with self.engine.begin() as conn:
+            removed = len(
+                (
+                    await conn.execute(
+                        text(f"DELETE FROM episodes WHERE {where} RETURNING id"), params
+                    )
+                ).all()
+            )
+            counts = {"episodes": removed, "facts": 0, "blocks": 0}
+            if session_id is None:
+                counts["facts"] = await self._delete_facts(conn, user_id, before)
+                counts["blocks"] = await blocks.delete_blocks(
+                    conn, self.project_id, user_id, before
+                )
+            await owe(
+                conn,
+                self.project_id,
+                [
+                    change_event(
+                        "memory.forgotten",
+                        self.project_id,
+                        user_id,
+                        f"{user_id}/{session_id}",
+                        session_id=session_id,
+                        before=None if before is None else before.isoformat(),
+                        counts=counts,
+                    )
+                ],
+            )
+        await self._flush_quietly()
+        return sum(counts.values())
+
+    async def _delete_facts(
+        self, conn: AsyncConnection, user_id: str | None, before: datetime | None
+    ) -> int:
+        if isinstance(self.facts, FactStore) and self.facts.project_id == self.project_id:
+            return await delete_facts(conn, self.project_id, user_id, before)
+        deleter = getattr(self.facts, "delete", None)  # LoomFlow's rule: a store without one
+        return int(await deleter(user_id=user_id, before=before)) if callable(deleter) else 0
+
+    # -- consolidation ----------------------------------------------------------------------
+
+    async def consolidate(self) -> None:
+        """Run the extractor over every episode of the project not yet consolidated, each once
+        (``extractors``); nothing without one."""
+        if self._consolidator is None:
+            return
+        await run_extractor(self.engine, self.project_id, self._consolidator, self.facts)
+
+    async def _flush_quietly(self) -> None:
+        try:
+            await self.flush_changes()
+        except Exception as exc:
+            log.warning("change feed: events stay owed", error=str(exc).splitlines()[:1])

@@ -1,0 +1,125 @@
+"""``recall_scored``: a user's episodes (turns and sessions) by words and meaning together.
+
+Two searches, each inside the user's partition and the time range, fused by weighted
+Reciprocal Rank Fusion (LoomFlow's ``alpha``: 0 words only, 1 meaning only, 0.5 both;
+``k`` = 60): ``score = (1 - alpha) / (60 + word rank) + alpha / (60 + meaning rank)``.
+
+- **Words**: Postgres full text over ``search_vector`` (English stemming; any word of the
+  query matches); ``bm25_score`` is its ``ts_rank``. Findable as soon as ``remember`` returns.
+- **Meaning**: pgvector cosine over the vectors the indexer made (``episode_embeddings``);
+  ``vector_score`` is the cosine similarity (-1..1; non-positive ones are dropped, as
+  LoomFlow does). Used only when pgvector is there, the project has vectors of the model, and
+  an embedder is configured (``Memory(embedder=...)`` or the settings').
+
+As LoomFlow: an empty query returns the most recent episodes with score 1.0, and one nothing
+matches returns them with score 0.0, so an agent always gets some context.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from worker.db.models import SEARCH_CONFIG
+from worker.db.vectors import VECTOR_TABLE, vector_literal
+from worker.episodes.embedding import Embedder
+from worker.user_memory.models import EpisodeMatch, as_utc
+from worker.user_memory.turns import EPISODE_COLUMNS, episode_from_row, episodes_of, partition
+
+RRF_K = 60
+_E_COLUMNS = ", ".join(f"e.{c.strip()}" for c in EPISODE_COLUMNS.split(","))
+_WORDS = f"CAST(replace(CAST(plainto_tsquery('{SEARCH_CONFIG}', :q) AS text), '&', '|') AS tsquery)"
+
+
+def _filters(user_id: str | None, time_range: tuple[datetime, datetime] | None) -> list[str]:
+    where = ["e.project_id = :p", partition(user_id, "e.user_id")]
+    if time_range is not None:
+        where.append("e.occurred_at BETWEEN :lo AND :hi")
+    return where
+
+
+async def recall_scored(
+    conn: AsyncConnection,
+    project_id: str,
+    query: str,
+    *,
+    limit: int,
+    time_range: tuple[datetime, datetime] | None,
+    user_id: str | None,
+    alpha: float,
+    query_vector: list[float] | None,
+    model: str | None,
+) -> list[EpisodeMatch]:
+    """The user's episodes best matching ``query`` (module doc), at most ``limit``."""
+    if not 0.0 <= alpha <= 1.0:
+        raise ValueError(f"alpha is between 0 and 1, not {alpha}")
+    limit = max(0, int(limit))
+    if limit == 0:
+        return []
+    params: dict[str, Any] = {"p": project_id, "u": user_id, "q": query, "n": max(limit, 50)}
+    if time_range is not None:
+        params["lo"], params["hi"] = as_utc(time_range[0]), as_utc(time_range[1])
+    where = _filters(user_id, time_range)
+    rows: dict[str, Any] = {}
+    words: list[tuple[str, float]] = []
+    if query.strip() and alpha < 1.0:
+        statement = text(
+            f"SELECT {_E_COLUMNS}, ts_rank(e.search_vector, {_WORDS}) AS bm25 FROM episodes e"
+            f" WHERE {' AND '.join(where)} AND e.search_vector @@ {_WORDS}"
+            " ORDER BY bm25 DESC, e.occurred_at DESC LIMIT :n"
+        )
+        for row in await conn.execute(statement, params):
+            key = str(row.id)
+            rows[key] = row
+            words.append((key, float(row.bm25)))
+    meaning: list[tuple[str, float]] = []
+    if query.strip() and alpha > 0.0 and query_vector is not None and model is not None:
+        dimension = len(query_vector)
+        distance = f"v.embedding::vector({dimension}) <=> CAST(CAST(:qv AS text) AS vector)"
+        statement = text(
+            f"SELECT {_E_COLUMNS}, 1 - ({distance}) AS cosine FROM {VECTOR_TABLE} v"
+            " JOIN episodes e ON e.id = v.episode_id"
+            f" WHERE v.project_id = :p AND v.model = :m AND v.dimension = {dimension}"
+            f" AND {' AND '.join(where)} ORDER BY {distance} LIMIT :n"
+        )
+        params.update(qv=vector_literal(query_vector), m=model)
+        await conn.execute(text(f"SET LOCAL hnsw.ef_search = {min(1000, max(40, limit * 4))}"))
+        for row in await conn.execute(statement, params):
+            if float(row.cosine) > 0:
+                key = str(row.id)
+                rows.setdefault(key, row)
+                meaning.append((key, float(row.cosine)))
+    fused: dict[str, float] = {}
+    for weight, ranking in ((1.0 - alpha, words), (alpha, meaning)):
+        for rank, (key, _score) in enumerate(ranking, start=1):
+            fused[key] = fused.get(key, 0.0) + weight / (RRF_K + rank)
+    if not fused:
+        recent = await episodes_of(
+            conn, project_id, user_id, newest_first=True, limit=None if time_range else limit
+        )
+        if time_range is not None:
+            lo, hi = params["lo"], params["hi"]
+            recent = [e for e in recent if lo <= e.occurred_at <= hi]
+        neutral = 0.0 if query.strip() else 1.0  # LoomFlow's: no query is no evidence against
+        return [EpisodeMatch(episode=e, score=neutral) for e in recent[:limit]]
+    bm25, cosine = dict(words), dict(meaning)
+    best = sorted(fused, key=lambda k: (-fused[k], -rows[k].occurred_at.timestamp(), k))
+    return [
+        EpisodeMatch(
+            episode=episode_from_row(rows[k]),
+            score=fused[k],
+            bm25_score=bm25.get(k),
+            vector_score=cosine.get(k),
+        )
+        for k in best[:limit]
+    ]
+
+
+async def embed_query(embedder: Embedder | None, query: str) -> list[float] | None:
+    if embedder is None or not query.strip():
+        return None
+    [vector] = await embedder.embed([query])
+    return list(vector)
