@@ -13,6 +13,7 @@ and warns ``IsolationWarning``, as LoomFlow does. One ``Memory`` serves one proj
 
 from __future__ import annotations
 
+import sys
 from datetime import datetime
 from types import TracebackType
 from typing import Any
@@ -365,7 +366,15 @@ class Memory:
         before: datetime | None = None,
     ) -> int:
         """Remove the user's episodes (of one session, or older than ``before``) with their
-        vectors; without ``session_id`` their facts and blocks too. How many items went."""
+        vectors; without ``session_id`` their facts and blocks too. How many items went.
+
+        In a LoomFlow program, the fact extractions its ``AutoExtractMemory`` still runs on
+        what this forgets are stopped first (LoomFlow's rule), so none writes a fact back."""
+        extractions = sys.modules.get("loomflow.memory._extractions")
+        if extractions is not None:
+            await extractions.stop_extractions(
+                self, user_id=user_id, session_id=session_id, before=before
+            )
         where = f"project_id = :p AND {turns.partition(user_id)}"
         params: dict[str, Any] = {"p": self.project_id, "u": user_id}
         if session_id is not None:

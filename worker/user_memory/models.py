@@ -119,6 +119,9 @@ class MemoryBlock(_Model):
     updated_at: datetime = Field(default_factory=utcnow)
     pinned_order: int = 0
 
+    def format(self) -> str:
+        return f"<{self.name}>\n{self.content}\n</{self.name}>"
+
 
 class Episode(_Model):
     """One turn (``input`` → ``output``), or a finished session read as one (its task as
