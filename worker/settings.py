@@ -117,6 +117,9 @@ class Settings(BaseSettings):
     consolidation_batch_size: int = Field(default=500, ge=1, le=10_000)
     consolidation_max_attempts: int = Field(default=10, ge=1)
     context_summary_max_chars: int = Field(default=4_000, ge=200)
+    lesson_facts: bool = True
+    """The consolidator turns finished sessions' lessons into facts about their agent type
+    (``worker.user_memory.extractors.LessonsExtractor``), every few seconds, off the hot path."""
 
     # Recall by meaning (worker.episodes.embedding, worker.episodes.indexer, EpisodeStore.recall).
     embedding_provider: Literal["local", "openai"] = "local"

@@ -32,7 +32,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     "lifecycle": {KERNEL, "consumers", "ops"},
     "episodes": {KERNEL, "consumers", "db"},
     "user_memory": {KERNEL, "db", "episodes"},
-    "consolidation": {KERNEL, "consumers", "db", "episodes", "lifecycle"},
+    "consolidation": {KERNEL, "consumers", "db", "episodes", "user_memory", "lifecycle"},
     "agents": {KERNEL, "consumers", "db", "memory", "lifecycle"},
     "cli": {KERNEL, *ROOMS},
     PUBLIC: {KERNEL, *ROOMS},

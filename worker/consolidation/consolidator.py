@@ -66,8 +66,9 @@ from worker.db.engine import create_database_engine
 from worker.db.erasures import covered, erasure_cutoffs, lock_projects
 from worker.db.outages import first_line, is_connection_error, storage_error
 from worker.episodes.announcements import Announcement, Announcer
+from worker.episodes.changes import publish_owed
 from worker.erased import record_erased
-from worker.keys import CONSOLIDATION_GROUP, StreamKeys, episodes_stream
+from worker.keys import CONSOLIDATION_GROUP, StreamKeys, all_changes_streams, episodes_stream
 from worker.logs import get_logger
 from worker.metrics import (
     CONSOLIDATION_SECONDS,
@@ -75,8 +76,12 @@ from worker.metrics import (
     RESULTS_STORED,
 )
 from worker.settings import Settings
+from worker.user_memory.extractors import extract_session_lessons
 
 __all__ = ["ConsolidationOutcome", "Consolidator", "PreparedBatch"]
+
+LESSONS_INTERVAL_S = 2.0
+"""How often the consolidator turns stored sessions' lessons into facts."""
 
 log = get_logger("worker.consolidation.consolidator")
 
@@ -159,6 +164,7 @@ class Consolidator(GroupService):
         self.consumer = self.loop.consumer
         self.log = self.announcer.log = log.bind(consumer=self.consumer)
         self._last_trim = float("-inf")
+        self._last_lessons = float("-inf")
 
     # -- public --------------------------------------------------------------------------------
 
@@ -173,11 +179,30 @@ class Consolidator(GroupService):
         return await self.announcer.relay(max_batches)
 
     async def trim_once(self, keep_seconds: float | None = None) -> int:
-        """Trim ``P:episodes`` (which this consolidator writes) below what every group reading
-        it has acknowledged, keeping ``keep_seconds`` of it (default: the retention setting,
-        as for the lifecycle and results streams); how many entries were removed."""
+        """Trim ``P:episodes`` (which this consolidator writes) and the change feed
+        (``P:changes:{i}``) below what every group reading them has acknowledged, keeping
+        ``keep_seconds`` of them (default: the retention setting, as for the lifecycle and
+        results streams); how many entries were removed."""
         keep = self.settings.retention_seconds if keep_seconds is None else keep_seconds
-        return await trim_stream(self.redis, self.announcer.stream, keep)
+        removed = await trim_stream(self.redis, self.announcer.stream, keep)
+        for stream in all_changes_streams(self.settings.stream_prefix, self.settings.shards):
+            removed += await trim_stream(self.redis, stream, keep)
+        return removed
+
+    async def lessons_once(self, batch: int = 500) -> int:
+        """Turn stored sessions' lessons into facts about their agent type (each session once,
+        ``worker.user_memory.extractors.extract_session_lessons``) and publish the facts'
+        change events; how many sessions were done."""
+        done, projects = await extract_session_lessons(self.engine, batch)
+        for project_id in sorted(projects):
+            await publish_owed(
+                self.engine,
+                self.redis,
+                self.settings.stream_prefix,
+                self.settings.shards,
+                project_id,
+            )
+        return done
 
     async def sync_erased(self) -> int:
         """Copy the erasure record (the ``erasures`` table) to ``P:erased``, which the replay of
@@ -198,10 +223,19 @@ class Consolidator(GroupService):
     async def tick(self) -> None:
         """The group loop's ``tick``: the announcement relay when due, then retention of
         ``P:episodes`` and the copy of the erasure record (``sync_erased``) every
-        ``MEMWORKER_RETENTION_INTERVAL_SECONDS``. Never raises but for
+        ``MEMWORKER_RETENTION_INTERVAL_SECONDS``, and every ``LESSONS_INTERVAL_S`` the lessons
+        of stored sessions as facts (``lessons_once``). Never raises but for
         cancellation: a trim that fails is logged and tried at the next interval."""
         await self.announcer.tick()
         now = asyncio.get_running_loop().time()
+        if self.settings.lesson_facts and now - self._last_lessons >= LESSONS_INTERVAL_S:
+            self._last_lessons = now
+            try:
+                await self.lessons_once()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # Postgres or Redis unavailable: the next tick retries
+                self.log.warning("lessons not turned into facts, will retry", error=first_line(exc))
         if now - self._last_trim < self.settings.retention_interval_seconds:
             return
         self._last_trim = now

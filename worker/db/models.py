@@ -199,6 +199,11 @@ class Episode(Base):
             postgresql_where=text("turn_id IS NULL"),
         ),
         UniqueConstraint("project_id", "turn_id"),
+        Index(
+            "ix_episodes_unconsolidated_sessions",
+            "id",
+            postgresql_where=text("consolidated_at IS NULL AND turn_id IS NULL"),
+        ),
         Index(None, "project_id", "occurred_at"),
         Index(None, "project_id", "user_id", "occurred_at"),
         Index("ix_episodes_search_vector", "search_vector", postgresql_using="gin"),

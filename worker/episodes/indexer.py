@@ -51,6 +51,7 @@ from worker.db.vectors import (
     missing_pgvector,
     store_vectors,
 )
+from worker.episodes.changes import change_event, owe, publish_owed
 from worker.episodes.embedding import Embedder, EmbeddingError, embedder_from_settings, episode_text
 from worker.keys import episodes_stream
 from worker.logs import get_logger
@@ -117,10 +118,14 @@ announcement from embedding anything it covers)."""
 
 
 async def embed_and_store(
-    engine: AsyncEngine, embedder: Embedder, episode_ids: Sequence[str]
+    engine: AsyncEngine,
+    embedder: Embedder,
+    episode_ids: Sequence[str],
+    projects: set[str] | None = None,
 ) -> int:
     """Embed the episodes of ``episode_ids`` that have no vector of ``embedder``'s model and
-    store them; returns how many were embedded."""
+    store them; returns how many were embedded. Each owes an ``episode.recallable`` on the
+    change feed (committed with its vector); ``projects`` collects whose are owed."""
     async with engine.connect() as conn:
         rows = (
             await conn.execute(
@@ -135,6 +140,18 @@ async def embed_and_store(
     vectors = await embedder.embed(texts)
     async with engine.begin() as conn:
         await store_vectors(conn, embedder.name, embedder.dimension, [r.id for r in rows], vectors)
+        for row in rows:
+            event = change_event(
+                "episode.recallable",
+                row.project_id,
+                row.user_id,
+                row.id,
+                episode_id=row.turn_id or row.id,
+                model=embedder.name,
+            )
+            await owe(conn, row.project_id, [event])
+    if projects is not None:
+        projects.update(r.project_id for r in rows)
     return len(rows)
 
 
@@ -217,8 +234,9 @@ class Indexer(GroupService):
             outcome.done.extend(a.entry for a in batch.episodes)
             return outcome
         ids = list(dict.fromkeys(a.episode_id for a in batch.episodes))
+        projects: set[str] = set()
         try:
-            embedded = await embed_and_store(self.engine, self.embedder, ids)
+            embedded = await embed_and_store(self.engine, self.embedder, ids, projects)
         except EmbeddingError as exc:
             raise StorageUnavailableError(f"embedder cannot be used: {exc}") from exc
         except Exception as exc:
@@ -231,9 +249,27 @@ class Indexer(GroupService):
             )
             return outcome
         outcome.done.extend(a.entry for a in batch.episodes)
+        await self._publish_recallable(projects)
         EPISODES_INDEXED.inc(embedded)
         INDEX_SECONDS.observe(time.perf_counter() - started)
         return outcome
+
+    async def _publish_recallable(self, projects: set[str]) -> None:
+        """Publish the batch's ``episode.recallable`` events; what Redis refuses stays owed to
+        the project's next change (``episodes.changes``): the vectors are stored either way."""
+        for project_id in sorted(projects):
+            try:
+                await publish_owed(
+                    self.engine,
+                    self.redis,
+                    self.settings.stream_prefix,
+                    self.settings.shards,
+                    project_id,
+                )
+            except Exception as exc:  # owed events wait; indexing goes on
+                log.warning(
+                    "episode.recallable stays owed", project_id=project_id, error=first_line(exc)
+                )
 
 
 SELECT_STALE = f"""

@@ -22,6 +22,7 @@ from typing import Any, Protocol
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from worker.user_memory.facts import FactStore
 from worker.user_memory.models import Episode, Fact
 from worker.user_memory.turns import EPISODE_COLUMNS, SessionEpisode, episode_from_row
 
@@ -103,3 +104,32 @@ async def run_extractor(
         done += len(rows)
         if len(rows) < batch:
             return done
+
+
+_TAKE_SESSIONS = text(
+    f"SELECT project_id, {EPISODE_COLUMNS} FROM episodes"
+    " WHERE consolidated_at IS NULL AND turn_id IS NULL"
+    " ORDER BY id LIMIT :n FOR UPDATE SKIP LOCKED"
+)
+
+
+async def extract_session_lessons(engine: AsyncEngine, batch: int = 500) -> tuple[int, set[str]]:
+    """The consolidator's pass: lessons of finished sessions (of every project) not yet
+    consolidated become facts (``LessonsExtractor``); ``(episodes done, projects with new
+    facts)``. One batch per call; the partial index ``ix_episodes_unconsolidated_sessions``
+    finds them. Marking an episode is a non-HOT update (the index's condition changes): one
+    per session episode, in batches, off the hot path."""
+    extractor = LessonsExtractor()
+    async with engine.begin() as conn:
+        rows = (await conn.execute(_TAKE_SESSIONS, {"n": batch})).all()
+        if not rows:
+            return 0, set()
+        by_project: dict[str, list[Fact]] = {}
+        for row in rows:
+            facts = extractor.facts_of(episode_from_row(row))
+            if facts:
+                by_project.setdefault(row.project_id, []).extend(facts)
+        for project_id, facts in by_project.items():
+            await FactStore(engine, project_id).append_many(facts)
+        await conn.execute(_MARK, {"ids": [r.id for r in rows]})
+    return len(rows), set(by_project)

@@ -11,7 +11,8 @@ Create Date: 2026-11-25
   (``turn_id`` null), and ``(project_id, turn_id)`` among turns. ``search_vector`` now reads a
   turn's input and output too: a generated column cannot be altered, so it is dropped and added
   again, which rewrites ``episodes`` (and rebuilds its GIN index) once: on a large table,
-  migrate when the consolidator may wait for it.
+  migrate when the consolidator may wait for it. A partial index finds the session episodes
+  whose lessons are not yet facts (``ix_episodes_unconsolidated_sessions``).
 - ``memory_blocks``: a user's pinned blocks (``user_key`` '' is the anonymous bucket).
 - ``facts``: bi-temporal facts, searched by words (``search_vector``).
 - ``memory_changes``: the change feed's outbox (rows live until published, then deleted).
@@ -90,6 +91,12 @@ def upgrade() -> None:
         op.f("uq_episodes_project_id_turn_id"), "episodes", ["project_id", "turn_id"]
     )
     _search_vector(SEARCH_VECTOR_0005)
+    op.create_index(
+        "ix_episodes_unconsolidated_sessions",
+        "episodes",
+        ["id"],
+        postgresql_where=sa.text("consolidated_at IS NULL AND turn_id IS NULL"),
+    )
 
     op.create_table(
         "memory_blocks",
@@ -162,6 +169,7 @@ def downgrade() -> None:
     op.drop_index(op.f("ix_facts_project_id_user_id_subject_predicate"), table_name="facts")
     op.drop_table("facts")
     op.drop_table("memory_blocks")
+    op.drop_index("ix_episodes_unconsolidated_sessions", table_name="episodes")
     op.execute("DELETE FROM episodes WHERE turn_id IS NOT NULL")
     _search_vector(SEARCH_VECTOR_0001)
     op.drop_constraint(op.f("uq_episodes_project_id_turn_id"), "episodes", type_="unique")
