@@ -1,0 +1,68 @@
+"""User memory recalled by meaning: a remembered turn is embedded by the indexer, announced
+``episode.recallable`` on the change feed, and then found by a query that shares no word with
+it, with its cosine as ``vector_score``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from redis.asyncio import Redis
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from worker.episodes.embedding import LocalEmbedder
+from worker.episodes.indexer import Indexer
+from worker.keys import changes_stream
+from worker.settings import Settings
+from worker.user_memory.memory import Memory
+from worker.user_memory.models import Episode
+
+
+async def test_a_turn_is_recallable_by_meaning_once_indexed_and_the_feed_says_so(
+    vector_engine: AsyncEngine, redis: Redis, vector_settings: Settings, embedder: LocalEmbedder
+) -> None:
+    turns = [
+        Episode(
+            session_id="s1",
+            user_id="ann",
+            input="My dog Rex needs his vaccine shots",
+            output="I will remind you to book the vet.",
+        ),
+        Episode(
+            session_id="s1",
+            user_id="ann",
+            input="Plan a trip to Lisbon in May",
+            output="Here is a three day itinerary.",
+        ),
+        Episode(
+            session_id="s2",
+            user_id="bob",
+            input="My dog Rex needs his vaccine shots",
+            output="Noted.",
+        ),
+    ]
+    async with Memory(
+        "vet", settings=vector_settings, embedder=embedder, engine=vector_engine, redis=redis
+    ) as memory:
+        for turn in turns:
+            await memory.remember(turn)
+        # by words at once, before any vector exists
+        [words] = await memory.recall_scored("vaccine", user_id="ann", limit=1)
+        assert words.episode.id == turns[0].id and words.vector_score is None
+
+        indexed = await Indexer(vector_settings, redis, vector_engine, embedder).run_once()
+        assert indexed == 3
+
+        entries: Any = await redis.xrange(
+            changes_stream(vector_settings.stream_prefix, "vet", vector_settings.shards)
+        )
+        events = [orjson.loads(fields[b"data"]) for _id, fields in entries]
+        recallable = [e for e in events if e["type"] == "episode.recallable"]
+        assert {e["episode_id"] for e in recallable} == {t.id for t in turns}
+        assert {e["user_id"] for e in recallable} == {"ann", "bob"}
+
+        matches = await memory.recall_scored("puppy immunisation appointment", user_id="ann")
+        assert matches[0].episode.id == turns[0].id
+        assert matches[0].vector_score is not None and 0.3 < matches[0].vector_score <= 1.0
+        assert matches[0].bm25_score is None  # no word in common: found by meaning alone
+        assert all(m.episode.user_id == "ann" for m in matches)
