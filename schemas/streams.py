@@ -1,5 +1,5 @@
-"""Events on the streams other than commands and results: dead letters, episodes and
-forgetting."""
+"""Events on the streams other than commands and results: dead letters, episodes,
+forgetting, and the change feed of user memory."""
 
 from __future__ import annotations
 
@@ -52,3 +52,65 @@ class MemoryForgotten(BaseModel):
 
 EpisodesEvent = Annotated[EpisodeRecorded | MemoryForgotten, Field(discriminator="type")]
 EPISODES_EVENT_ADAPTER: TypeAdapter[EpisodesEvent] = TypeAdapter(EpisodesEvent)
+
+
+class _Change(BaseModel):
+    """Common to every event of the change feed ``P:changes:{j}``: ids, never content."""
+
+    event_id: str = Field(description="Deterministic per change: a subscriber drops a duplicate.")
+    project_id: str
+    user_id: str | None = Field(description="Null: the anonymous bucket.")
+    occurred_at: datetime
+
+
+class BlockUpdated(_Change):
+    type: Literal["block.updated"] = "block.updated"
+    name: str
+    pinned_order: int
+    change: Literal["replace", "append"]
+    size: int = Field(ge=0, description="The block's size now, in bytes.")
+
+
+class EpisodeRemembered(_Change):
+    type: Literal["episode.remembered"] = "episode.remembered"
+    episode_id: str = Field(description="The turn's own id.")
+    session_id: str
+
+
+class EpisodeRecallable(_Change):
+    type: Literal["episode.recallable"] = "episode.recallable"
+    episode_id: str = Field(description="A turn's id, or a session episode's uuid.")
+    model: str = Field(description="The embedding model it is findable by.")
+
+
+class FactAdded(_Change):
+    type: Literal["fact.added"] = "fact.added"
+    fact_id: str
+
+
+class FactSuperseded(_Change):
+    type: Literal["fact.superseded"] = "fact.superseded"
+    fact_id: str
+    superseded_by: str
+    valid_until: datetime
+
+
+class UserMemoryForgotten(_Change):
+    """``Memory.forget``: what went, counted."""
+
+    type: Literal["memory.forgotten"] = "memory.forgotten"
+    session_id: str | None
+    before: datetime | None
+    counts: dict[str, int] = Field(description='{"episodes": n, "facts": n, "blocks": n}')
+
+
+ChangeEvent = Annotated[
+    BlockUpdated
+    | EpisodeRemembered
+    | EpisodeRecallable
+    | FactAdded
+    | FactSuperseded
+    | UserMemoryForgotten,
+    Field(discriminator="type"),
+]
+CHANGE_EVENT_ADAPTER: TypeAdapter[ChangeEvent] = TypeAdapter(ChangeEvent)

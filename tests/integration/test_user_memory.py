@@ -31,6 +31,7 @@ from worker.keys import changes_stream
 from worker.lifecycle.client import LifecycleClient
 from worker.settings import Settings
 from worker.user_memory.extractors import LessonsExtractor
+from worker.user_memory.facts import FactConflictError
 from worker.user_memory.memory import Memory
 from worker.user_memory.models import Episode, Fact, Message, ToolCall
 from worker.user_memory.turns import EpisodeConflictError, SessionEpisode
@@ -973,30 +974,21 @@ async def test_forget_a_user_or_one_of_their_sessions(memory: Memory, engine: As
     assert await memory.forget(user_id="alice") == 0  # nothing left to forget
 
 
-# -- bugs found (strict xfail: each passes once its bug is fixed) ------------------------------
+# -- what the first tests found (each was a bug) -----------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: FactStore._append returns the stored fact unchanged when the id is taken in "
-    "the same (user, subject, predicate); LoomFlow's append replaces a fact of that id",
-)
-async def test_reappending_a_fact_id_with_a_new_object_is_not_silently_ignored(
+async def test_reappending_a_fact_id_with_a_new_object_is_refused_never_silently_ignored(
     memory: Memory,
 ) -> None:
     likes = fact("tea", predicate="likes")
     await memory.facts.append(likes)
     changed = likes.model_copy(update={"object": "coffee", "valid_from": T + timedelta(days=1)})
-    assert await memory.facts.append(changed) == likes.id
+    with pytest.raises(FactConflictError, match="already stored with other content"):
+        await memory.facts.append(changed)
     now = await memory.facts.query(user_id="alice", predicate="likes", valid_at=T + timedelta(2))
-    assert [f.object for f in now] == ["coffee"]  # today: ["tea"], the change is lost
+    assert [f.object for f in now] == ["tea"]  # unchanged: a changed belief is a new fact
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: FactStore._append closes the facts a new fact contradicts and owes fact.added "
-    "even when its INSERT ... ON CONFLICT (project_id, id) DO NOTHING inserted nothing",
-)
 async def test_a_fact_whose_id_is_taken_never_closes_another_fact(
     memory: Memory, redis: Redis, um_settings: Settings
 ) -> None:
@@ -1021,12 +1013,6 @@ async def test_a_fact_whose_id_is_taken_never_closes_another_fact(
     assert types.count("fact.added") == 2 + (later[0].object == "coffee")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: the same claim learned earlier than a stored one (valid_from before it) is "
-    "added as a second, overlapping fact; LessonsExtractor then doubles a lesson whose "
-    "sessions are extracted out of time order",
-)
 async def test_a_lesson_learned_again_is_one_fact_whatever_order_sessions_are_extracted(
     memory: Memory, redis: Redis, um_settings: Settings, engine: AsyncEngine
 ) -> None:
@@ -1046,12 +1032,6 @@ async def test_a_lesson_learned_again_is_one_fact_whatever_order_sessions_are_ex
     assert len(shared) == 1  # today: 2, both valid from T0 + 100 s on
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: blocks.user_key maps user_id '' to '', the anonymous bucket's key, so "
-    "user '' reads, overwrites and forgets the anonymous blocks (episodes and facts keep "
-    "'' apart from None)",
-)
 async def test_an_empty_user_id_is_not_the_anonymous_bucket(memory: Memory) -> None:
     await memory.update_block("persona", "anonymous visitor", user_id=None)
     with contextlib.suppress(ValueError):  # refusing '' is a fix too
@@ -1061,12 +1041,6 @@ async def test_an_empty_user_id_is_not_the_anonymous_bucket(memory: Memory) -> N
     assert [b.content for b in await memory.working(user_id=None)] == ["anonymous visitor"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: LessonsExtractor says a session 'whose spawn named an agent type' gives "
-    "facts, but the episode's agent_type_id is the terminate command's: the spawn's is not "
-    "carried to the agent.terminated result (user_id is), so nothing is extracted",
-)
 async def test_lessons_of_a_session_whose_spawn_named_the_agent_type_become_facts(
     memory: Memory, redis: Redis, um_settings: Settings, engine: AsyncEngine
 ) -> None:

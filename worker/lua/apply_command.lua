@@ -455,6 +455,11 @@ local function apply_one()
   -- of the session: the spawn's from its own prefix, the others' from here. An id: no escaping.
   local user_id = meta[life_at + 1]
   if user_id and op ~= 'spawn' then prefix = prefix .. ',"user_id":"' .. user_id .. '"' end
+  -- A terminate that names no agent type reports the one its spawn named (an id: no escaping;
+  -- the prefix's first "agent_type_id" is the command's own, before any metadata).
+  if op == 'terminate' and meta[9] and meta[9] ~= '' then
+    prefix = string.gsub(prefix, '"agent_type_id":null', '"agent_type_id":"' .. meta[9] .. '"', 1)
+  end
 
   -- A forgotten session (memworker forget marked it) answers every command, whatever its
   -- seq, with forgotten: ids only.

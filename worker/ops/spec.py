@@ -17,8 +17,26 @@ from pydantic import BaseModel
 import schemas
 from schemas.commands import Command
 from schemas.results import Result
-from schemas.streams import DeadLetter, EpisodeRecorded, EpisodesEvent, MemoryForgotten
-from worker.keys import CONSOLIDATION_GROUP, LIFECYCLE_GROUP, StreamKeys, episodes_stream
+from schemas.streams import (
+    BlockUpdated,
+    ChangeEvent,
+    DeadLetter,
+    EpisodeRecallable,
+    EpisodeRecorded,
+    EpisodeRemembered,
+    EpisodesEvent,
+    FactAdded,
+    FactSuperseded,
+    MemoryForgotten,
+    UserMemoryForgotten,
+)
+from worker.keys import (
+    CONSOLIDATION_GROUP,
+    LIFECYCLE_GROUP,
+    StreamKeys,
+    changes_stream,
+    episodes_stream,
+)
 from worker.settings import Settings
 
 EVENT_MODELS: dict[str, type[BaseModel]] = {
@@ -34,6 +52,12 @@ EVENT_MODELS: dict[str, type[BaseModel]] = {
     "dead_letter": DeadLetter,
     "episode.recorded": EpisodeRecorded,
     "memory.forgotten": MemoryForgotten,
+    "change.block.updated": BlockUpdated,
+    "change.episode.remembered": EpisodeRemembered,
+    "change.episode.recallable": EpisodeRecallable,
+    "change.fact.added": FactAdded,
+    "change.fact.superseded": FactSuperseded,
+    "change.memory.forgotten": UserMemoryForgotten,
 }
 
 
@@ -77,6 +101,13 @@ def asyncapi_document(settings: Settings) -> dict[str, Any]:
         schema=EpisodesEvent,
         description="A new episode stored in Postgres (`episode.recorded`), or a project or "
         "session forgotten (`memory.forgotten`), `P:episodes`.",
+    )
+    broker.publisher(
+        stream=changes_stream(settings.stream_prefix, "", 1),
+        title="changes",
+        schema=ChangeEvent,
+        description="The change feed of user memory, one stream per project shard "
+        "`P:changes:{j}` (j: CRC-32 of the project id mod the shards): ids, never content.",
     )
     spec = AsyncAPI(
         broker,

@@ -21,7 +21,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from worker.episodes.changes import change_event, owe
-from worker.user_memory.models import MemoryBlock
+from worker.user_memory.models import MemoryBlock, check_user_id
 
 _LOCK = text(
     "SELECT pg_advisory_xact_lock(hashtextextended('memory_blocks/' || :p || '/' || :u, 0))"
@@ -47,8 +47,10 @@ _DELETE = text(
 
 
 def user_key(user_id: str | None) -> str:
-    """``memory_blocks.user_key``: the user id, '' for the anonymous bucket."""
-    return "" if user_id is None else user_id
+    """``memory_blocks.user_key``: the user id, '' for the anonymous bucket (a user id is never
+    empty: ``check_user_id``)."""
+    checked = check_user_id(user_id)
+    return "" if checked is None else checked
 
 
 class BlockTooLargeError(ValueError):

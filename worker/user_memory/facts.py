@@ -5,12 +5,18 @@ the same user, subject and predicate with a different object whose validity over
 one's is closed where the new one begins (or, when the new one is an older, backfilled claim,
 the new one is closed where the stored one begins). Nothing is deleted: history stays.
 
-Where LoomFlow leaves a choice, a shared durable store takes this one: **the same claim twice
-is one fact**. Appending a fact whose user, subject, predicate and object match a stored fact
-whose validity covers the new ``valid_from`` returns the stored fact's id (its sources gain the
-new ones); no row is added. So an extractor that runs again over the same episodes adds
-nothing. Appends of one (user, subject, predicate) are serialised by an advisory lock, so
-concurrent writers never leave two facts valid at once for one predicate.
+Where LoomFlow leaves a choice, a shared durable store takes these:
+
+- **The same claim twice is one fact.** Appending a fact whose user, subject, predicate and
+  object match a stored fact whose validity overlaps (or touches) the new one returns the
+  stored fact's id; its sources gain the new ones and it is valid from the earlier of the two
+  starts. No row is added, so an extractor that runs again, in any order, adds nothing.
+- **A fact is history, never rewritten.** Appending an id already stored with another claim
+  raises ``FactConflictError`` and changes nothing (LoomFlow's dict replaced it): a changed
+  belief is a new fact, which supersedes the old.
+
+Appends of one (user, subject, predicate) are serialised by an advisory lock, so concurrent
+writers never leave two facts valid at once for one predicate.
 
 ``recall_text`` ranks among the user's facts valid at ``valid_at``:
 
@@ -42,6 +48,7 @@ from worker.user_memory.models import (
     Fact,
     as_fact,
     as_utc,
+    check_user_id,
     normalize_predicate,
     warn_isolation,
 )
@@ -64,6 +71,8 @@ _ADD_SOURCES = text(
     " FROM jsonb_array_elements(sources || CAST(:src AS jsonb)) AS s)"
     " WHERE project_id = :p AND id = :id"
 )
+_BY_ID = text(f"SELECT {_COLUMNS} FROM facts WHERE project_id = :p AND id = :id FOR UPDATE")
+_EXTEND = text("UPDATE facts SET valid_from = :vf WHERE project_id = :p AND id = :id")
 _INSERT = text(
     f"INSERT INTO facts (project_id, {_COLUMNS}, embedding, embedding_model) VALUES (:p, :id,"
     " :u, :s, :r, :o, :c, :vf, :vu, :ra, CAST(:src AS jsonb), :vec, :model)"
@@ -72,6 +81,7 @@ _INSERT = text(
 
 
 def _user(user_id: str | None) -> str:
+    check_user_id(user_id)
     return "user_id IS NULL" if user_id is None else "user_id = :u"
 
 
@@ -90,8 +100,19 @@ def fact_from_row(row: Row[Any]) -> Fact:
     )
 
 
-def _valid_at(fact: Fact, when: datetime) -> bool:
-    return fact.valid_from <= when and (fact.valid_until is None or when < fact.valid_until)
+def _claim(fact: Fact) -> tuple[Any, ...]:
+    return (fact.user_id, fact.subject, fact.predicate, fact.object)
+
+
+def _overlap_or_touch(a: Fact, b: Fact) -> bool:
+    """``a`` and ``b`` overlap in valid time, or one starts where the other ends."""
+    return (a.valid_until is None or a.valid_until >= b.valid_from) and (
+        b.valid_until is None or b.valid_until >= a.valid_from
+    )
+
+
+class FactConflictError(ValueError):
+    """``append`` of a fact id already stored with another claim."""
 
 
 def _overlap(a: Fact, b: Fact) -> bool:
@@ -181,20 +202,27 @@ class FactStore:
     async def _append(self, conn: AsyncConnection, fact: Fact, vector: list[float] | None) -> str:
         key = {"p": self.project_id, "u": fact.user_id, "s": fact.subject, "r": fact.predicate}
         await conn.execute(_LOCK, key)
+        taken = (await conn.execute(_BY_ID, {"p": self.project_id, "id": fact.id})).first()
+        if taken is not None:
+            stored_fact = fact_from_row(taken)
+            if _claim(stored_fact) != _claim(fact):
+                raise FactConflictError(
+                    f"fact {fact.id!r} is already stored with other content; a fact is"
+                    " history: append the new claim under a new id (it supersedes the old)"
+                )
+            await self._add_sources(conn, stored_fact.id, fact.sources)
+            return stored_fact.id
         stored = [fact_from_row(r) for r in await conn.execute(_SAME_KEY, key)]
         for same in stored:
-            if same.id == fact.id or (
-                same.object == fact.object and _valid_at(same, fact.valid_from)
-            ):
+            if same.object != fact.object or not _overlap_or_touch(same, fact):
+                continue
+            # The same claim: one fact, valid from the earlier of the two, from both sources.
+            if fact.valid_from < same.valid_from:
                 await conn.execute(
-                    _ADD_SOURCES,
-                    {
-                        "p": self.project_id,
-                        "id": same.id,
-                        "src": orjson.dumps(fact.sources).decode(),
-                    },
+                    _EXTEND, {"p": self.project_id, "id": same.id, "vf": fact.valid_from}
                 )
-                return same.id
+            await self._add_sources(conn, same.id, fact.sources)
+            return same.id
         closes, until = plan_supersession(fact, stored)
         events = []
         for stored_id, valid_until in closes.items():
@@ -232,6 +260,13 @@ class FactStore:
         )
         await owe(conn, self.project_id, events)
         return fact.id
+
+    async def _add_sources(self, conn: AsyncConnection, fact_id: str, sources: list[str]) -> None:
+        if sources:
+            await conn.execute(
+                _ADD_SOURCES,
+                {"p": self.project_id, "id": fact_id, "src": orjson.dumps(sources).decode()},
+            )
 
     async def query(
         self,

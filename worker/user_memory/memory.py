@@ -83,8 +83,8 @@ class Memory:
         if engine is None:
             engine = create_database_engine(self.settings.database_url)
             self._owned.append(engine.dispose)
-        if redis is None:
-            redis = client_for(self.settings)
+        if redis is None:  # only best-effort publishes: a stale connection is retried, an
+            redis = client_for(self.settings, retry_seconds=0.5)  # outage is not waited out
             self._owned.append(redis.aclose)
         self.engine = engine
         self.redis = redis
@@ -182,12 +182,11 @@ class Memory:
                     text("SELECT announced_at IS NULL FROM episodes WHERE id = :id"), {"id": row_id}
                 )
             ).scalar()
-        if owed:
-            await self._announce(row_id, episode)
-        await self._flush_quietly()
+        if not owed or await self._announce(row_id, episode):
+            await self._flush_quietly()  # Redis refused the announcement: not this too
         return episode.id
 
-    async def _announce(self, row_id: Any, episode: Episode) -> None:
+    async def _announce(self, row_id: Any, episode: Episode) -> bool:
         """``episode.recorded`` on ``P:episodes`` so the indexer embeds the turn; a Redis that
         refuses leaves it owed to the consolidator's relay (``announced_at`` stays null)."""
         source = f"{turns.TURN_SOURCE_PREFIX}{self.project_id}/{episode.id}"
@@ -198,9 +197,10 @@ class Memory:
             )
         except Exception as exc:
             log.warning("episode.recorded owed to the relay", error=str(exc).splitlines()[:1])
-            return
+            return False
         async with self.engine.begin() as conn:
             await mark_announced(conn, [row_id])
+        return True
 
     async def recall(
         self,

@@ -47,6 +47,22 @@ def normalize_predicate(value: str) -> str:
     return _NON_WORD.sub("_", _CAMEL.sub(r"\1_\2", value)).lower().strip("_")
 
 
+MAX_USER_ID = 256
+
+
+def check_user_id(user_id: str | None) -> str | None:
+    """A user id (None: the anonymous bucket): any non-empty text up to ``MAX_USER_ID``
+    characters (LoomFlow's ids are free text: an email address is one)."""
+    if user_id is not None and (
+        not isinstance(user_id, str) or not 0 < len(user_id) <= MAX_USER_ID
+    ):
+        raise ValueError(
+            f"user_id is None (anonymous) or 1-{MAX_USER_ID} characters of text, not"
+            f" {user_id!r:.80}"
+        )
+    return user_id
+
+
 class IsolationWarning(UserWarning):
     """A recall without ``user_id`` on a store that holds named users' data: it sees only the
     anonymous bucket, which is rarely what the caller meant."""
@@ -137,6 +153,11 @@ class Episode(_Model):
     embedding: list[float] | None = None
     tool_transcript: list[Message] | None = None
 
+    @field_validator("user_id")
+    @classmethod
+    def _user(cls, value: str | None) -> str | None:
+        return check_user_id(value)
+
     def format(self) -> str:
         return f"[{self.occurred_at.isoformat()}] {self.input!r} -> {self.output!r}"
 
@@ -172,6 +193,11 @@ class Fact(_Model):
     @classmethod
     def _canonical(cls, value: str) -> str:
         return normalize_predicate(value)
+
+    @field_validator("user_id")
+    @classmethod
+    def _user(cls, value: str | None) -> str | None:
+        return check_user_id(value)
 
     @field_validator("valid_from", "recorded_at")
     @classmethod

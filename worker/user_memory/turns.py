@@ -27,7 +27,7 @@ from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from worker.db.models import EPISODE_NAMESPACE, TURN_OUTCOME
-from worker.user_memory.models import Episode, Message, ToolCall, as_utc
+from worker.user_memory.models import Episode, Message, ToolCall, as_utc, check_user_id
 
 TURN_SOURCE_PREFIX = "turn:"
 MAX_TURN_ID = 256
@@ -159,6 +159,7 @@ async def insert_turn(conn: AsyncConnection, project_id: str, episode: Episode) 
 
 def partition(user_id: str | None, column: str = "user_id") -> str:
     """SQL: the ``user_id`` partition (None is its own bucket)."""
+    check_user_id(user_id)
     return f"{column} IS NULL" if user_id is None else f"{column} = :u"
 
 
