@@ -125,6 +125,27 @@ BENCHES = [
         quick=["--sizes", "2000", "--queries", "30"],
     ),
     Bench(
+        "user_memory.py",
+        "User memory: blocks, remember, recall, facts, and the change feed's Redis cost",
+        "`worker.Memory` calls one at a time against its own migrated database; the feed's "
+        "bytes per event and Redis CPU per XADD.",
+        database=True,
+        quick=[
+            "--users",
+            "100",
+            "--ops",
+            "500",
+            "--remembers",
+            "200",
+            "--episodes",
+            "1000",
+            "--facts",
+            "1000",
+            "--queries",
+            "50",
+        ],
+    ),
+    Bench(
         "indexer_throughput.py",
         "Indexer episodes/s; consolidation before/after the indexer runs",
         "Same run, rounds alternating: consolidation alone, then with `memworker index` beside it.",

@@ -12,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-from worker.cli import erasure, lifecycle, memory, operations, services
+from worker.cli import erasure, lifecycle, memory, operations, services, user_memory
 from worker.cli.common import CliError
 from worker.cli.dead_letters import dlq_app
 from worker.errors import one_line
@@ -75,6 +75,7 @@ for command in (
     app.command()(command)
 app.add_typer(dlq_app, name="dlq")
 app.add_typer(memory.episodes_app, name="episodes")
+app.add_typer(user_memory.memory_app, name="memory")
 
 
 def plain_help(typer_app: typer.Typer) -> None:
