@@ -92,7 +92,7 @@ class Memory:
         self._embedder = embedder
         self._vectors = False
         self.facts: Any = fact_store or FactStore(
-            engine, self.project_id, after_change=self.flush_changes, embedder=embedder
+            engine, self.project_id, after_change=self._flush_quietly, embedder=embedder
         )
         """LoomFlow's ``FactStore``: ours (the ``facts`` table) unless ``fact_store`` is given."""
 
