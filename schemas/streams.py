@@ -41,6 +41,10 @@ class MemoryForgotten(BaseModel):
     event_id: str = Field(description="The erasure's id (a row of the table erasures).")
     project_id: str
     session_id: str | None = Field(description="Null when the whole project was forgotten.")
+    user_id: str | None = Field(
+        default=None,
+        description="The user forgotten ('' the data of no user); null: not a user's forget.",
+    )
     before: datetime | None = Field(description="Only history older than this, when given.")
     cutoff: datetime | None = Field(description="What occurred before it is forgotten.")
     occurred_at: datetime

@@ -1,12 +1,16 @@
 """The erasure record in Redis (``P:erased``): what ``forget`` covered, for readers of streams.
 
 ``memworker forget`` writes each erasure twice: a row of the Postgres table ``erasures`` (the
-durable record: ``worker.db.models.Erasure``) and a field of the hash ``P:erased``: ``project``
-or ``project/session`` → the cutoff in ms (the latest forget's; a later one covers more). Ids
-and times only. The paths that read streams and may lack Postgres (the replay of commands, the
-DLQ's redrive) check this hash; the consolidator checks the table. An entry is covered when its
-project (and session, for a session's erasure) match and it is older than the cutoff: the time
-its stream id says, or the result's ``occurred_at``.
+durable record: ``worker.db.models.Erasure``) and a field of the hash ``P:erased``: ``project``,
+``project/session``, ``project@user`` or ``project/session@user`` (``project@``: the anonymous
+bucket, data of no user) → the cutoff in ms (the latest forget's; a later one covers more). Ids
+and times only (no id holds ``/`` or ``@``). The paths that read streams and may lack Postgres
+(the replay of commands, the DLQ's redrive) check this hash; the consolidator checks the table.
+An entry is covered when its project (and session, and user: the ``user_id`` it carries) match
+and it is older than the cutoff: the time its stream id says, or the result's ``occurred_at``.
+A user's erasure is also a field ``project@user`` of each shard's ``P:{i}:erased_users``
+(``worker.keys.erased_users_key``), which the apply function reads in the shard's slot: a
+spawn naming the user published before the cutoff is rejected ``forgotten``.
 
 ``entry_scope`` also tells forget which stream entries carry a project: a command, a result or
 an announcement (its ``data``), or a dead letter of any of them (the original entry's fields).
@@ -21,26 +25,50 @@ from typing import Any
 from redis.asyncio import Redis
 
 from worker.codec import UnusableEntryError, decode_entry, text
-from worker.keys import erased_key
+from worker.keys import erased_key, erased_users_key
 
 
 def entry_scope(fields: Mapping[Any, Any]) -> tuple[str | None, str | None]:
     """``(project_id, session_id)`` an entry carries (None when it carries none); a dead
     letter's are its original entry's."""
-    try:
-        body = decode_entry(fields)
-    except (UnusableEntryError, ValueError):
-        return None, None
-    if "source_stream" in fields or b"source_stream" in fields:  # a dead letter
-        try:
-            body = decode_entry(body)
-        except (UnusableEntryError, ValueError):
-            return None, None
+    body = entry_body(fields)
     project, session = body.get("project_id"), body.get("session_id")
     return (
         project if isinstance(project, str) else None,
         session if isinstance(session, str) else None,
     )
+
+
+def entry_body(fields: Mapping[Any, Any]) -> dict[str, Any]:
+    """The JSON object an entry carries (a dead letter: its original entry's); ``{}``: none."""
+    try:
+        body = decode_entry(fields)
+    except (UnusableEntryError, ValueError):
+        return {}
+    if "source_stream" in fields or b"source_stream" in fields:  # a dead letter
+        try:
+            body = decode_entry(body)
+        except (UnusableEntryError, ValueError):
+            return {}
+    return body if isinstance(body, dict) else {}
+
+
+def user_of(body: Mapping[str, Any]) -> str | None:
+    """The user an entry's body is data of: its ``user_id``; ``''`` (no user) when it has none
+    and would name one if it had (a result, a spawn, a change-feed event); None when it cannot
+    say (a session's later command: its session's spawn named the user)."""
+    user = body.get("user_id")
+    if isinstance(user, str) and user:
+        return user
+    if "user_id" in body or "causation_id" in body or body.get("type") == "spawn":
+        return ""
+    return None
+
+
+def scope_field(project_id: str, session_id: str | None, user_id: str | None) -> str:
+    """The field of ``P:erased`` for a scope (module doc)."""
+    field_ = project_id if session_id is None else f"{project_id}/{session_id}"
+    return field_ if user_id is None else f"{field_}@{user_id}"
 
 
 def entry_ms(entry_id: str | bytes) -> int:
@@ -54,26 +82,38 @@ class ErasedIndex:
 
     cutoffs: dict[str, int] = field(default_factory=dict)
 
-    def covers(self, project: str | None, session: str | None, at_ms: int) -> bool:
-        """True when a forget covered data of ``project``/``session`` from ``at_ms``."""
+    def covers(
+        self, project: str | None, session: str | None, at_ms: int, user: str | None = None
+    ) -> bool:
+        """True when a forget covered data of ``project``/``session`` (of ``user``: ``''``
+        for data of no user, None when unknown) from ``at_ms``."""
         if project is None:
             return False
-        cutoff = self.cutoffs.get(project)
-        if cutoff is not None and at_ms < cutoff:
-            return True
-        if session is None:
-            return False
-        cutoff = self.cutoffs.get(f"{project}/{session}")
-        return cutoff is not None and at_ms < cutoff
+        fields = [project]
+        if session is not None:
+            fields.append(f"{project}/{session}")
+        if user is not None:
+            fields += [f"{name}@{user}" for name in fields]
+        for name in fields:
+            cutoff = self.cutoffs.get(name)
+            if cutoff is not None and at_ms < cutoff:
+                return True
+        return False
 
     def covers_entry(self, entry_id: str | bytes, fields: Mapping[Any, Any]) -> bool:
         """True when a forget covered this stream entry (a dead letter: by its source id)."""
         if not self.cutoffs:
             return False
-        project, session = entry_scope(fields)
+        body = entry_body(fields)
+        project, session = body.get("project_id"), body.get("session_id")
         source = fields.get("source_id", fields.get(b"source_id"))
         at = entry_ms(source) if source else entry_ms(entry_id)
-        return self.covers(project, session, at)
+        return self.covers(
+            project if isinstance(project, str) else None,
+            session if isinstance(session, str) else None,
+            at,
+            user_of(body),
+        )
 
 
 async def load_erased(redis: Redis, prefix: str) -> ErasedIndex:
@@ -83,11 +123,28 @@ async def load_erased(redis: Redis, prefix: str) -> ErasedIndex:
 
 
 async def record_erased(
-    redis: Redis, prefix: str, project_id: str, session_id: str | None, cutoff_ms: int
+    redis: Redis,
+    prefix: str,
+    project_id: str,
+    session_id: str | None,
+    cutoff_ms: int,
+    *,
+    user_id: str | None = None,
+    shards: int = 1,
 ) -> None:
-    """Add one erasure to ``P:erased`` (keeping the later cutoff of a scope forgotten twice)."""
-    scope = project_id if session_id is None else f"{project_id}/{session_id}"
-    key = erased_key(prefix)
-    known = await redis.hget(key, scope)
+    """Add one erasure to ``P:erased`` (keeping the later cutoff of a scope forgotten twice);
+    a named user's (of the whole project) to every shard's ``P:{i}:erased_users`` too."""
+    await _keep_later(
+        redis, erased_key(prefix), scope_field(project_id, session_id, user_id), cutoff_ms
+    )
+    if user_id and session_id is None:
+        for shard in range(shards):
+            await _keep_later(
+                redis, erased_users_key(prefix, shard), f"{project_id}@{user_id}", cutoff_ms
+            )
+
+
+async def _keep_later(redis: Redis, key: str, name: str, cutoff_ms: int) -> None:
+    known = await redis.hget(key, name)
     if known is None or int(known) < cutoff_ms:
-        await redis.hset(key, scope, str(cutoff_ms))
+        await redis.hset(key, name, str(cutoff_ms))

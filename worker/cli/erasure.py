@@ -1,9 +1,8 @@
 """``memworker forget`` and ``memworker export``: the data-subject request in two commands.
 
-Both take the same selectors (``--project``, narrowed by ``--session`` and ``--before``) and run
-the same code as the Python API (``EpisodeStore.forget``/``export``:
-``worker.episodes.forgetting``, ``worker.episodes.erasure``). ``--user`` is not offered:
-sessions carry no user id yet, so it could not be made true.
+Both take the same selectors (``--project``, narrowed by ``--user``, ``--session`` and
+``--before``) and run the same code as the Python API (``EpisodeStore.forget``/``export``:
+``worker.episodes.forgetting``, ``worker.episodes.erasure``).
 """
 
 from __future__ import annotations
@@ -32,6 +31,15 @@ ProjectOption = Annotated[str, typer.Option("--project", "-p", help="The project
 SessionOption = Annotated[
     str | None, typer.Option("--session", "-s", help="Only this session of the project.")
 ]
+UserOption = Annotated[
+    str | None,
+    typer.Option(
+        "--user",
+        "-u",
+        help="Only this user's data in the project: the sessions whose spawn named the user, "
+        "their results and working memory, the user's turns, facts and blocks.",
+    ),
+]
 BeforeOption = Annotated[
     str | None,
     typer.Option(
@@ -52,8 +60,14 @@ def _before(raw: str | None) -> datetime | None:
         raise typer.BadParameter(str(exc), param_hint="--before") from exc
 
 
+def _narrowing(user: str | None, session: str | None) -> dict[str, str]:
+    ids = {"user_id": user, "session_id": session}
+    return {name: value for name, value in ids.items() if value is not None}
+
+
 def forget(
     project: ProjectOption,
+    user: UserOption = None,
     session: SessionOption = None,
     before: BeforeOption = None,
     dry_run: Annotated[
@@ -61,10 +75,11 @@ def forget(
     ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the receipt as JSON.")] = False,
 ) -> None:
-    """Forget a project (or one session, or its history before a time) everywhere memworker
-    keeps it: working memory, Postgres rows and vectors, every stream entry; later commands
-    for a forgotten session are rejected `forgotten`. Prints a receipt."""
-    check_ids(project_id=project, **({"session_id": session} if session else {}))
+    """Forget a project (or one user's data, one session, or its history before a time)
+    everywhere memworker keeps it: working memory, Postgres rows and vectors, every stream
+    entry; later commands for a forgotten session are rejected `forgotten`. Prints a
+    receipt."""
+    check_ids(project_id=project, **_narrowing(user, session))
     when = _before(before)
     settings = settings_from_env()
     ttl_ms = 1000 * max(settings.tombstone_ttl_seconds, settings.dedupe_ttl_seconds)
@@ -83,9 +98,10 @@ def forget(
                 dry_run=dry_run,
                 marker_ttl_ms=ttl_ms,
                 shards=settings.shards,
+                user_id=user,
             )
 
-    from worker.episodes.forgetting import ForgetReceipt
+    from worker.episodes.forget_scope import ForgetReceipt
 
     receipt = run_async(with_redis(settings, go))
     assert isinstance(receipt, ForgetReceipt)
@@ -105,6 +121,7 @@ def forget(
 
 def export(
     project: ProjectOption,
+    user: UserOption = None,
     session: SessionOption = None,
     before: BeforeOption = None,
     out_file: Annotated[
@@ -113,8 +130,8 @@ def export(
 ) -> None:
     """Export, as one JSON document, everything `memworker forget` with the same selectors
     would remove: episodes (with vectors), results, working memory of live sessions, stream
-    entries."""
-    check_ids(project_id=project, **({"session_id": session} if session else {}))
+    entries; with --user also the user's facts, blocks and change-feed rows."""
+    check_ids(project_id=project, **_narrowing(user, session))
     when = _before(before)
     settings = settings_from_env()
 
@@ -146,6 +163,7 @@ def export(
                     redis=redis,
                     prefix=settings.stream_prefix,
                     progress=advance,
+                    user_id=user,
                 )
         return orjson.dumps(exported.to_dict(), option=orjson.OPT_INDENT_2) + b"\n"
 

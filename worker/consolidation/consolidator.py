@@ -44,6 +44,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -210,13 +211,15 @@ class Consolidator(GroupService):
         forget gets it back within one retention interval. How many scopes were written."""
         async with self.engine.connect() as conn:
             cutoffs = await erasure_cutoffs(conn)
-        for (project, session), cutoff in cutoffs.items():
+        for (project, session, user), cutoff in cutoffs.items():
             await record_erased(
                 self.redis,  # type: ignore[arg-type]
                 self.settings.stream_prefix,
                 project,
                 session,
                 int(cutoff.timestamp() * 1000),
+                user_id=user,
+                shards=self.settings.shards,
             )
         return len(cutoffs)
 
@@ -366,7 +369,9 @@ class Consolidator(GroupService):
             # Shared locks of the projects, then the erasure record (``worker.db.erasures``):
             # a forget runs wholly before this transaction or wholly after it.
             await lock_projects(conn, (p.event[2] for p in prepared if p.event[2] is not None))
-            erased = await covered(conn, [(p.event[2], p.event[3], p.event[8]) for p in prepared])
+            erased = await covered(
+                conn, [(p.event[2], p.event[3], p.event[8], _user_of(p)) for p in prepared]
+            )
             for p, gone in zip(prepared, erased, strict=True):
                 if gone:
                     continue  # forgotten (memworker forget): never stored again
@@ -379,6 +384,16 @@ class Consolidator(GroupService):
     async def _storage_error(self) -> Exception | None:
         """None when Postgres answers ``SELECT 1`` within ``probe_timeout_s``, else why not."""
         return await storage_error(self.engine, self.probe_timeout_s)
+
+
+def _user_of(prepared: PreparedResult) -> str | None:
+    """The user a result carries (the session's spawn named one), for the erasure check."""
+    if prepared.episode is not None:
+        return prepared.episode[16]  # type: ignore[no-any-return]
+    if '"user_id"' not in prepared.event[9]:
+        return None  # the usual case: no JSON to parse again
+    user = orjson.loads(prepared.event[9]).get("user_id")
+    return user if isinstance(user, str) else None
 
 
 def _forgotten_rejection(prepared: PreparedResult) -> bool:

@@ -178,18 +178,23 @@ class ResultReplayer:
         return [e for i, e in enumerate(entries) if i not in dropped]
 
 
-def _scope_of(entry: StreamEntry) -> tuple[str | None, str | None, datetime] | None:
-    """``(project, session, occurred_at)`` of a result (None for junk: skipped as before)."""
+def _scope_of(
+    entry: StreamEntry,
+) -> tuple[str | None, str | None, datetime, str | None] | None:
+    """``(project, session, occurred_at, user)`` of a result (None for junk: skipped as
+    before)."""
     try:
         result = decode_entry(entry.fields)
         occurred = datetime.fromisoformat(str(result["occurred_at"]))
     except (UnusableEntryError, KeyError, ValueError):
         return None
     project, session = result.get("project_id"), result.get("session_id")
+    user = result.get("user_id")
     return (
         project if isinstance(project, str) else None,
         session if isinstance(session, str) else None,
         occurred if occurred.tzinfo else occurred.replace(tzinfo=UTC),
+        user if isinstance(user, str) else None,
     )
 
 

@@ -1,7 +1,8 @@
 """What the ``erasures`` table covers, in SQL: the consolidator's and the indexer's check.
 
 A row (``worker.db.models.Erasure``) covers the data of its project (and session, when it names
-one) that occurred before its ``cutoff``. ``memworker forget`` holds the project's advisory
+one; and user, when it names one: ``''`` is the anonymous bucket, data of no user) that
+occurred before its ``cutoff``. ``memworker forget`` holds the project's advisory
 lock exclusive while it writes the row and deletes the rows it covers; a writer of the
 project's rows holds it shared (``lock_projects``) and checks the table in the same
 transaction, so a row is either written before the forget (and deleted by it) or checked after
@@ -23,6 +24,7 @@ NOT_ERASED = """NOT EXISTS (
     SELECT 1 FROM erasures r
     WHERE r.project_id = e.project_id
       AND (r.session_id IS NULL OR r.session_id = e.session_id)
+      AND (r.user_id IS NULL OR r.user_id = coalesce(e.user_id, ''))
       AND e.occurred_at < r.cutoff)"""
 """SQL: the episode ``e`` is not covered by any erasure."""
 
@@ -49,35 +51,50 @@ async def lock_projects(conn: AsyncConnection, projects: Iterable[str]) -> None:
     )
 
 
-async def erasure_cutoffs(conn: AsyncConnection) -> dict[tuple[str, str | None], datetime]:
-    """The latest cutoff of every scope (project, or project and session) ever forgotten."""
+Scope = tuple[str, str | None, str | None]
+"""What an erasure covers: ``(project, session or None, user or None)``; user ``''``: the
+anonymous bucket."""
+
+
+async def erasure_cutoffs(conn: AsyncConnection) -> dict[Scope, datetime]:
+    """The latest cutoff of every scope (project; and session; and user) ever forgotten."""
     rows = await conn.execute(
-        text("SELECT project_id, session_id, max(cutoff) FROM erasures GROUP BY 1, 2")
+        text("SELECT project_id, session_id, user_id, max(cutoff) FROM erasures GROUP BY 1, 2, 3")
     )
-    return {(r[0], r[1]): r[2] for r in rows}
+    return {(r[0], r[1], r[2]): r[3] for r in rows}
 
 
-async def covered(
-    conn: AsyncConnection, items: Sequence[tuple[str | None, str | None, datetime]]
-) -> list[bool]:
-    """For each ``(project_id, session_id, occurred_at)``: does an erasure cover it?"""
-    projects = sorted({p for p, _s, _t in items if p is not None})
+Item = tuple[str | None, str | None, datetime] | tuple[str | None, str | None, datetime, str | None]
+"""``(project_id, session_id, occurred_at[, user_id])`` of a piece of data (no user_id, or
+None: data of no user)."""
+
+
+async def covered(conn: AsyncConnection, items: Sequence[Item]) -> list[bool]:
+    """For each ``(project_id, session_id, occurred_at[, user_id])``: does an erasure cover
+    it? A project's erasure covers all of it; a session's, the session; a user's, the data of
+    that user (``''``: of no user) in the project (or its session)."""
+    projects = sorted({item[0] for item in items if item[0] is not None})
     if not projects:
         return [False] * len(items)
     rows = await conn.execute(
-        text("SELECT project_id, session_id, cutoff FROM erasures WHERE project_id = ANY(:p)"),
+        text(
+            "SELECT project_id, session_id, user_id, max(cutoff) FROM erasures"
+            " WHERE project_id = ANY(:p) GROUP BY 1, 2, 3"
+        ),
         {"p": projects},
     )
-    cutoffs: dict[tuple[str, str | None], datetime] = {}
-    for project, session, cutoff in rows:
-        known = cutoffs.get((project, session))
-        if known is None or known < cutoff:
-            cutoffs[(project, session)] = cutoff
+    cutoffs: dict[Scope, datetime] = {(r[0], r[1], r[2]): r[3] for r in rows}
     if not cutoffs:
         return [False] * len(items)
     out = []
-    for project, session, at in items:
-        whole = cutoffs.get((project, None)) if project is not None else None
-        own = cutoffs.get((project, session)) if project is not None and session else None
-        out.append((whole is not None and at < whole) or (own is not None and at < own))
+    for item in items:
+        project, session, at = item[0], item[1], item[2]
+        user = (item[3] if len(item) > 3 else None) or ""
+        if project is None:
+            out.append(False)
+            continue
+        scopes: list[Scope] = [(project, None, None), (project, None, user)]
+        if session:
+            scopes += [(project, session, None), (project, session, user)]
+        out.append(any((c := cutoffs.get(s)) is not None and at < c for s in scopes))
     return out

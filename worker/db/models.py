@@ -236,7 +236,8 @@ class Episode(Base):
 class Erasure(Base):
     """One ``forget`` (``worker.episodes.forgetting``): ids and times only, never content.
 
-    What it covers: the project's (or its one session's) data that occurred before ``cutoff``
+    What it covers: the project's (or its one session's; of its ``user_id`` only, when it names
+    one: ``''`` for the data of no user) data that occurred before ``cutoff``
     (when the forget ran, or its ``--before`` if earlier). The consolidator, every replay and
     the indexer skip what a row covers, so no replay brings it back. Kept for good: one small
     row per forget; delete a row only to let its data be stored again.

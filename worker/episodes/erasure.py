@@ -12,7 +12,7 @@ entries that carry the scope. The forgetting itself is ``worker.episodes.forgett
 from __future__ import annotations
 
 import base64
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Collection
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -24,13 +24,15 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 from worker import codec
 from worker.db.models import Episode, LifecycleEvent
 from worker.db.vectors import VECTOR_TABLE, has_vector_table, parse_vector
-from worker.episodes.forgetting import (
-    DEFAULT_MARKER_TTL_MS,
-    ForgetReceipt,
-    forget_everywhere,
-    row_scope,
+from worker.episodes.forget_scope import ForgetReceipt, row_scope, user_key
+from worker.episodes.forget_user import (
+    USER_TABLES,
+    export_user_tables,
+    live_user_sessions,
+    user_sessions,
 )
-from worker.episodes.scrubbing import scope_entries
+from worker.episodes.forgetting import DEFAULT_MARKER_TTL_MS, forget_everywhere
+from worker.episodes.scrubbing import UserScope, scope_entries
 from worker.ids import validate_id
 from worker.keys import FORGOTTEN_STATE, working_memory_key_re, working_memory_pattern
 
@@ -58,9 +60,13 @@ class ProjectExport:
     lifecycle_events: list[dict[str, Any]] = field(default_factory=list)
     working_memory: dict[str, dict[str, Any]] = field(default_factory=dict)
     stream_entries: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    user_id: str | None = None
+    """The user exported (``''``: the anonymous bucket); None: no user selector."""
+    user_memory: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    """With a user: the user's ``facts``, ``memory_blocks`` and ``memory_changes`` rows."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        document = {
             "project_id": self.project_id,
             "session_id": self.session_id,
             "episodes": self.episodes,
@@ -68,6 +74,9 @@ class ProjectExport:
             "working_memory": self.working_memory,
             "stream_entries": self.stream_entries,
         }
+        if self.user_id is not None:
+            document = {"user_id": self.user_id, **document, **self.user_memory}
+        return document
 
 
 async def working_memory_keys(
@@ -118,13 +127,15 @@ def _scope(
     project_id: str,
     session_id: str | None,
     before: datetime | None,
+    user: str | None = None,
+    sessions: Collection[str] = (),
 ) -> list[ColumnElement[bool]]:
     """The rows ``forget_project`` removes and ``export_project`` returns (ids validated
     before they reach SQL)."""
     validate_id(project_id, "project_id")
     if session_id is not None:
         validate_id(session_id, "session_id")
-    return row_scope(model, project_id, session_id, before)
+    return row_scope(model, project_id, session_id, before, user, sessions)
 
 
 async def forget_project(
@@ -138,10 +149,17 @@ async def forget_project(
     dry_run: bool = False,
     marker_ttl_ms: int = DEFAULT_MARKER_TTL_MS,
     shards: int | None = None,
+    user_id: str | None = None,
+    anonymous_user: bool = False,
 ) -> ForgetResult:
     """Forget the project (one session's, the history older than ``before``, when given)
     everywhere memworker keeps it: ``worker.episodes.forgetting.forget_everywhere``, the code
     ``memworker forget`` runs. Without ``redis`` and ``prefix`` only Postgres is cleared.
+
+    ``user_id``: only that user's data in the project (or session): sessions, turns, facts,
+    blocks, change-feed rows and entries. ``user_id=None`` is no user selector (the whole
+    project); the anonymous bucket (data of no user) is forgotten only with
+    ``anonymous_user=True`` (``Memory.forget(user_id=None)``'s meaning).
 
     ``before`` narrows only the history: working memory is live state, never "older".
     Raises ``ForgetIncompleteError`` (with the receipt) when anything could not be removed.
@@ -156,6 +174,8 @@ async def forget_project(
         dry_run=dry_run,
         marker_ttl_ms=marker_ttl_ms,
         shards=shards,
+        user_id=user_id,
+        anonymous_user=anonymous_user,
     )
     if not receipt.ok:
         raise ForgetIncompleteError(receipt)
@@ -188,15 +208,29 @@ async def export_project(
     redis: Redis | None = None,
     prefix: str | None = None,
     progress: Callable[[str, int], None] | None = None,
+    user_id: str | None = None,
+    anonymous_user: bool = False,
 ) -> ProjectExport:
     """Everything ``forget_project`` with the same arguments would remove, as JSON-ready data.
     ``progress(part, n)`` is told as each part grows (``memworker export``'s progress bar)."""
     tell = progress or (lambda _part, _n: None)
-    episode_query = select(Episode).where(*_scope(Episode, project_id, session_id, before))
+    user = user_key(user_id, anonymous_user)
+    sessions: set[str] = set()
+    live: dict[str, int] = {}
+    export = ProjectExport(project_id, session_id, user_id=user)
+    if user is not None:
+        async with engine.connect() as conn:
+            sessions = await user_sessions(conn, project_id, session_id, before, user)
+            export.user_memory = await export_user_tables(conn, project_id, user, before)
+        for part in USER_TABLES:
+            tell(part, len(export.user_memory[part]))
+        if redis is not None and prefix is not None:
+            live = await live_user_sessions(redis, prefix, project_id, session_id, user)
+            sessions.update(live)
+    episode_query = select(Episode).where(*_scope(Episode, project_id, session_id, before, user))
     event_query = select(LifecycleEvent).where(
-        *_scope(LifecycleEvent, project_id, session_id, before)
+        *_scope(LifecycleEvent, project_id, session_id, before, user, sessions)
     )
-    export = ProjectExport(project_id, session_id)
     async with AsyncSession(engine, expire_on_commit=False) as session:
         episodes = await session.scalars(episode_query.order_by(Episode.occurred_at, Episode.id))
         export.episodes = [e.to_dict() for e in episodes]
@@ -213,14 +247,19 @@ async def export_project(
         async for key, key_session, kind in working_memory_keys(
             redis, prefix, project_id, session_id
         ):
+            if user is not None and key_session not in live:
+                continue  # another user's session
             value = await _read_key(redis, key)
             if kind == "meta" and isinstance(value, dict) and value.get("state") == FORGOTTEN_STATE:
                 continue  # a forgotten session's marker: ids and a time, no memory
             if value is not None:
                 export.working_memory.setdefault(key_session, {})[kind] = value
                 tell("working memory keys", 1)
+    scope = None
+    if user is not None:
+        scope = UserScope(user, sessions, {e["id"] for e in export.episodes})
     async for stream, entry_id, fields in scope_entries(
-        redis, prefix, project_id, session_id, before
+        redis, prefix, project_id, session_id, before, scope
     ):
         export.stream_entries.setdefault(stream, []).append(
             {"id": entry_id, "fields": _json_ready(fields)}

@@ -31,6 +31,12 @@ what could not be). In this order, so that nothing forgotten can come back:
 
 With ``before``, only history older than it goes (rows and stream entries): live sessions and
 their keys are live state, never "older". ``dry_run`` counts and changes nothing.
+
+With ``user_id``, only that user's data in the project (or session) goes
+(``worker.episodes.forget_user``): the user's sessions (live ones by their ``meta``, finished
+ones by their episodes, results and stream entries) and everything of them as above, the
+user's turns, facts, blocks and change-feed rows and entries; the erasure record names the
+user, so it covers the user's data only. ``''`` is the anonymous bucket (data of no user).
 """
 
 from __future__ import annotations
@@ -52,7 +58,13 @@ from worker import codec
 from worker.db.erasures import lock_project
 from worker.db.models import Episode, Erasure, LifecycleEvent
 from worker.db.vectors import VECTOR_TABLE, has_vector_table
-from worker.episodes.scrubbing import FORGOTTEN_EVENT, scrub_streams
+from worker.episodes.forget_scope import ForgetReceipt, row_scope, user_key
+from worker.episodes.forget_user import (
+    forget_user_tables,
+    live_user_sessions,
+    user_sessions,
+)
+from worker.episodes.scrubbing import FORGOTTEN_EVENT, UserScope, scrub_streams
 from worker.erased import record_erased
 from worker.errors import one_line
 from worker.ids import validate_id
@@ -76,82 +88,13 @@ tombstone window, ``MEMWORKER_TOMBSTONE_TTL_SECONDS``)."""
 
 
 @dataclass(slots=True)
-class ForgetReceipt:
-    """What one forget removed, where, and how many; ``errors``: what it could not remove."""
-
-    project_id: str
-    session_id: str | None = None
-    before: datetime | None = None
-    dry_run: bool = False
-    erasure_id: str | None = None
-    cutoff: datetime | None = None
-    postgres: dict[str, int] = field(default_factory=dict)
-    redis: dict[str, int] = field(default_factory=dict)
-    streams: dict[str, int] = field(default_factory=dict)
-    errors: list[str] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        return not self.errors
-
-    def counts(self) -> dict[str, Any]:
-        return {
-            "postgres": dict(self.postgres),
-            "redis": dict(self.redis),
-            "streams": dict(self.streams),
-        }
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "project_id": self.project_id,
-            "session_id": self.session_id,
-            "before": self.before.isoformat() if self.before else None,
-            "dry_run": self.dry_run,
-            "erasure_id": self.erasure_id,
-            "cutoff": self.cutoff.isoformat() if self.cutoff else None,
-            **self.counts(),
-            "errors": list(self.errors),
-        }
-
-    def lines(self) -> list[str]:
-        """The receipt as a person reads it: one line per place."""
-        scope = f"project {self.project_id}"
-        if self.session_id:
-            scope += f", session {self.session_id}"
-        if self.before:
-            scope += f", history before {self.before.isoformat()}"
-        head = "would forget" if self.dry_run else "forgot"
-        out = [f"{head} {scope}" + (f" (erasure {self.erasure_id})" if self.erasure_id else "")]
-        for where, counts in (("postgres", self.postgres), ("redis", self.redis)):
-            for what, n in counts.items():
-                out.append(f"  {where} {what}: {n}")
-        for stream, n in sorted(self.streams.items()):
-            out.append(f"  stream {stream}: {n} entries")
-        return out
-
-
-@dataclass(slots=True)
 class _Found:
     """Sessions of the scope seen anywhere, and the result ids of deleted results."""
 
     sessions: set[str] = field(default_factory=set)
     marked: set[str] = field(default_factory=set)
     result_ids: set[str] = field(default_factory=set)
-
-
-def row_scope(
-    model: type[Episode] | type[LifecycleEvent],
-    project_id: str,
-    session_id: str | None,
-    before: datetime | None,
-) -> list[ColumnElement[bool]]:
-    """The rows a forget removes (and an export returns)."""
-    conditions = [model.project_id == project_id]
-    if session_id is not None:
-        conditions.append(model.session_id == session_id)
-    if before is not None:
-        conditions.append(model.occurred_at < before)
-    return conditions
+    episode_ids: set[str] = field(default_factory=set)
 
 
 async def forget_everywhere(
@@ -165,14 +108,19 @@ async def forget_everywhere(
     dry_run: bool = False,
     marker_ttl_ms: int = DEFAULT_MARKER_TTL_MS,
     shards: int | None = None,
+    user_id: str | None = None,
+    anonymous_user: bool = False,
 ) -> ForgetReceipt:
     """Forget the scope everywhere (see the module doc); never raises for one place that
     fails: its error is in ``receipt.errors`` and the other places are still cleared.
-    ``shards``: ``MEMWORKER_SHARDS`` (default: as the streams under the prefix show it)."""
+    ``shards``: ``MEMWORKER_SHARDS`` (default: as the streams under the prefix show it).
+    ``user_id``: only that user's data; ``anonymous_user``: only the data of no user."""
     validate_id(project_id, "project_id")
     if session_id is not None:
         validate_id(session_id, "session_id")
-    receipt = ForgetReceipt(project_id, session_id, before, dry_run)
+    receipt = ForgetReceipt(
+        project_id, session_id, before, dry_run, user_key(user_id, anonymous_user)
+    )
     found = _Found()
     live = redis is not None and prefix is not None
     if live and before is None:
@@ -197,7 +145,15 @@ async def forget_everywhere(
         await _step(
             receipt,
             "redis erasure record",
-            record_erased(redis, prefix, project_id, session_id, cutoff_ms),
+            record_erased(
+                redis,
+                prefix,
+                project_id,
+                session_id,
+                cutoff_ms,
+                user_id=receipt.user_id,
+                shards=shards or await _shard_count(redis, prefix),
+            ),
         )
     await _step(receipt, "redis streams", _scrub_streams(redis, prefix, receipt, found, cutoff_ms))
     if before is None:
@@ -231,6 +187,15 @@ def _ms(instant: datetime) -> int:
 async def _mark_live(
     redis: Redis, prefix: str, receipt: ForgetReceipt, found: _Found, ttl_ms: int
 ) -> None:
+    if receipt.user_id is not None:  # the user's live sessions only: their meta names the user
+        mine = await live_user_sessions(
+            redis, prefix, receipt.project_id, receipt.session_id, receipt.user_id
+        )
+        keys = [
+            SessionKeys(prefix, shard, receipt.project_id, s) for s, shard in sorted(mine.items())
+        ]
+        await _mark_all(redis, keys, receipt, found, ttl_ms)
+        return
     shard_re = working_memory_key_re(prefix, receipt.project_id, receipt.session_id)
     sessions: dict[str, int] = {}
     pattern = working_memory_pattern(prefix, receipt.project_id, receipt.session_id)
@@ -316,11 +281,18 @@ async def _shard_count(redis: Redis, prefix: str) -> int:
 async def _forget_rows(
     engine: AsyncEngine, receipt: ForgetReceipt, found: _Found, redis_now: datetime | None
 ) -> None:
-    project, session, before = receipt.project_id, receipt.session_id, receipt.before
-    episodes = row_scope(Episode, project, session, before)
-    events = row_scope(LifecycleEvent, project, session, before)
+    project, session, before, user = (
+        receipt.project_id,
+        receipt.session_id,
+        receipt.before,
+        receipt.user_id,
+    )
     async with engine.begin() as conn:
         await lock_project(conn, project)
+        if user is not None:  # the user's sessions: their results go, their keys are marked
+            found.sessions.update(await user_sessions(conn, project, session, before, user))
+        episodes = row_scope(Episode, project, session, before, user)
+        events = row_scope(LifecycleEvent, project, session, before, user, found.sessions)
         # After the lock: every row a writer committed before it is older than the cutoff.
         now: datetime = (await conn.execute(select(func.clock_timestamp()))).scalar_one()
         if redis_now is not None:
@@ -329,7 +301,10 @@ async def _forget_rows(
         vectors = await _count_vectors(conn, episodes)
         if receipt.dry_run:
             found.sessions.update(
-                s for s in (await conn.scalars(select(Episode.session_id).where(*episodes)))
+                s
+                for s in await conn.scalars(
+                    select(Episode.session_id).where(*episodes, Episode.turn_id.is_(None))
+                )
             )
             found.sessions.update(
                 s
@@ -348,23 +323,32 @@ async def _forget_rows(
                     session_id=session,
                     before=before,
                     cutoff=receipt.cutoff,
+                    user_id=user,
                 )
             )
-            gone = await conn.scalars(
-                delete(Episode).where(*episodes).returning(Episode.session_id)
-            )
-            sessions = list(gone)
-            n_episodes = len(sessions)
-            found.sessions.update(sessions)
+            gone = (
+                await conn.execute(
+                    delete(Episode)
+                    .where(*episodes)
+                    .returning(Episode.session_id, Episode.turn_id, Episode.id)
+                )
+            ).all()
+            n_episodes = len(gone)
+            found.sessions.update(s for s, turn, _id in gone if turn is None)
+            found.episode_ids.update(str(i) for _s, _turn, i in gone)
             gone_events = await conn.scalars(
                 delete(LifecycleEvent).where(*events).returning(LifecycleEvent.session_id)
             )
             event_sessions = list(gone_events)
             n_events = len(event_sessions)
             found.sessions.update(s for s in event_sessions if s is not None)
+        if user is not None:  # facts, blocks, the change feed's outbox
+            tables = await forget_user_tables(conn, project, user, before, dry_run=receipt.dry_run)
     receipt.postgres.update(
         episodes=n_episodes, lifecycle_events=n_events, episode_embeddings=vectors
     )
+    if user is not None:
+        receipt.postgres.update(tables)
 
 
 async def _count(
@@ -405,7 +389,15 @@ async def _scrub_streams(
     redis: Redis, prefix: str, receipt: ForgetReceipt, found: _Found, cutoff_ms: int
 ) -> None:
     scrubbed = await scrub_streams(
-        redis, prefix, receipt.project_id, receipt.session_id, cutoff_ms, receipt.dry_run
+        redis,
+        prefix,
+        receipt.project_id,
+        receipt.session_id,
+        cutoff_ms,
+        receipt.dry_run,
+        None
+        if receipt.user_id is None
+        else UserScope(receipt.user_id, set(found.sessions), set(found.episode_ids)),
     )
     receipt.streams.update(scrubbed.removed)
     found.sessions.update(scrubbed.sessions)
@@ -430,11 +422,13 @@ async def _forget_counters(
         if receipt.session_id is not None
         or codec.text(k).rpartition(":seq:")[2].partition("/")[0] == receipt.project_id
     ]
+    if receipt.user_id is not None:  # the user's sessions' only
+        seq_keys = [k for k in seq_keys if codec.text(k).rpartition("/")[2] in found.sessions]
     dedupe_keys = []
     async for k in redis.scan_iter(match=f"{p}:{{*}}:evt:{project}/*", count=SCAN_COUNT):
         if codec.text(k).rpartition(":evt:")[2].partition("/")[0] != receipt.project_id:
             continue
-        if receipt.session_id is None:
+        if receipt.session_id is None and receipt.user_id is None:
             dedupe_keys.append(k)
         else:  # a refused command's record holds its result's id: ours if we deleted it
             value = await redis.get(k)
@@ -462,6 +456,7 @@ async def _announce(redis: Redis, prefix: str, receipt: ForgetReceipt) -> None:
         "event_id": receipt.erasure_id or str(uuid.uuid4()),
         "project_id": receipt.project_id,
         "session_id": receipt.session_id,
+        "user_id": receipt.user_id,
         "before": receipt.before.isoformat() if receipt.before else None,
         "cutoff": receipt.cutoff.isoformat() if receipt.cutoff else None,
         "occurred_at": datetime.now(UTC).isoformat().replace("+00:00", "Z"),

@@ -353,8 +353,11 @@ class EpisodeStore:
         dry_run: bool = False,
         marker_ttl_ms: int = DEFAULT_MARKER_TTL_MS,
         shards: int | None = None,
+        user_id: str | None = None,
+        anonymous_user: bool = False,
     ) -> ForgetResult:
-        """Forget the project (a session, the history before a time) everywhere memworker
+        """Forget the project (a session, the history before a time; a user's data only, with
+        ``user_id``, or the data of no user, with ``anonymous_user``) everywhere memworker
         keeps it: ``forget_project``, the code ``memworker forget`` runs; ``result.receipt``
         says what went where."""
         return await forget_project(
@@ -367,6 +370,8 @@ class EpisodeStore:
             dry_run=dry_run,
             marker_ttl_ms=marker_ttl_ms,
             shards=shards,
+            user_id=user_id,
+            anonymous_user=anonymous_user,
         )
 
     async def export(
@@ -377,6 +382,8 @@ class EpisodeStore:
         before: datetime | None = None,
         redis: Redis | None = None,
         prefix: str | None = None,
+        user_id: str | None = None,
+        anonymous_user: bool = False,
     ) -> ProjectExport:
         """Everything ``forget`` with the same arguments would remove: ``export_project``."""
         return await export_project(
@@ -386,6 +393,8 @@ class EpisodeStore:
             before=before,
             redis=redis,
             prefix=prefix,
+            user_id=user_id,
+            anonymous_user=anonymous_user,
         )
 
     # -- internals -------------------------------------------------------------------------------

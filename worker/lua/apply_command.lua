@@ -195,6 +195,18 @@ local function reject_forgotten()
   return out
 end
 
+-- Whether this spawn names a user `memworker forget --user` forgot, and was published before
+-- that forget's cutoff (in flight while it ran): the shard's hash of forgotten users, in the
+-- meta key's slot (its name up to the shard's tag), field project@user (worker.erased).
+local function spawn_user_forgotten()
+  local user_id = args[o + tonumber(args[o]) - 1]
+  if user_id == '' then return false end
+  local head, project = string.match(K_META, '^(.*}):s:([^/]*)/')
+  if not head then return false end
+  local cutoff = call('HGET', head .. ':erased_users', project .. '@' .. user_id)
+  return cutoff and tonumber(string.match(entry_id, '^%d+')) < tonumber(cutoff) or false
+end
+
 local function spawn()
   if state then
     advance_seq()
@@ -464,6 +476,8 @@ local function apply_one()
   -- A forgotten session (memworker forget marked it) answers every command, whatever its
   -- seq, with forgotten: ids only.
   if state == 'forgotten' and op ~= 'reject' then return reject_forgotten() end
+  -- So does a spawn naming a forgotten user, published before the forget's cutoff.
+  if op == 'spawn' and spawn_user_forgotten() then return reject_forgotten() end
 
   -- A terminated session answers every command, whatever its seq, with already_terminated.
   if state == 'terminated' and op ~= 'reject' then

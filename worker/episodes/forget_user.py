@@ -1,0 +1,155 @@
+"""A user's part of a forget (``memworker forget --user``): ``worker.episodes.forgetting``.
+
+A user's data in a project: the episodes of the sessions whose spawn named the user and the
+user's turns (``episodes.user_id``), the results of those sessions (``lifecycle_events``: each
+result carries the session's ``user_id``), facts (``facts.user_id``), pinned blocks
+(``memory_blocks.user_key``), the change feed's outbox rows (``memory_changes.payload``), the
+working memory of the user's live sessions (their ``meta`` hash holds the spawn's
+``user_id``), and the stream entries that carry any of it (``worker.episodes.scrubbing``).
+
+The user ``''`` is the anonymous bucket: data of no user (``user_id`` null); named users' ids
+are never empty (``worker.ids.validate_id``). A session's own erasure and a project's are not
+touched here: ``user`` None means "no user selector".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from datetime import datetime
+from typing import Any
+
+import orjson
+from redis.asyncio import Redis
+from sqlalchemy import ColumnElement, false, func, or_, text
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from worker import codec
+from worker.db.models import Episode, LifecycleEvent
+from worker.keys import FORGOTTEN_STATE, working_memory_key_re, working_memory_pattern
+
+SCAN_COUNT = 1_000
+USER_TABLES = ("facts", "memory_blocks", "memory_changes")
+"""The user-memory tables a user's forget clears (beside episodes and results)."""
+
+
+def episode_user(user: str) -> ColumnElement[bool]:
+    """SQL: an episode (a session's or a turn) of ``user`` (``''``: of no user)."""
+    return Episode.user_id.is_(None) if user == "" else Episode.user_id == user
+
+
+def event_user(user: str, sessions: Collection[str]) -> ColumnElement[bool]:
+    """SQL: a result of ``user``: it says so (every result of a user's session carries the
+    user), or it is of one of the user's ``sessions``."""
+    says = func.coalesce(LifecycleEvent.payload["user_id"].astext, "") == user
+    if user == "":  # a result of no user: none named, and not a named user's session
+        says = LifecycleEvent.payload["user_id"].astext.is_(None)
+    of_session = LifecycleEvent.session_id.in_(sorted(sessions)) if sessions else false()
+    return or_(says, of_session)
+
+
+async def user_sessions(
+    conn: AsyncConnection,
+    project_id: str,
+    session_id: str | None,
+    before: datetime | None,
+    user: str,
+) -> set[str]:
+    """The sessions of ``user`` Postgres knows: of its session episodes (not turns: a turn's
+    session id is the caller's own) and of the results that carry the user."""
+    where = "project_id = :p AND turn_id IS NULL AND " + (
+        "user_id IS NULL" if user == "" else "user_id = :u"
+    )
+    params: dict[str, Any] = {"p": project_id, "u": user, "s": session_id, "b": before}
+    if session_id is not None:
+        where += " AND session_id = :s"
+    if before is not None:
+        where += " AND occurred_at < :b"
+    found = {
+        r[0]
+        for r in await conn.execute(text(f"SELECT session_id FROM episodes WHERE {where}"), params)
+    }
+    events = "project_id = :p AND session_id IS NOT NULL AND " + (
+        "NOT (payload ? 'user_id') AND type = 'agent.spawned'"
+        if user == ""
+        else "payload->>'user_id' = :u"
+    )
+    if session_id is not None:
+        events += " AND session_id = :s"
+    if before is not None:
+        events += " AND occurred_at < :b"
+    rows = await conn.execute(
+        text(f"SELECT DISTINCT session_id FROM lifecycle_events WHERE {events}"), params
+    )
+    found.update(r[0] for r in rows)
+    return found
+
+
+def _user_tables_where(user: str, before: datetime | None) -> dict[str, str]:
+    anonymous = user == ""
+    facts = "project_id = :p AND " + ("user_id IS NULL" if anonymous else "user_id = :u")
+    blocks = "project_id = :p AND user_key = :u"
+    changes = "project_id = :p AND " + (
+        "coalesce(payload->>'user_id', '') = ''" if anonymous else "payload->>'user_id' = :u"
+    )
+    if before is not None:
+        facts += " AND recorded_at < :b"
+        blocks += " AND updated_at < :b"
+        changes += " AND (payload->>'occurred_at')::timestamptz < :b"
+    return {"facts": facts, "memory_blocks": blocks, "memory_changes": changes}
+
+
+async def forget_user_tables(
+    conn: AsyncConnection,
+    project_id: str,
+    user: str,
+    before: datetime | None,
+    *,
+    dry_run: bool,
+) -> dict[str, int]:
+    """Delete (count, when ``dry_run``) the user's facts, blocks and outbox rows."""
+    params = {"p": project_id, "u": user, "b": before}
+    counts = {}
+    for table, where in _user_tables_where(user, before).items():
+        if dry_run:
+            statement = f"SELECT count(*) FROM {table} WHERE {where}"
+            counts[table] = int((await conn.execute(text(statement), params)).scalar_one())
+        else:
+            statement = f"DELETE FROM {table} WHERE {where} RETURNING 1"
+            counts[table] = len((await conn.execute(text(statement), params)).all())
+    return counts
+
+
+async def export_user_tables(
+    conn: AsyncConnection, project_id: str, user: str, before: datetime | None
+) -> dict[str, list[dict[str, Any]]]:
+    """The rows ``forget_user_tables`` would delete, as JSON-ready objects."""
+    params = {"p": project_id, "u": user, "b": before}
+    out: dict[str, list[dict[str, Any]]] = {}
+    for table, where in _user_tables_where(user, before).items():
+        statement = f"SELECT row_to_json(x)::text FROM {table} x WHERE {where}"
+        if table == "facts":  # its search vector is derived, not data
+            statement = f"SELECT (to_jsonb(x) - 'search_vector')::text FROM {table} x WHERE {where}"
+        out[table] = [orjson.loads(r[0]) for r in await conn.execute(text(statement), params)]
+    return out
+
+
+async def live_user_sessions(
+    redis: Redis, prefix: str, project_id: str, session_id: str | None, user: str
+) -> dict[str, int]:
+    """Session → shard of each session of the project (or the one session) kept in Redis whose
+    ``meta`` names ``user`` (``''``: a live session whose spawn named none). A tombstone keeps
+    no user: a finished session is found through Postgres or the streams."""
+    exact = working_memory_key_re(prefix, project_id, session_id)
+    found: dict[str, int] = {}
+    pattern = working_memory_pattern(prefix, project_id, session_id)
+    async for raw in redis.scan_iter(match=pattern, count=SCAN_COUNT):
+        key = codec.text(raw)
+        match = exact.match(key)
+        if match is None or match["kind"] != "meta":
+            continue
+        state, owner = await redis.hmget(key, ["state", "user_id"])
+        if state is None or codec.text(state) == FORGOTTEN_STATE:
+            continue
+        if (codec.text(owner) if owner is not None else "") == user:
+            found[match["session"]] = int(key[len(prefix) + 2 : key.index("}", len(prefix))])
+    return found
