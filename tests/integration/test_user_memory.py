@@ -861,7 +861,6 @@ async def test_every_change_is_on_the_feed_in_order_without_content(
     await memory.remember(turn("t-1", secrets[1], user_id="alice", output=secrets[4]))
     old = await memory.facts.append(fact(secrets[2]))
     new = await memory.facts.append(fact(secrets[3], valid_from=T + timedelta(days=1)))
-    assert await memory.forget(user_id="alice") == 4
 
     events = await feed(redis, um_settings)
     assert [e["type"] for e in events] == [
@@ -870,21 +869,25 @@ async def test_every_change_is_on_the_feed_in_order_without_content(
         "fact.added",
         "fact.added",
         "fact.superseded",
-        "memory.forgotten",
     ]
     assert all(e["project_id"] == PROJECT and e["user_id"] == "alice" for e in events)
     assert len({e["event_id"] for e in events}) == len(events)
-    block, remembered, added_old, added_new, superseded, forgotten = events
+    block, remembered, added_old, added_new, superseded = events
     assert block["name"] == "persona" and block["pinned_order"] == 0
     assert remembered["episode_id"] == "t-1" and remembered["session_id"] == "s-1"
     assert (added_old["fact_id"], added_new["fact_id"]) == (old, new)
     assert (superseded["fact_id"], superseded["superseded_by"]) == (old, new)
-    assert forgotten["counts"] == {"episodes": 1, "facts": 2, "blocks": 1}
     raw = b"\n".join(await feed_entries(redis, um_settings))
     for secret in secrets:
         for word in secret.split():
             if len(word) > 4:
                 assert word.encode() not in raw, word
+
+    # forget deletes the user's entries from the feed too (#23), then says what went
+    assert await memory.forget(user_id="alice") == 4
+    [forgotten] = await feed(redis, um_settings)
+    assert forgotten["type"] == "memory.forgotten" and forgotten["user_id"] == "alice"
+    assert forgotten["counts"] == {"episodes": 1, "facts": 2, "blocks": 1}
     assert await owed_events(engine) == []  # all published, the outbox is empty
 
 

@@ -342,12 +342,13 @@ async def _forget_rows(
             event_sessions = list(gone_events)
             n_events = len(event_sessions)
             found.sessions.update(s for s in event_sessions if s is not None)
-        if user is not None:  # facts, blocks, the change feed's outbox
+        if user is not None and session is None:  # facts, blocks, the feed's outbox: a
+            # user's, of no session (a session's forget leaves them, as LoomFlow's does)
             tables = await forget_user_tables(conn, project, user, before, dry_run=receipt.dry_run)
     receipt.postgres.update(
         episodes=n_episodes, lifecycle_events=n_events, episode_embeddings=vectors
     )
-    if user is not None:
+    if user is not None and session is None:
         receipt.postgres.update(tables)
 
 

@@ -21,7 +21,7 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from worker.connections import client_for
 from worker.db.batch import mark_announced
@@ -30,13 +30,14 @@ from worker.db.vectors import VECTOR_TABLE, has_vector_table
 from worker.episodes.announcements import Announcement
 from worker.episodes.changes import change_event, owe, publish_owed
 from worker.episodes.embedding import Embedder, EmbeddingError, embedder_from_settings
+from worker.episodes.erasure import forget_project
 from worker.ids import validate_id
 from worker.keys import episodes_stream
 from worker.logs import get_logger
 from worker.settings import Settings
 from worker.user_memory import blocks, turns
 from worker.user_memory.extractors import Extractor, run_extractor
-from worker.user_memory.facts import FactStore, delete_facts
+from worker.user_memory.facts import FactStore
 from worker.user_memory.models import (
     Episode,
     EpisodeMatch,
@@ -46,6 +47,7 @@ from worker.user_memory.models import (
     MemoryProfile,
     Message,
     as_episode,
+    check_user_id,
     warn_isolation,
 )
 from worker.user_memory.recall import embed_query, recall_scored
@@ -365,61 +367,59 @@ class Memory:
         session_id: str | None = None,
         before: datetime | None = None,
     ) -> int:
-        """Remove the user's episodes (of one session, or older than ``before``) with their
-        vectors; without ``session_id`` their facts and blocks too. How many items went.
+        """Forget the user's episodes (of one session, or older than ``before``) everywhere
+        memworker keeps them, vectors and stream entries included, through the code
+        ``memworker forget --user`` runs (``worker.episodes.erasure.forget_project``: an
+        erasure record keeps every replay from bringing them back); without ``session_id``
+        the user's facts and blocks too. ``user_id=None`` is the anonymous bucket. How many
+        episodes, facts and blocks went (LoomFlow's count). Raises
+        ``ForgetIncompleteError`` when something could not be removed.
 
         In a LoomFlow program, the fact extractions its ``AutoExtractMemory`` still runs on
         what this forgets are stopped first (LoomFlow's rule), so none writes a fact back."""
+        check_user_id(user_id)
         extractions = sys.modules.get("loomflow.memory._extractions")
         if extractions is not None:
             await extractions.stop_extractions(
                 self, user_id=user_id, session_id=session_id, before=before
             )
-        where = f"project_id = :p AND {turns.partition(user_id)}"
-        params: dict[str, Any] = {"p": self.project_id, "u": user_id}
-        if session_id is not None:
-            where += " AND session_id = :s"
-            params["s"] = session_id
-        if before is not None:
-            where += " AND occurred_at < :before"
-            params["before"] = before
+        result = await forget_project(
+            self.engine,
+            self.project_id,
+            session_id=session_id,
+            before=before,
+            redis=self.redis,  # type: ignore[arg-type]
+            prefix=self.settings.stream_prefix,
+            shards=self.settings.shards,
+            user_id=user_id,
+            anonymous_user=user_id is None,
+        )
+        removed = result.receipt.postgres if result.receipt is not None else {}
+        counts = {
+            "episodes": removed.get("episodes", 0),
+            "facts": removed.get("facts", 0),
+            "blocks": removed.get("memory_blocks", 0),
+        }
+        if session_id is None and not self._facts_are_ours():
+            counts["facts"] = await self._delete_other_facts(user_id, before)
         async with self.engine.begin() as conn:
-            removed = len(
-                (
-                    await conn.execute(
-                        text(f"DELETE FROM episodes WHERE {where} RETURNING id"), params
-                    )
-                ).all()
-            )
-            counts = {"episodes": removed, "facts": 0, "blocks": 0}
-            if session_id is None:
-                counts["facts"] = await self._delete_facts(conn, user_id, before)
-                counts["blocks"] = await blocks.delete_blocks(
-                    conn, self.project_id, user_id, before
-                )
-            await owe(
-                conn,
+            event = change_event(
+                "memory.forgotten",
                 self.project_id,
-                [
-                    change_event(
-                        "memory.forgotten",
-                        self.project_id,
-                        user_id,
-                        f"{user_id}/{session_id}",
-                        session_id=session_id,
-                        before=None if before is None else before.isoformat(),
-                        counts=counts,
-                    )
-                ],
+                user_id,
+                f"{user_id}/{session_id}",
+                session_id=session_id,
+                before=None if before is None else before.isoformat(),
+                counts=counts,
             )
+            await owe(conn, self.project_id, [event])
         await self._flush_quietly()
         return sum(counts.values())
 
-    async def _delete_facts(
-        self, conn: AsyncConnection, user_id: str | None, before: datetime | None
-    ) -> int:
-        if isinstance(self.facts, FactStore) and self.facts.project_id == self.project_id:
-            return await delete_facts(conn, self.project_id, user_id, before)
+    def _facts_are_ours(self) -> bool:
+        return isinstance(self.facts, FactStore) and self.facts.project_id == self.project_id
+
+    async def _delete_other_facts(self, user_id: str | None, before: datetime | None) -> int:
         deleter = getattr(self.facts, "delete", None)  # LoomFlow's rule: a store without one
         return int(await deleter(user_id=user_id, before=before)) if callable(deleter) else 0
 

@@ -19,6 +19,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from worker.ids import validate_id
+
 _CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 
 
@@ -47,20 +49,12 @@ def normalize_predicate(value: str) -> str:
     return _NON_WORD.sub("_", _CAMEL.sub(r"\1_\2", value)).lower().strip("_")
 
 
-MAX_USER_ID = 256
-
-
 def check_user_id(user_id: str | None) -> str | None:
-    """A user id (None: the anonymous bucket): any non-empty text up to ``MAX_USER_ID``
-    characters (LoomFlow's ids are free text: an email address is one)."""
-    if user_id is not None and (
-        not isinstance(user_id, str) or not 0 < len(user_id) <= MAX_USER_ID
-    ):
-        raise ValueError(
-            f"user_id is None (anonymous) or 1-{MAX_USER_ID} characters of text, not"
-            f" {user_id!r:.80}"
-        )
-    return user_id
+    """A user id (None: the anonymous bucket) follows the id rule of every id memworker
+    keeps (``worker.ids``: 1-128 characters of ``[A-Za-z0-9._:-]``), as a spawn's ``user_id``
+    does, so a session's user and a turn's are one user: map other text (an email address)
+    to an id first."""
+    return None if user_id is None else validate_id(user_id, "user_id")
 
 
 class IsolationWarning(UserWarning):
