@@ -23,7 +23,7 @@ from worker.episodes.embedding import LocalEmbedder
 from worker.episodes.indexer import INDEXER_GROUP, Indexer, reindex
 from worker.episodes.remember import remember
 from worker.episodes.store import EpisodeStore, RecallMode
-from worker.keys import episodes_stream
+from worker.keys import changes_stream, episodes_stream
 from worker.settings import Settings
 
 
@@ -246,7 +246,9 @@ async def test_forget_counts_the_vectors_and_no_replayed_announcement_embeds_the
 
     assert removed.receipt is not None
     assert removed.receipt.postgres["episode_embeddings"] == 3
-    assert removed.receipt.streams == {stream: 3}  # the project's episode.recorded
+    feed = changes_stream(prefix, "acme", vector_settings.shards)
+    # the project's episode.recorded, and its episode.recallable on the change feed
+    assert removed.receipt.streams == {stream: 3, feed: 3}
     assert len(await vector_rows(vector_engine)) == 3  # the other project's are kept
     # A partial restore brings an episode row and every announcement back: nothing is embedded.
     kept = {c.name for c in Episode.__table__.columns if c.name != "search_vector"}

@@ -15,7 +15,7 @@ from worker.episodes.indexer import Indexer
 from worker.keys import changes_stream
 from worker.settings import Settings
 from worker.user_memory.memory import Memory
-from worker.user_memory.models import Episode
+from worker.user_memory.models import Episode, Fact
 
 
 async def test_a_turn_is_recallable_by_meaning_once_indexed_and_the_feed_says_so(
@@ -51,7 +51,7 @@ async def test_a_turn_is_recallable_by_meaning_once_indexed_and_the_feed_says_so
         assert words.episode.id == turns[0].id and words.vector_score is None
 
         indexed = await Indexer(vector_settings, redis, vector_engine, embedder).run_once()
-        assert indexed == 3
+        assert indexed >= 3  # the announcements, and the change feed the indexer reads too
 
         entries: Any = await redis.xrange(
             changes_stream(vector_settings.stream_prefix, "vet", vector_settings.shards)
@@ -66,3 +66,31 @@ async def test_a_turn_is_recallable_by_meaning_once_indexed_and_the_feed_says_so
         assert matches[0].vector_score is not None and 0.3 < matches[0].vector_score <= 1.0
         assert matches[0].bm25_score is None  # no word in common: found by meaning alone
         assert all(m.episode.user_id == "ann" for m in matches)
+
+
+async def test_facts_are_recalled_by_meaning_once_the_indexer_embeds_them(
+    vector_engine: AsyncEngine, redis: Redis, vector_settings: Settings, embedder: LocalEmbedder
+) -> None:
+    async with Memory("kb", settings=vector_settings, engine=vector_engine, redis=redis) as memory:
+        food = await memory.facts.append(
+            Fact(user_id="ann", subject="ann", predicate="likes", object="spicy Thai curry")
+        )
+        await memory.facts.append(
+            Fact(user_id="ann", subject="ann", predicate="owns", object="a red bicycle")
+        )
+        await memory.facts.append(
+            Fact(user_id="bob", subject="bob", predicate="likes", object="spicy Thai curry")
+        )
+        query = "what meal does she enjoy eating"
+        assert await memory.recall_facts(query, user_id="ann") == []  # no word in common yet
+
+        await Indexer(vector_settings, redis, vector_engine, embedder).run_once()  # the feed
+
+        [best, *_rest] = await memory.recall_facts(query, user_id="ann")
+        assert best.id == food
+        assert all(f.user_id == "ann" for f in await memory.recall_facts(query, user_id="ann"))
+        # words still find a fact at once, before the indexer sees it
+        late = await memory.facts.append(
+            Fact(user_id="ann", subject="ann", predicate="speaks", object="Portuguese")
+        )
+        assert late in [f.id for f in await memory.recall_facts("Portuguese", user_id="ann")]

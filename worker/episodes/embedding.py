@@ -160,6 +160,11 @@ def embedder_from_settings(settings: Settings) -> Embedder:
     return LocalEmbedder()
 
 
+def fact_text(subject: str, predicate: str, object_: str) -> str:
+    """What a fact is embedded as: its triple, ``subject predicate object``."""
+    return f"{subject} {predicate} {object_}"
+
+
 def episode_text(
     task_description: str | None, lessons_learned: Sequence[Any], context_summary: str | None
 ) -> str:

@@ -1,4 +1,5 @@
-"""The indexer (``memworker index``): embeds every announced episode, off the hot path.
+"""The indexer (``memworker index``): embeds every announced episode, and every fact the change
+feed announces (``fact.added`` on ``P:changes:{j}``), off the hot path.
 
 It follows ``P:episodes`` in consumer group ``indexer`` on the shared loop
 (``worker.consumers.loop.GroupConsumer``: own pending first, reclaim, delivery cap, DLQ
@@ -52,8 +53,14 @@ from worker.db.vectors import (
     store_vectors,
 )
 from worker.episodes.changes import change_event, owe, publish_owed
-from worker.episodes.embedding import Embedder, EmbeddingError, embedder_from_settings, episode_text
-from worker.keys import episodes_stream
+from worker.episodes.embedding import (
+    Embedder,
+    EmbeddingError,
+    embedder_from_settings,
+    episode_text,
+    fact_text,
+)
+from worker.keys import all_changes_streams, episodes_stream
 from worker.logs import get_logger
 from worker.metrics import EPISODES_INDEXED, INDEX_SECONDS
 from worker.settings import Settings
@@ -73,12 +80,37 @@ class Announced:
     episode_id: str
 
 
+@dataclass(frozen=True, slots=True)
+class AddedFact:
+    """A ``fact.added`` of the change feed: the fact to embed."""
+
+    entry: StreamEntry
+    project_id: str
+    fact_id: str
+
+
 @dataclass(slots=True)
 class IndexBatch:
     episodes: list[Announced] = field(default_factory=list)
+    facts: list[AddedFact] = field(default_factory=list)
     rejected: list[Rejection] = field(default_factory=list)
     other: list[StreamEntry] = field(default_factory=list)
-    """Other events of ``P:episodes`` (``memory.forgotten``): acknowledged, nothing to embed."""
+    """Other events (``memory.forgotten``, the feed's other changes): acknowledged, nothing
+    to embed."""
+
+
+def parse_change(entry: StreamEntry) -> AddedFact | None:
+    """The fact a ``fact.added`` entry of the change feed names; None for another change;
+    ValueError when the entry is no change event."""
+    raw = entry.fields.get("data", entry.fields.get(b"data"))
+    if raw is None:
+        raise ValueError("no 'data' field")
+    event = orjson.loads(raw)
+    if not isinstance(event, dict) or not isinstance(event.get("type"), str):
+        raise ValueError("not a change event")
+    if event["type"] != "fact.added":
+        return None
+    return AddedFact(entry, str(event["project_id"]), str(event["fact_id"]))
 
 
 def parse_announcement(entry: StreamEntry) -> Announced:
@@ -174,7 +206,9 @@ class Indexer(GroupService):
         self.redis = redis
         self.engine = engine
         self.embedder = embedder or embedder_from_settings(settings)
-        self.streams = (episodes_stream(settings.stream_prefix),)
+        self._changes = tuple(all_changes_streams(settings.stream_prefix, settings.shards))
+        self.streams = (episodes_stream(settings.stream_prefix), *self._changes)
+        self._episode_entries = 0
         self._dlq = indexer_dlq(settings.stream_prefix)
         self._vectors: bool | None = None
         self.loop: GroupConsumer[IndexBatch] = GroupConsumer.from_settings(
@@ -213,6 +247,17 @@ class Indexer(GroupService):
     async def prepare(self, entries: Sequence[StreamEntry]) -> IndexBatch:
         batch = IndexBatch()
         for entry in entries:
+            if entry.stream in self._changes:
+                try:
+                    added = parse_change(entry)
+                except Exception as exc:
+                    batch.rejected.append(Rejection(entry, "unparseable", repr(exc)))
+                    continue
+                if added is None:
+                    batch.other.append(entry)
+                else:
+                    batch.facts.append(added)
+                continue
             if _is_forgotten_event(entry):
                 batch.other.append(entry)
                 continue
@@ -222,10 +267,41 @@ class Indexer(GroupService):
                 batch.rejected.append(Rejection(entry, "unparseable", repr(exc)))
         return batch
 
+    async def run_once(self) -> int:
+        """Handle everything available now; how many entries of ``P:episodes`` were finished
+        (the change feed's, which the indexer reads too, are not counted)."""
+        before = self._episode_entries
+        await self.loop.run_once()
+        return self._episode_entries - before
+
     async def finish(self, batch: IndexBatch) -> BatchOutcome:
+        outcome = await self._finish(batch)
+        self._episode_entries += sum(
+            1
+            for entry in (*outcome.done, *(r.entry for r in outcome.rejected))
+            if entry.stream not in self._changes
+        )
+        return outcome
+
+    async def _finish(self, batch: IndexBatch) -> BatchOutcome:
         started = time.perf_counter()
         outcome = BatchOutcome(rejected=list(batch.rejected))
         outcome.done.extend(batch.other)
+        if batch.facts:  # no pgvector needed: a fact's vector is a float8[] beside it
+            try:
+                await embed_facts(
+                    self.engine, self.embedder, [(f.project_id, f.fact_id) for f in batch.facts]
+                )
+            except EmbeddingError as exc:
+                raise StorageUnavailableError(f"embedder cannot be used: {exc}") from exc
+            except Exception as exc:
+                if is_connection_error(exc):
+                    raise StorageUnavailableError(first_line(exc)) from exc
+                outcome.failed.extend(
+                    Failure(f.entry, first_line(exc), {"fact_id": f.fact_id}) for f in batch.facts
+                )
+            else:
+                outcome.done.extend(f.entry for f in batch.facts)
         if not batch.episodes:
             return outcome
         if self._vectors is None:
@@ -270,6 +346,45 @@ class Indexer(GroupService):
                 log.warning(
                     "episode.recallable stays owed", project_id=project_id, error=first_line(exc)
                 )
+
+
+SELECT_UNEMBEDDED_FACTS = """
+SELECT f.project_id, f.id, f.subject, f.predicate, f.object FROM facts f
+JOIN unnest(CAST(:projects AS text[]), CAST(:ids AS text[])) AS w(project_id, id)
+  ON f.project_id = w.project_id AND f.id = w.id
+WHERE f.embedding_model IS DISTINCT FROM :model
+"""
+STORE_FACT_VECTOR = """
+UPDATE facts SET embedding = :vector, embedding_model = :model
+WHERE project_id = :project AND id = :id
+"""
+
+
+async def embed_facts(
+    engine: AsyncEngine, embedder: Embedder, facts: Sequence[tuple[str, str]]
+) -> int:
+    """Embed the facts ``(project_id, fact_id)`` that have no vector of ``embedder``'s model
+    (``facts.embedding``: what ``Memory.recall_facts`` ranks by meaning); how many. A fact
+    forgotten meanwhile is simply not there."""
+    params = {
+        "projects": [p for p, _f in facts],
+        "ids": [f for _p, f in facts],
+        "model": embedder.name,
+    }
+    async with engine.connect() as conn:
+        rows = (await conn.execute(text(SELECT_UNEMBEDDED_FACTS), params)).all()
+    if not rows:
+        return 0
+    vectors = await embedder.embed([fact_text(r.subject, r.predicate, r.object) for r in rows])
+    async with engine.begin() as conn:
+        await conn.execute(
+            text(STORE_FACT_VECTOR),
+            [
+                {"vector": list(v), "model": embedder.name, "project": r.project_id, "id": r.id}
+                for r, v in zip(rows, vectors, strict=True)
+            ],
+        )
+    return len(rows)
 
 
 SELECT_STALE = f"""

@@ -26,7 +26,12 @@ writers never leave two facts valid at once for one predicate.
   cosine to the query's vector, facts without a vector of that model left out, as LoomFlow
   does. The cosine is computed here over the user's candidate facts: a user's facts are few
   (hundreds, thousands); past ~10k per user this wants an index;
-- **by words** otherwise (Postgres full text, English stemming, any word of the query);
+- **by words and meaning** in a ``Memory`` without one: the indexer embeds every
+  ``fact.added`` (``worker.episodes.indexer``, off the write path, no model in the writer's
+  process), and once the project has such vectors, words (Postgres full text, English
+  stemming, any word of the query) and meaning are fused, so a fact is found by its words as
+  soon as it is appended and by its meaning once indexed;
+- **by words** alone before that;
 - an empty query gives the most recently recorded.
 """
 
@@ -44,6 +49,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from worker.db.models import SEARCH_CONFIG
 from worker.episodes.changes import change_event, owe
+from worker.episodes.embedding import fact_text
 from worker.user_memory.models import (
     Fact,
     as_fact,
@@ -158,7 +164,23 @@ def cosine(a: Sequence[float], b: Sequence[float]) -> float:
 
 
 def triple_text(fact: Fact) -> str:
-    return f"{fact.subject} {fact.predicate} {fact.object}"
+    return fact_text(fact.subject, fact.predicate, fact.object)
+
+
+FUSED_CANDIDATES = 50
+RRF_K = 60
+
+
+def fuse_facts(by_words: list[Fact], by_meaning: list[Fact]) -> list[Fact]:
+    """Words and meaning together, by reciprocal rank fusion (k = 60, equal weights): a fact
+    not embedded yet is still found by its words."""
+    score: dict[str, float] = {}
+    facts: dict[str, Fact] = {}
+    for ranking in (by_words, by_meaning):
+        for rank, fact in enumerate(ranking, start=1):
+            score[fact.id] = score.get(fact.id, 0.0) + 1.0 / (RRF_K + rank)
+            facts[fact.id] = fact
+    return [facts[i] for i in sorted(score, key=lambda i: (-score[i], i))]
 
 
 class FactStore:
@@ -171,11 +193,16 @@ class FactStore:
         after_change: Any = None,
         *,
         embedder: Any = None,
+        indexed_embedder: Any = None,
     ) -> None:
         self.engine = engine
         self.project_id = project_id
         self._after_change = after_change
         self.embedder = embedder
+        """Embeds each fact as it is appended, and every query (LoomFlow's ``embedder=``)."""
+        self.indexed_embedder = indexed_embedder
+        """Gives the embedder the indexer embeds facts with (``Memory``: the settings'), or
+        None: once facts of the project have its vectors, queries are embedded with it."""
 
     async def append(self, fact: Fact) -> str:
         """Store ``fact`` (LoomFlow's ``Fact`` too), superseding what it contradicts; its id
@@ -321,6 +348,21 @@ class FactStore:
             params["at"] = as_utc(valid_at)
         if query.strip() and self.embedder is not None:
             return await self._recall_by_meaning(query, where, params, limit)
+        by_words = await self._recall_by_words(query, where, params)
+        indexed = await self._indexed_embedder() if query.strip() else None
+        if indexed is None:
+            return by_words[: max(0, limit)]
+        saved, self.embedder = self.embedder, indexed
+        try:
+            by_meaning = await self._recall_by_meaning(query, where, params, FUSED_CANDIDATES)
+        finally:
+            self.embedder = saved
+        return fuse_facts(by_words, by_meaning)[: max(0, limit)]
+
+    async def _recall_by_words(
+        self, query: str, where: list[str], params: dict[str, Any]
+    ) -> list[Fact]:
+        where = list(where)
         if not query.strip():
             order = "recorded_at DESC, id DESC"
         else:
@@ -330,18 +372,34 @@ class FactStore:
             )
             where.append(f"search_vector @@ {words}")
             order = f"ts_rank(search_vector, {words}) DESC, length(subject || object), id"
-            params["q"] = query
+            params = {**params, "q": query}
         statement = text(
-            f"SELECT {_COLUMNS} FROM facts WHERE {' AND '.join(where)} ORDER BY {order} LIMIT :n"
+            f"SELECT {_COLUMNS} FROM facts WHERE {' AND '.join(where)} ORDER BY {order}"
+            f" LIMIT {FUSED_CANDIDATES}"
         )
         async with self.engine.connect() as conn:
             return [fact_from_row(r) for r in await conn.execute(statement, params)]
+
+    async def _indexed_embedder(self) -> Any:
+        """The settings' embedder once the indexer has embedded facts of this project with it
+        (``embed_facts``): then a query is embedded too and meaning joins words."""
+        if self.indexed_embedder is None:
+            return None
+        embedder = self.indexed_embedder()
+        if embedder is None:
+            return None
+        statement = text(
+            "SELECT 1 FROM facts WHERE project_id = :p AND embedding_model = :m LIMIT 1"
+        )
+        async with self.engine.connect() as conn:
+            found = await conn.execute(statement, {"p": self.project_id, "m": model_name(embedder)})
+            return embedder if found.first() is not None else None
 
     async def _recall_by_meaning(
         self, query: str, where: list[str], params: dict[str, Any], limit: int
     ) -> list[Fact]:
         [wanted] = await embed_texts(self.embedder, [query])
-        params["model"] = model_name(self.embedder)
+        params = {**params, "model": model_name(self.embedder)}
         statement = text(
             f"SELECT {_COLUMNS}, embedding FROM facts WHERE {' AND '.join(where)}"
             " AND embedding_model = :model"

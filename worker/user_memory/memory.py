@@ -92,9 +92,14 @@ class Memory:
         self.redis = redis
         self._consolidator = consolidator
         self._embedder = embedder
+        self._default_embedder: Embedder | None = None
         self._vectors = False
         self.facts: Any = fact_store or FactStore(
-            engine, self.project_id, after_change=self._flush_quietly, embedder=embedder
+            engine,
+            self.project_id,
+            after_change=self._flush_quietly,
+            embedder=embedder,
+            indexed_embedder=self._settings_embedder,
         )
         """LoomFlow's ``FactStore``: ours (the ``facts`` table) unless ``fact_store`` is given."""
 
@@ -273,11 +278,18 @@ class Memory:
         async with self.engine.connect() as conn:
             return (await conn.execute(statement, {"p": self.project_id})).first() is not None
 
+    def _settings_embedder(self) -> Embedder:
+        """The embedder of the settings (the indexer's), made once; its model loads on first
+        use only."""
+        if self._default_embedder is None:
+            self._default_embedder = embedder_from_settings(self.settings)
+        return self._default_embedder
+
     async def _query_embedder(self) -> Embedder | None:
         """The embedder for queries, once the project has vectors to compare with."""
         if self._vectors:
             return self._embedder
-        embedder = self._embedder or embedder_from_settings(self.settings)
+        embedder = self._embedder or self._settings_embedder()
         async with self.engine.connect() as conn:
             if not await has_vector_table(conn):
                 return None
