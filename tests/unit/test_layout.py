@@ -31,7 +31,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     "ops": {KERNEL, "db"},
     "lifecycle": {KERNEL, "consumers", "ops"},
     "episodes": {KERNEL, "consumers", "db"},
-    "user_memory": {KERNEL, "db", "episodes"},
+    "user_memory": {KERNEL, "consumers", "db", "episodes"},
     "consolidation": {KERNEL, "consumers", "db", "episodes", "user_memory", "lifecycle"},
     "agents": {KERNEL, "consumers", "db", "memory", "lifecycle"},
     "cli": {KERNEL, *ROOMS},

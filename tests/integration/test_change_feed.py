@@ -1,0 +1,113 @@
+"""Following the change feed (``follow_changes``): a subscriber reacts to every change to
+memory without polling, each event once per group, and a handler that fails is retried then
+dead-lettered, never skipped silently."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from redis.asyncio import Redis
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from schemas.streams import ChangeEvent
+from tests.integration.results_factory import migrated_engine
+from worker.settings import Settings
+from worker.user_memory.feed import feed_dlq, follow_changes
+from worker.user_memory.memory import Memory
+from worker.user_memory.models import Episode, Fact
+
+
+@pytest.fixture
+async def engine(database_url: str) -> AsyncIterator[AsyncEngine]:
+    async with migrated_engine(database_url) as engine:
+        yield engine
+
+
+@pytest.fixture
+def feed_settings(redis_url: str, prefix: str, database_url: str) -> Settings:
+    return Settings(
+        redis_url=redis_url,
+        stream_prefix=prefix,
+        database_url=database_url,
+        hook_retry_seconds=0.3,
+        max_deliveries=2,
+        block_ms=50,
+    )
+
+
+async def test_a_follower_sees_every_change_in_order_once(
+    engine: AsyncEngine, redis: Redis, feed_settings: Settings
+) -> None:
+    seen: list[ChangeEvent] = []
+    got_four = asyncio.Event()
+
+    async def on_change(event: ChangeEvent) -> None:
+        seen.append(event)
+        if len(seen) >= 4:
+            got_four.set()
+
+    stop, ready = asyncio.Event(), asyncio.Event()
+    following = asyncio.create_task(
+        follow_changes(on_change, "profile-cache", stop=stop, ready=ready, settings=feed_settings)
+    )
+    await asyncio.wait_for(ready.wait(), 10)
+    async with Memory("p", settings=feed_settings, engine=engine, redis=redis) as memory:
+        await memory.update_block("persona", "kind", user_id="ann")
+        await memory.remember(Episode(session_id="s", user_id="ann", input="hi", output="hello"))
+        await memory.facts.append(
+            Fact(user_id="ann", subject="ann", predicate="likes", object="tea")
+        )
+        await memory.facts.append(
+            Fact(user_id="ann", subject="ann", predicate="likes", object="coffee")
+        )
+    await asyncio.wait_for(got_four.wait(), 10)
+    await asyncio.sleep(0.3)  # nothing more arrives
+    stop.set()
+    await asyncio.wait_for(following, 10)
+    assert [e.type for e in seen] == [
+        "block.updated",
+        "episode.remembered",
+        "fact.added",
+        "fact.added",
+        "fact.superseded",
+    ]
+    assert all(e.user_id == "ann" for e in seen)
+
+
+async def test_a_handler_that_keeps_failing_is_dead_lettered_with_its_error(
+    engine: AsyncEngine, redis: Redis, feed_settings: Settings
+) -> None:
+    calls: list[str] = []
+
+    async def broken(event: ChangeEvent) -> None:
+        calls.append(event.event_id)
+        raise RuntimeError("cache is read-only")
+
+    stop, ready = asyncio.Event(), asyncio.Event()
+    following = asyncio.create_task(
+        follow_changes(broken, "broken", stop=stop, ready=ready, settings=feed_settings)
+    )
+    await asyncio.wait_for(ready.wait(), 10)
+    async with Memory("p", settings=feed_settings, engine=engine, redis=redis) as memory:
+        await memory.update_block("persona", "kind", user_id="ann")
+    dlq = feed_dlq(feed_settings.stream_prefix)
+    async with asyncio.timeout(15):
+        while not await redis.xlen(dlq):
+            await asyncio.sleep(0.1)
+    stop.set()
+    await asyncio.wait_for(following, 10)
+    entries: Any = await redis.xrange(dlq)
+    [(_id, letter)] = entries
+    assert b"cache is read-only" in letter[b"error"]
+    assert len(calls) >= 2  # retried before it was dead-lettered
+
+
+async def test_memworkers_own_group_cannot_be_followed(feed_settings: Settings) -> None:
+    async def nothing(event: ChangeEvent) -> None:
+        return None
+
+    with pytest.raises(ValueError, match="memworker's own"):
+        await follow_changes(nothing, "indexer", settings=feed_settings)
