@@ -91,8 +91,8 @@ async def add_filler(
 ) -> None:
     """``n`` episodes of ``project`` with vectors of ``model`` written directly (no embedding):
     random directions, or, with ``around``, that project's vectors each moved by a random one
-    of 0.3 to 1.8 times its length (cosine ~0.5-0.95 to it: other tenants' episodes on the same topics,
-    the hard case for a filter applied after the HNSW scan)."""
+    of 0.3 to 1.8 times its length (cosine ~0.5-0.95 to it: other tenants' episodes on the
+    same topics, the hard case for a filter applied after the HNSW scan)."""
     from sqlalchemy import text
 
     async with engine.begin() as conn:

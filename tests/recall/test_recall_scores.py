@@ -28,7 +28,7 @@ async def indexed_recall_set(
     return ids
 
 
-async def test_a_nonsense_querys_best_similarity_is_well_below_a_matching_ones_and_min_score_drops_it(
+async def test_a_nonsense_querys_best_similarity_is_well_below_a_match_and_min_score_drops_it(
     vector_engine: AsyncEngine, redis: Redis, vector_settings: Settings, embedder: LocalEmbedder
 ) -> None:
     await indexed_recall_set(vector_engine, redis, vector_settings, embedder, "acme")
@@ -102,7 +102,7 @@ async def test_recall_filters_by_agent_type_outcome_user_and_time(
         {"user_id": "ann"},
         {"until": old + timedelta(seconds=1)},
     ):
-        hits = await store.recall("acme", query, 10, **filters)  # type: ignore[arg-type]
+        hits = await store.recall("acme", query, 10, **filters)
         assert [str(h.episode.id) for h in hits] == [login], filters
     recent = await store.recall("acme", query, 50, since=old + timedelta(days=1))
     assert recent and login not in {str(h.episode.id) for h in recent}
