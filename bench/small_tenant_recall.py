@@ -95,7 +95,7 @@ async def table_of(
         store = EpisodeStore(engine, embedder, exact_below=exact_below)
         await store.recall(TENANT, "warm up", 10)
         for mode in ("vector", "hybrid"):
-            at3, results, p50 = await measure(store, ids, mode)  # type: ignore[arg-type]
+            at3, results, p50 = await measure(store, ids, mode)
             rows.append([store_label, label, mode, f"{at3:.2f}", f"{results:.1f}", f"{p50:.1f}"])
     return rows
 
