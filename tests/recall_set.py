@@ -56,3 +56,63 @@ async def remember_all(
         )
         ids[e.key] = str(done.episode_id)
     return ids
+
+
+FILLER_EPISODES = """
+INSERT INTO episodes (id, source_event_id, project_id, session_id, outcome, context_summary,
+    importance_score, occurred_at, announced_at)
+SELECT gen_random_uuid(), :project || '/filler-' || g, :project, 'filler-' || g, 'success',
+    'filler', 0.5, now() - g * interval '1 second', now()
+FROM generate_series(1, :n) g
+"""
+FILLER_VECTORS = """
+INSERT INTO episode_embeddings (episode_id, project_id, model, dimension, embedding)
+SELECT e.id, e.project_id, :model, :dimension,
+    CASE WHEN c.embedding IS NULL THEN r.noise ELSE c.embedding + r.noise END
+FROM (SELECT id, project_id, row_number() OVER () AS i FROM episodes
+      WHERE project_id = :project AND session_id LIKE 'filler-%') e
+CROSS JOIN LATERAL (
+    SELECT CAST(array_agg((random() - 0.5 + 0 * d) * :spread * (0.3 + (e.i % 7) / 4.0))
+        AS real[])::vector AS noise
+    FROM generate_series(1, :dimension) d) r
+LEFT JOIN (SELECT embedding, row_number() OVER () - 1 AS j FROM episode_embeddings
+           WHERE project_id = :around) c ON c.j = e.i % :centers
+"""
+
+
+async def add_filler(
+    engine: AsyncEngine,
+    project: str,
+    n: int,
+    *,
+    model: str,
+    dimension: int = 384,
+    around: str | None = None,
+) -> None:
+    """``n`` episodes of ``project`` with vectors of ``model`` written directly (no embedding):
+    random directions, or, with ``around``, that project's vectors each moved by a random one
+    of 0.3 to 1.8 times its length (cosine ~0.5-0.95 to it: other tenants' episodes on the
+    same topics, the hard case for a filter applied after the HNSW scan)."""
+    from sqlalchemy import text
+
+    async with engine.begin() as conn:
+        await conn.execute(text(FILLER_EPISODES), {"project": project, "n": n})
+        centers = 1
+        if around is not None:
+            count = await conn.execute(
+                text("SELECT count(*) FROM episode_embeddings WHERE project_id = :p"),
+                {"p": around},
+            )
+            centers = max(1, int(count.scalar_one()))
+        await conn.execute(
+            text(FILLER_VECTORS),
+            {
+                "project": project,
+                "model": model,
+                "dimension": dimension,
+                "around": around or "",
+                "centers": centers,
+                # uniform(-0.5, 0.5) has sd 0.289: times 1/(0.289 √dim) gives a unit length
+                "spread": 1 / (0.2887 * dimension**0.5),
+            },
+        )

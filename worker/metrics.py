@@ -123,6 +123,16 @@ INDEX_SECONDS = Histogram(
 EPISODES_INDEXED = Counter(
     "memworker_episodes_indexed_total", "Episodes embedded and stored by the indexer."
 )
+INDEX_BACKLOG = Gauge(
+    "memworker_index_backlog",
+    "Episodes announced on P:episodes the indexer has not indexed yet (pending + lag of its "
+    "group), every MEMWORKER_LAG_PROBE_SECONDS.",
+)
+INDEX_OLDEST_UNINDEXED = Gauge(
+    "memworker_index_oldest_unindexed_seconds",
+    "Age of the oldest announced episode the indexer has not indexed yet; 0 without backlog. "
+    "Past MEMWORKER_INDEX_MAX_LAG_SECONDS the indexer's /readyz says not ready.",
+)
 
 # Capacity (worker/ops/capacity.py), refreshed with the lag gauges by sampling, never per command.
 REDIS_USED_MEMORY = Gauge(

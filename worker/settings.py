@@ -133,6 +133,12 @@ class Settings(BaseSettings):
     index_nice: int = Field(default=10, ge=0, le=19)
     """``memworker index`` lowers its CPU priority by this much: embedding is off the hot path,
     so on shared cores the consolidator and the worker go first (BENCHMARKS.md)."""
+    index_max_lag_seconds: float = Field(default=300.0, gt=0)
+    """The indexer's ``/readyz`` says not ready while the oldest announced episode it has not
+    indexed is older than this (``worker.episodes.backlog``)."""
+    recall_exact_below: int = Field(default=10_000, ge=0)
+    """Recall searches a project (with its filters) of at most this many vectors exactly, not
+    by the HNSW index (``worker.episodes.vector_search``); 0: always the index."""
 
     # Operations.
     metrics_port: int | None = Field(default=None, ge=0, le=65_535)

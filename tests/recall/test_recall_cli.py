@@ -48,6 +48,20 @@ async def test_recall_json_lists_the_projects_best_episodes_first_with_their_fie
     assert scores == sorted(scores, reverse=True)
     for key in ("episode_id", "session_id", "outcome", "lessons_learned", "occurred_at"):
         assert key in hits[0]
+    assert -1 <= hits[-1]["similarity"] < hits[0]["similarity"] <= 1
+    for key in ("vector_rank", "text_rank", "text_score", "relevance", "agent_type_id"):
+        assert key in hits[0]
+    strict = memworker(
+        vector_settings,
+        *("recall", "-p", "acme", "users cannot sign in", "--json", "--min-score", "0.4"),
+        *("--outcome", "success", "--since", "1d", "--until", "2099-01-01T00:00:00Z"),
+    )
+    assert strict.returncode == 0, strict.stderr
+    kept = json.loads(strict.stdout)
+    assert kept and kept[0]["episode_id"] == hits[0]["episode_id"]
+    assert all(h["similarity"] >= 0.4 for h in kept) and len(kept) < len(hits)
+    bad = memworker(vector_settings, "recall", "-p", "acme", "x", "--since", "yesterday")
+    assert bad.returncode == 2 and "--since" in bad.stderr
     table = memworker(
         vector_settings, "recall", "-p", "acme", "users cannot sign in", "--limit", "2"
     )

@@ -127,12 +127,40 @@ def recall(
     query: Annotated[str, typer.Argument(help="What to recall, in your own words.")],
     project: Annotated[str, typer.Option("--project", "-p")],
     limit: Annotated[int, typer.Option(min=1, max=1000, help="How many episodes.")] = 10,
-    as_json: Annotated[bool, typer.Option("--json", help="JSON array, best first.")] = False,
+    as_json: Annotated[
+        bool,
+        typer.Option("--json", help="JSON array, best first, with similarity and components."),
+    ] = False,
     user: Annotated[
         str | None, typer.Option("--user", "-u", help="Only this user's episodes (user_id).")
     ] = None,
+    min_score: Annotated[
+        float | None,
+        typer.Option(
+            min=-1.0,
+            max=1.0,
+            help="Only episodes whose similarity (cosine, -1..1) is at least this; an episode "
+            "without a vector is left out.",
+        ),
+    ] = None,
+    agent_type: Annotated[
+        str | None, typer.Option("--agent-type", help="Only this agent type's episodes.")
+    ] = None,
+    outcome: Annotated[
+        str | None,
+        typer.Option(help="Only this outcome (success, failure, partial, abandoned)."),
+    ] = None,
+    since: Annotated[
+        str | None,
+        typer.Option(help="Episodes from this time (RFC 3339, or ago: 90m, 36h, 7d)."),
+    ] = None,
+    until: Annotated[
+        str | None, typer.Option(help="Episodes before this time (RFC 3339, or ago).")
+    ] = None,
 ) -> None:
     """Recall a project's episodes by meaning and words (hybrid: vectors + full-text)."""
+    from worker.consolidation.replay import parse_instant
+
     settings = settings_from_env()
     try:
         validate_id(project, "project_id")
@@ -140,6 +168,12 @@ def recall(
             validate_id(user, "user_id")
     except InvalidIdError as exc:
         raise typer.BadParameter(str(exc)) from exc
+    instants = {}
+    for hint, raw in (("--since", since), ("--until", until)):
+        try:
+            instants[hint] = None if raw is None else parse_instant(raw)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc), param_hint=hint) from exc
     configure_logging(settings.log_level, settings.log_json)
 
     async def go() -> list[dict[str, Any]]:
@@ -147,18 +181,33 @@ def recall(
         from worker.episodes.store import EpisodeStore
 
         async with database_engine(settings) as engine:
-            store = EpisodeStore(engine, embedder_from_settings(settings))
-            hits = await store.recall(project, query, limit, user_id=user)
+            store = EpisodeStore(
+                engine,
+                embedder_from_settings(settings),
+                exact_below=settings.recall_exact_below,
+            )
+            hits = await store.recall(
+                project,
+                query,
+                limit,
+                user_id=user,
+                agent_type_id=agent_type,
+                outcome=outcome,
+                since=instants["--since"],
+                until=instants["--until"],
+                min_score=min_score,
+            )
             return [hit.to_dict() for hit in hits]
 
     hits = run_async(go())
     if as_json:
         print(json.dumps(hits, indent=2))
         return
-    table = Table("score", "occurred at", "outcome", "session", "task", "lessons")
+    table = Table("score", "similarity", "occurred at", "outcome", "session", "task", "lessons")
     for hit in hits:
         table.add_row(
             f"{hit['score']:.3f}",
+            "-" if hit["similarity"] is None else f"{hit['similarity']:.3f}",
             hit["occurred_at"][:19],
             hit["outcome"],
             hit["session_id"],

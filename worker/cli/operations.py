@@ -70,30 +70,34 @@ def stats(
         ),
     ] = 2_000,
 ) -> None:
-    """Streams and groups (length, lag, pending, consumers, dead consumers) and Redis capacity:
+    """Streams and groups (length, lag, pending, consumers, dead consumers), the indexing
+    backlog (episodes announced, not indexed yet; the oldest's age) and Redis capacity:
     memory, bytes per session, per dedupe record and per stream entry, and time until full."""
     settings = settings_from_env()
 
-    async def go(redis: Redis) -> tuple[list[Any], Any, list[tuple[str, str, str]]]:
+    async def go(redis: Redis) -> tuple[list[Any], Any, list[tuple[str, str, str]], Any]:
+        from worker.episodes.backlog import indexing_backlog
         from worker.ops.capacity import measure_capacity
         from worker.ops.inspection import prune_dead_consumers as prune
         from worker.ops.inspection import stream_stats
 
         pruned = await prune(redis, settings, dead_after) if prune_dead_consumers else []
         rows = await stream_stats(redis, settings, dead_after)
+        backlog = await indexing_backlog(redis, settings.stream_prefix)
         if settings.redis_cluster:  # keys spread over the nodes: no one SCAN sees them
-            return rows, None, pruned
+            return rows, None, pruned, backlog
         capacity = await measure_capacity(
             redis, settings, rate_seconds=rate_seconds, max_keys=sample_keys
         )
-        return rows, capacity, pruned
+        return rows, capacity, pruned, backlog
 
-    rows, capacity, pruned = run_async(with_redis(settings, go))
+    rows, capacity, pruned, backlog = run_async(with_redis(settings, go))
     if as_json:
         print(
             json.dumps(
                 {
                     "streams": [r.as_dict() for r in rows],
+                    "indexing": backlog.as_dict(),
                     "capacity": None if capacity is None else capacity.as_dict(),
                     "pruned_consumers": [
                         {"stream": s, "group": g, "consumer": c} for s, g, c in pruned
@@ -130,6 +134,12 @@ def stats(
             )
     for stream, group, consumer in pruned:
         out.print(f"pruned consumer {consumer} of {stream} {group}")
+    age = backlog.oldest_age_s()
+    out.print(
+        f"indexing: {backlog.episodes} episodes announced, not indexed yet"
+        + ("" if age is None else f" (oldest {age:.1f}s ago)"),
+        highlight=False,
+    )
     if any(r.dead_consumers for r in rows) and not prune_dead_consumers:
         out.print("remove dead consumers with: memworker stats --prune-dead-consumers")
     if capacity is None:

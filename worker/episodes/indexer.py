@@ -52,6 +52,7 @@ from worker.db.vectors import (
     missing_pgvector,
     store_vectors,
 )
+from worker.episodes.backlog import IndexingBacklog, probe_indexing_backlog
 from worker.episodes.changes import change_event, owe, publish_owed
 from worker.episodes.embedding import (
     Embedder,
@@ -211,13 +212,16 @@ class Indexer(GroupService):
         self._episode_entries = 0
         self._dlq = indexer_dlq(settings.stream_prefix)
         self._vectors: bool | None = None
+        self.backlog: IndexingBacklog | None = None
+        """The last probe's (``worker.episodes.backlog``); None before the first."""
+        self._backlog_probed = 0.0
         self.loop: GroupConsumer[IndexBatch] = GroupConsumer.from_settings(
             redis,
             self,
             settings,
             batch_size=settings.index_batch_size,
             max_attempts=settings.index_max_attempts,
-            **loop_options,
+            **{"tick": self.probe_backlog_when_due, **loop_options},
         )
 
     @classmethod
@@ -225,6 +229,27 @@ class Indexer(GroupService):
         """An indexer with its own Redis client and engine (closed by ``close``)."""
         redis, engine = consumer_client(settings), create_database_engine(settings.database_url)
         return cls(settings, redis, engine, **options).owning(redis.aclose, engine.dispose)
+
+    def is_ready(self) -> bool:
+        """The loop is ready (``GroupConsumer.is_ready``) and the oldest announced episode not
+        indexed yet is at most ``MEMWORKER_INDEX_MAX_LAG_SECONDS`` old."""
+        age = self.backlog.oldest_age_s() if self.backlog is not None else None
+        return self.loop.is_ready() and (age is None or age <= self.settings.index_max_lag_seconds)
+
+    async def probe_backlog_when_due(self) -> None:
+        """The loop's ``tick``: every ``MEMWORKER_LAG_PROBE_SECONDS``, the backlog and its
+        gauges (a few Redis calls, no Postgres); a failure is logged and tried next time."""
+        now = time.monotonic()
+        if (
+            self.backlog is not None
+            and now - self._backlog_probed < self.settings.lag_probe_seconds
+        ):
+            return
+        self._backlog_probed = now
+        try:
+            self.backlog = await probe_indexing_backlog(self.redis, self.settings.stream_prefix)
+        except Exception as exc:
+            log.warning("indexing backlog not probed", error=first_line(exc))
 
     # -- the group handler ---------------------------------------------------------------------
 

@@ -16,27 +16,22 @@ from typing import Any, Literal, TypeVar
 from redis.asyncio import Redis
 from sqlalchemy import (
     ColumnElement,
-    Integer,
     Select,
     Text,
     cast,
-    column,
     desc,
     func,
     select,
-    table,
-    text,
 )
 from sqlalchemy.dialects.postgresql import TSQUERY
-from sqlalchemy.dialects.postgresql import UUID as PG_UUID
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, async_sessionmaker
+from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker
 
 from worker.db.models import SEARCH_CONFIG, Episode, LifecycleEvent
-from worker.db.vectors import VECTOR_TABLE, has_vector_table, missing_pgvector, vector_literal
-from worker.episodes.embedding import Embedder, EmbeddingError
+from worker.episodes.embedding import Embedder
 from worker.episodes.erasure import ForgetResult, ProjectExport, export_project, forget_project
 from worker.episodes.forgetting import DEFAULT_MARKER_TTL_MS
 from worker.episodes.ranking import DEFAULT_WEIGHTS, Candidate, RecallWeights, fuse
+from worker.episodes.vector_search import EXACT_BELOW, Nearest, VectorSearch
 from worker.ids import validate_id
 from worker.logs import get_logger
 
@@ -83,14 +78,20 @@ def _episode_filters(
 @dataclass(frozen=True, slots=True)
 class RecallHit:
     """An episode ``recall`` found: ``score`` orders the hits, ``relevance`` (0..1) is the
-    fused rank alone; ``vector_rank``/``text_rank`` are its places in each search (None when
-    that search did not find it)."""
+    fused rank alone (both relative to the other hits: the best is near 1.0 however poor the
+    match). ``similarity`` is absolute: the cosine similarity of the query's vector and the
+    episode's, -1..1 (None when the episode has no vector of the model yet or recall ran
+    without vectors); threshold it with ``recall(min_score=)``. The ranking's components:
+    ``vector_rank``/``text_rank`` are its places in each search and ``text_score`` its
+    ``ts_rank`` (None when that search did not find it)."""
 
     episode: Episode
     score: float
     relevance: float
     vector_rank: int | None
     text_rank: int | None
+    similarity: float | None = None
+    text_score: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         e = self.episode
@@ -99,35 +100,48 @@ class RecallHit:
             "project_id": e.project_id,
             "session_id": e.session_id,
             "user_id": e.user_id,
+            "agent_type_id": e.agent_type_id,
             "task_description": e.task_description,
             "outcome": e.outcome,
             "lessons_learned": e.lessons_learned,
             "occurred_at": e.occurred_at.isoformat(),
             "importance_score": e.importance_score,
             "score": round(self.score, 6),
+            "similarity": None if self.similarity is None else round(self.similarity, 6),
             "relevance": round(self.relevance, 6),
             "vector_rank": self.vector_rank,
             "text_rank": self.text_rank,
+            "text_score": None if self.text_score is None else round(self.text_score, 6),
         }
 
 
-async def _nothing() -> list[Candidate]:
+async def _none() -> list[Any]:
     return []
+
+
+async def _no_vector() -> tuple[None, Nearest]:
+    return None, Nearest()
 
 
 class EpisodeStore:
     """Read and forget what the consolidator stored; every method is scoped by project.
 
     ``embedder`` (``episodes.embedding``) is what ``recall`` embeds queries with; without one,
-    or without pgvector, ``recall`` ranks by full-text only (and says so once).
+    or without pgvector, ``recall`` ranks by full-text only (and says so once). A scope of at
+    most ``exact_below`` vectors is searched exactly (``episodes.vector_search``).
     """
 
-    def __init__(self, engine: AsyncEngine, embedder: Embedder | None = None) -> None:
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        embedder: Embedder | None = None,
+        *,
+        exact_below: int = EXACT_BELOW,
+    ) -> None:
         self.engine = engine
         self.embedder = embedder
         self._sessions = async_sessionmaker(engine, expire_on_commit=False)
-        self._vectors: bool | None = None
-        self._warned: set[str] = set()
+        self.vectors = VectorSearch(engine, embedder, exact_below=exact_below)
 
     # -- reading -------------------------------------------------------------------------------
 
@@ -202,30 +216,60 @@ class EpisodeStore:
         weights: RecallWeights = DEFAULT_WEIGHTS,
         mode: RecallMode = "hybrid",
         user_id: str | None = None,
+        min_score: float | None = None,
     ) -> list[RecallHit]:
         """The project's episodes most relevant to ``query``, best first (``episodes.ranking``
         says how they are ranked). ``mode`` ``"text"`` or ``"vector"`` uses one search only.
-        ``user_id``: only the episodes of sessions whose spawn named that user."""
+
+        Filters (both searches, before ranking): ``user_id`` (the episodes of sessions whose
+        spawn named that user), ``agent_type_id``, ``agent_instance_id``, ``session_id``,
+        ``outcome``, and the time the episode occurred: ``since`` (inclusive) to ``until``
+        (exclusive). Mode ``"text"`` does not embed the query (so its hits carry no
+        similarity) unless ``min_score`` is given.
+
+        ``min_score`` (-1..1) keeps only the hits whose ``similarity`` (cosine of the query's
+        and the episode's vectors) is at least that, before ``limit`` applies. A hit with no
+        similarity (its episode has no vector yet, or recall has no vectors: no embedder, no
+        pgvector, the embedding server down) is **dropped** too: a threshold asks for proven
+        matches, so recall without vectors returns nothing then (and logs why once)."""
         validate_id(project_id, "project_id")
         if user_id is not None:
             validate_id(user_id, "user_id")
         filters = _episode_filters(
             project_id, session_id, agent_instance_id, agent_type_id, outcome, since, until, user_id
         )
+        scope = (
+            project_id,
+            user_id,
+            session_id,
+            agent_instance_id,
+            agent_type_id,
+            outcome,
+            since,
+            until,
+        )
         n = max(limit, weights.candidates)
-        searches: list[Awaitable[list[Candidate]]] = []
-        if mode != "text":
-            searches.append(self._vector_candidates(project_id, query, filters, n))
-        else:
-            searches.append(_nothing())
-        if mode != "vector":
-            searches.append(self._text_candidates(query, filters, n))
-        else:
-            searches.append(_nothing())
-        found = await asyncio.gather(*searches)  # the text search runs while the query embeds
+        wants_vector = mode != "text" or min_score is not None
+        searches: list[Awaitable[Any]] = [
+            self._vector_search(project_id, query, filters, n, scope, mode)
+            if wants_vector
+            else _no_vector()
+        ]
+        searches.append(self._text_candidates(query, filters, n) if mode != "vector" else _none())
+        # the text search runs while the query embeds
+        (query_vector, nearest), text_found = await asyncio.gather(*searches)
+        texts: list[tuple[Candidate, float]] = text_found
+        found = [nearest.candidates, [c for c, _rank in texts]]
         candidates = {c.episode_id: c for ranked in found for c in ranked}
         lists = [[c.episode_id for c in ranked] for ranked in found]
-        best = fuse(lists, candidates, weights)[: max(0, limit)]
+        fused = fuse(lists, candidates, weights)
+        similarity = dict(nearest.similarity)
+        if query_vector is not None:
+            missing = [i for i, _s, _r in fused if i not in similarity]
+            similarity.update(await self.vectors.similarities(project_id, query_vector, missing))
+        if min_score is not None:
+            fused = [f for f in fused if similarity.get(f[0], -2.0) >= min_score]
+        best = fused[: max(0, limit)]
         if not best:
             return []
         episodes = {
@@ -239,93 +283,54 @@ class EpisodeStore:
         }
         vector_rank = {i: r for r, i in enumerate(lists[0], start=1)}
         text_rank = {i: r for r, i in enumerate(lists[1], start=1)}
+        text_score = {c.episode_id: rank for c, rank in texts}
         return [
-            RecallHit(episodes[i], score, relevance, vector_rank.get(i), text_rank.get(i))
+            RecallHit(
+                episodes[i],
+                score,
+                relevance,
+                vector_rank.get(i),
+                text_rank.get(i),
+                similarity.get(i),
+                text_score.get(i),
+            )
             for i, score, relevance in best
             if i in episodes  # forgotten meanwhile
         ]
 
+    async def _vector_search(
+        self,
+        project_id: str,
+        query: str,
+        filters: list[ColumnElement[bool]],
+        n: int,
+        scope: tuple[Any, ...],
+        mode: RecallMode,
+    ) -> tuple[list[float] | None, Nearest]:
+        """The query's vector (None without vectors) and, unless ``mode`` is ``"text"``,
+        the scope's nearest episodes."""
+        vector = await self.vectors.query_vector(query)
+        if vector is None or mode == "text":
+            return vector, Nearest()
+        return vector, await self.vectors.nearest(project_id, vector, filters, n, scope)
+
     async def _text_candidates(
         self, query: str, filters: list[ColumnElement[bool]], n: int
-    ) -> list[Candidate]:
+    ) -> list[tuple[Candidate, float]]:
         words = func.plainto_tsquery(SEARCH_CONFIG, query)  # any of the words, not all
         tsquery = cast(func.replace(cast(words, Text), "&", "|"), TSQUERY)
         rank = func.ts_rank(Episode.search_vector, tsquery)
         statement = (
-            select(Episode.id, Episode.occurred_at, Episode.importance_score)
+            select(Episode.id, Episode.occurred_at, Episode.importance_score, rank)
             .where(*filters, Episode.search_vector.op("@@")(tsquery))
             .order_by(desc(rank), desc(Episode.occurred_at), Episode.id)
             .limit(n)
         )
         async with self.engine.connect() as conn:
-            return [Candidate(str(r[0]), r[1], r[2]) for r in await conn.execute(statement)]
-
-    async def _vector_candidates(
-        self, project_id: str, query: str, filters: list[ColumnElement[bool]], n: int
-    ) -> list[Candidate]:
-        if self.embedder is None:
-            self._warn_once("no_embedder", "recall has no embedder: full-text search only")
-            return []
-        if not await self._has_vectors():
-            version = self.engine.dialect.server_version_info
-            self._warn_once("no_pgvector", missing_pgvector(version))
-            return []
-        dimension = self.embedder.dimension
-        try:
-            [vector] = await self.embedder.embed([query])
-        except EmbeddingError as exc:  # an outage of the embedding server: words still work
-            self._warn_once("embedder_down", f"recall uses full-text only: {exc}")
-            return []
-        distance = text(
-            f"v.embedding::vector({int(dimension)}) <=> CAST(CAST(:q AS text) AS vector)"
-        ).bindparams(q=vector_literal(vector))
-        vectors = table(
-            VECTOR_TABLE,
-            column("episode_id", PG_UUID(as_uuid=True)),
-            column("project_id", Text),
-            column("model", Text),
-            column("dimension", Integer),
-        ).alias("v")
-        statement = (
-            select(vectors.c.episode_id, Episode.occurred_at, Episode.importance_score)
-            .join(Episode, Episode.id == vectors.c.episode_id)
-            .where(
-                vectors.c.project_id == project_id,
-                vectors.c.model == self.embedder.name,
-                vectors.c.dimension == dimension,
-                *filters,
-            )
-            .order_by(distance)
-            .limit(n)
-        )
-        async with self.engine.begin() as conn:
-            await conn.execute(text(f"SET LOCAL hnsw.ef_search = {min(1000, max(40, n))}"))
-            found = [Candidate(str(r[0]), r[1], r[2]) for r in await conn.execute(statement)]
-            if not found and not await self._project_has_vectors(conn, project_id):
-                self._warn_once(
-                    f"no_vectors:{project_id}",
-                    f"project {project_id} has no {self.embedder.name} vectors yet: recall uses"
-                    " full-text only until `memworker index` (or `memworker reindex`) embeds them",
-                )
-            return found
-
-    async def _project_has_vectors(self, conn: AsyncConnection, project_id: str) -> bool:
-        row = await conn.execute(
-            text(f"SELECT 1 FROM {VECTOR_TABLE} WHERE project_id = :p AND model = :m LIMIT 1"),
-            {"p": project_id, "m": self.embedder.name if self.embedder else ""},
-        )
-        return row.first() is not None
-
-    async def _has_vectors(self) -> bool:
-        if self._vectors is None:
-            async with self.engine.connect() as conn:
-                self._vectors = await has_vector_table(conn)
-        return self._vectors
-
-    def _warn_once(self, key: str, message: str) -> None:
-        if key not in self._warned:
-            self._warned.add(key)
-            log.warning(message)
+            return [
+                (Candidate(str(r[0]), r[1], r[2]), float(r[3]))
+                for r in await conn.execute(statement)
+            ]
 
     async def session_history(self, project_id: str, session_id: str) -> list[LifecycleEvent]:
         """Every result of one session, in the order they happened."""
