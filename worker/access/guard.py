@@ -16,8 +16,8 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 App = Callable[[Scope, Receive, Send], Awaitable[None]]
 
-OPEN_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
-"""Asked by probes and Prometheus: no token (put them behind the proxy's rules if needed)."""
+OPEN_PATHS = frozenset({"/healthz", "/readyz", "/metrics", "/openapi.json"})
+"""Asked by probes, Prometheus and API clients: no token (a proxy may restrict them)."""
 
 
 async def send_error(send: Send, status: int, message: str, *headers: tuple[bytes, bytes]) -> None:
