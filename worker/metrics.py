@@ -72,6 +72,17 @@ ADMISSION_CLOSED = Gauge(
     "1 while the lifecycle worker refuses new publishes: Redis is past maxmemory less "
     "MEMWORKER_ADMISSION_RESERVE, kept for applying the commands already accepted.",
 )
+ACCESS_CALLS = Counter(
+    "memworker_access_calls_total",
+    "Tool calls of memworker mcp and memworker serve, by server, tool and HTTP status.",
+    ["server", "tool", "status"],
+)
+ACCESS_SECONDS = Histogram(
+    "memworker_access_call_seconds",
+    "Time to answer one tool call of memworker mcp or memworker serve.",
+    ["server", "tool"],
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+)
 READY = Gauge("memworker_ready", "1 when the worker can reach its servers and is consuming.")
 
 

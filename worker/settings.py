@@ -140,6 +140,17 @@ class Settings(BaseSettings):
     """Recall searches a project (with its filters) of at most this many vectors exactly, not
     by the HNSW index (``worker.episodes.vector_search``); 0: always the index."""
 
+    # Agent access: memworker mcp, memworker serve (worker.access).
+    api_token: str | None = None
+    """The bearer token every call to ``memworker serve`` (and ``memworker mcp --http``) must
+    send (``Authorization: Bearer …``); unset: no authentication, and the server listens on
+    127.0.0.1 only unless ``--host`` says otherwise."""
+    api_user: Id | None = None
+    """Pin ``memworker mcp`` and ``memworker serve`` to this user: every call reaches this
+    user's memory only (a call naming another is refused). Unset: each call names its user."""
+    api_max_request_bytes: int = Field(default=2_097_152, ge=1024)
+    """The largest request body ``memworker serve`` (and ``mcp --http``) reads; larger: 413."""
+
     # Operations.
     metrics_port: int | None = Field(default=None, ge=0, le=65_535)
     lag_probe_seconds: float = Field(default=2.0, gt=0)

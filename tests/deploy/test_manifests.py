@@ -170,7 +170,7 @@ def test_compose_builds_the_image_from_the_dockerfile_and_runs_real_commands(
     compose: dict[str, Any],
 ) -> None:
     services = memworker_services(compose)
-    assert set(services) == {"migrate", "worker", "consolidator"}
+    assert set(services) == {"migrate", "worker", "consolidator", "api"}
     for name, service in services.items():
         build = service["build"]
         assert (REPO / build["context"] / build["dockerfile"]).resolve() == DOCKERFILE
@@ -179,6 +179,20 @@ def test_compose_builds_the_image_from_the_dockerfile_and_runs_real_commands(
     assert services["worker"]["deploy"]["replicas"] == 2
     assert services["consolidator"]["command"][0] == "consolidate"
     assert services["migrate"]["command"] == ["migrate"]
+    assert services["api"]["command"][0] == "serve"
+
+
+def test_compose_serves_the_api_with_a_token_and_probes_its_readyz(
+    compose: dict[str, Any],
+) -> None:
+    api = compose["services"]["api"]
+    command = api["command"]
+    port = int(command[command.index("--port") + 1])
+    assert f"http://127.0.0.1:{port}/readyz" in " ".join(api["healthcheck"]["test"])
+    assert api["ports"] == [f"127.0.0.1:{port}:{port}"]
+    assert resolve(api["environment"]["MEMWORKER_API_TOKEN"])
+    url = urlsplit(resolve(api["environment"]["REDIS_URL"]))
+    assert url.username == "operator" and sha256(url.password or "") == acl_users()["operator"]
 
 
 def test_compose_sets_only_real_settings(compose: dict[str, Any]) -> None:

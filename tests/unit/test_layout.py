@@ -22,6 +22,7 @@ ROOMS = (
     "user_memory",
     "consolidation",
     "agents",
+    "access",
 )
 MAY_IMPORT: dict[str, set[str]] = {
     KERNEL: set(),
@@ -34,6 +35,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     "user_memory": {KERNEL, "consumers", "db", "episodes"},
     "consolidation": {KERNEL, "consumers", "db", "episodes", "user_memory", "lifecycle"},
     "agents": {KERNEL, "consumers", "db", "memory", "lifecycle"},
+    "access": {KERNEL, "user_memory", "memory", "episodes", "db"},
     "cli": {KERNEL, *ROOMS},
     PUBLIC: {KERNEL, *ROOMS},
 }

@@ -12,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-from worker.cli import erasure, lifecycle, memory, operations, services, user_memory
+from worker.cli import access, erasure, lifecycle, memory, operations, services, user_memory
 from worker.cli.common import CliError
 from worker.cli.dead_letters import dlq_app
 from worker.errors import one_line
@@ -71,6 +71,8 @@ for command in (
     memory.remember,
     erasure.export,
     erasure.forget,
+    access.mcp,
+    access.serve,
 ):
     app.command()(command)
 app.add_typer(dlq_app, name="dlq")

@@ -1,0 +1,140 @@
+"""``memworker serve``: the tools (``tools.TOOLS``) as an HTTP API, one ``POST /v1/<tool>`` each
+with the tool's argument model as its JSON body, so the OpenAPI document (``/openapi.json``)
+carries the same schemas an MCP client sees. ``/healthz``, ``/readyz`` and ``/metrics`` as every
+memworker service serves them. Every error is ``{"error": "<one line>"}``: 4xx for bad input
+(the argument model's message, or the library's), 401 without the token, 413 past the body
+limit, 503 when Redis or Postgres cannot be reached; never a stack trace.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from importlib.metadata import version
+from typing import Any
+
+from fastapi import Body, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.exceptions import HTTPException
+
+from worker.access.guard import Guard
+from worker.access.scope import Access, failure
+from worker.access.tools import TOOLS, Tool, invoke
+from worker.metrics import READY
+
+SERVER = "http"
+
+
+def _invalid(exc: RequestValidationError) -> str:
+    """The argument model's problems as one line, as ``scope.invalid_arguments`` words them
+    (the body's fields, without FastAPI's ``body`` prefix)."""
+    problems = []
+    for error in exc.errors():
+        loc = [str(p) for p in error.get("loc", ()) if p != "body"]
+        message = str(error.get("msg", "invalid")).removeprefix("Value error, ")
+        if error.get("type") == "json_invalid":
+            message = "the body is not JSON"
+        problems.append(f"{'.'.join(loc) or 'body'}: {message}")
+    return "invalid arguments: " + "; ".join(problems)
+
+
+def _endpoint(tool: Tool) -> Callable[..., Awaitable[Response]]:
+    """``POST /v1/<tool>``: the body parsed by the tool's model, then ``invoke``."""
+    optional = not any(f.is_required() for f in tool.arguments.model_fields.values())
+
+    async def endpoint(request: Request, arguments: Any) -> Response:
+        given = arguments if arguments is not None else tool.arguments()
+        status, result = await invoke(request.app.state.access, SERVER, tool.name, given)
+        return JSONResponse(result, status_code=status)
+
+    default = Body(default=None) if optional else Body()
+    annotation = tool.arguments | None if optional else tool.arguments
+    endpoint.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        [
+            inspect.Parameter(
+                "request", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=Request
+            ),
+            inspect.Parameter(
+                "arguments",
+                inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                annotation=annotation,
+                default=default,
+            ),
+        ]
+    )
+    endpoint.__name__ = tool.name
+    return endpoint
+
+
+def create_app(access: Callable[[], Access], *, token: str | None, max_bytes: int) -> Any:
+    """The ASGI app: the API behind ``Guard`` (token, body limit). ``access`` makes the
+    server's ``Access`` when the app starts; it is closed when the app stops."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        app.state.access = access()
+        try:
+            yield
+        finally:
+            await app.state.access.close()
+
+    app = FastAPI(
+        title="memworker",
+        version=version("memworker"),
+        summary="A user's long-term memory and a live session's working memory, for agents.",
+        description="The tools of `memworker mcp` over HTTP: `POST /v1/<tool>` with the "
+        "tool's arguments as a JSON object. Send `Authorization: Bearer <MEMWORKER_API_TOKEN>` "
+        'when the server has one. Errors are `{"error": "<one line>"}`.',
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+    )
+    for tool in TOOLS:
+        app.add_api_route(
+            f"/v1/{tool.name}",
+            _endpoint(tool),
+            methods=["POST"],
+            summary=tool.name,
+            description=tool.description,
+            tags=["reads" if tool.read_only else "writes"],
+            response_class=JSONResponse,
+        )
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError) -> Response:
+        return JSONResponse({"error": _invalid(exc)}, status_code=422)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException) -> Response:
+        detail = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
+        if exc.status_code == 404:
+            detail = f"no such path {request.url.path}: the tools are POST /v1/<tool>"
+        elif exc.status_code == 405:
+            detail = f"{request.method} {request.url.path}: use POST"
+        return JSONResponse({"error": detail}, status_code=exc.status_code)
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception) -> Response:
+        status, line = failure(exc)
+        return JSONResponse({"error": line}, status_code=status)
+
+    @app.get("/healthz", include_in_schema=False)
+    async def healthz() -> Response:
+        return PlainTextResponse("ok\n")
+
+    @app.get("/readyz", include_in_schema=False)
+    async def readyz(request: Request) -> Response:
+        problem = await request.app.state.access.ready()
+        READY.set(0 if problem else 1)
+        if problem:
+            return JSONResponse({"error": problem}, status_code=503)
+        return PlainTextResponse("ready\n")
+
+    @app.get("/metrics", include_in_schema=False)
+    async def metrics() -> Response:
+        return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+
+    return Guard(app, token=token, max_bytes=max_bytes)

@@ -1,0 +1,148 @@
+"""``Access``: what a server is configured to reach (one project, optionally one user) and the
+connections its calls share; ``failure``: how any error becomes a status and one line.
+
+The project comes from the server's configuration only. A server pinned to a user
+(``--user`` or ``MEMWORKER_API_USER``) serves that user's memory alone: a call naming another
+user is refused, so nothing is read from or written into another user's memory. A server not
+pinned takes the user from each call (none: the anonymous bucket, as ``worker.Memory``).
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+from pydantic import ValidationError
+from sqlalchemy import text
+
+from worker.connections import AnyRedis, client_for
+from worker.db.engine import create_database_engine
+from worker.errors import ActionableError, one_line
+from worker.ids import validate_id
+from worker.keys import SessionKeys
+from worker.memory import (
+    MemoryNotFoundError,
+    RedisUnavailableError,
+    SessionPausedError,
+    SessionTerminatedError,
+    WorkingMemory,
+)
+from worker.settings import Settings
+from worker.user_memory.memory import Memory
+from worker.user_memory.models import IsolationWarning
+from worker.user_memory.turns import EpisodeConflictError
+
+
+class AccessError(ActionableError):
+    """A call refused as it stands: its message is the one line to show, ``status`` the HTTP
+    status it maps to (400 bad input, 403 another user's memory, 404 not found)."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class Access:
+    """One server's scope and connections: ``project_id`` (from configuration), ``user_id``
+    (the pinned user, or None: each call names its own), a pooled Postgres engine and one Redis
+    client shared by every call. ``close()`` closes them."""
+
+    def __init__(self, settings: Settings, project_id: str, user_id: str | None = None) -> None:
+        self.settings = settings
+        self.project_id = validate_id(project_id, "project_id")
+        self.user_id = None if user_id is None else validate_id(user_id, "user_id")
+        self.engine = create_database_engine(settings.database_url)
+        self.redis: AnyRedis = client_for(settings)
+        self.memory = Memory(
+            self.project_id, settings=settings, engine=self.engine, redis=self.redis
+        )
+        # The anonymous bucket is the documented meaning of a call without a user: no warning.
+        warnings.filterwarnings("ignore", category=IsolationWarning)
+
+    async def close(self) -> None:
+        await self.memory.close()
+        await self.redis.aclose()
+        await self.engine.dispose()
+
+    def user(self, asked: str | None) -> str | None:
+        """The user a call reaches: the pinned one (a call may repeat it, never name another),
+        or the call's own (None: the anonymous bucket)."""
+        if self.user_id is None or asked is None or asked == self.user_id:
+            return self.user_id if self.user_id is not None else asked
+        raise AccessError(
+            f"this server serves user {self.user_id} only: a call may not name user {asked}",
+            403,
+        )
+
+    async def working_memory(self, session_id: str) -> WorkingMemory:
+        """The live session's working memory; on a pinned server only a session whose spawn
+        named the pinned user."""
+        session_id = validate_id(session_id, "session_id")
+        if self.user_id is not None:
+            keys = SessionKeys.for_session(
+                self.settings.stream_prefix, self.settings.shards, self.project_id, session_id
+            )
+            owner = await self.redis.hget(keys.meta, "user_id")
+            if owner is None or _text(owner) != self.user_id:
+                raise AccessError(
+                    f"session {session_id} of project {self.project_id} is not user "
+                    f"{self.user_id}'s (its spawn named no such user)",
+                    403,
+                )
+        return await WorkingMemory.for_session(
+            session_id, self.project_id, redis=self.redis, settings=self.settings
+        )
+
+    async def ready(self) -> str | None:
+        """Why the servers cannot be reached (one line), or None when both answer."""
+        try:
+            await self.redis.ping()
+            async with self.engine.connect() as conn:
+                await conn.execute(text("SELECT 1"))
+        except Exception as exc:
+            return one_line(exc)
+        return None
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def invalid_arguments(exc: ValidationError) -> str:
+    """A validation error as one line: ``field: what is wrong`` for each problem."""
+    problems = []
+    for error in exc.errors():
+        field = ".".join(str(part) for part in error["loc"]) or "arguments"
+        problems.append(f"{field}: {error['msg'].removeprefix('Value error, ')}")
+    return "invalid arguments: " + "; ".join(problems)
+
+
+def failure(exc: BaseException) -> tuple[int, str]:
+    """The HTTP status and the one line for a failed call (the CLI's line: what is wrong and,
+    for a server that cannot be reached, what to do). Bad input is a 4xx, never a 500."""
+    if isinstance(exc, AccessError):
+        return exc.status, _first(exc)
+    if isinstance(exc, ValidationError):
+        return 422, invalid_arguments(exc)
+    if isinstance(exc, MemoryNotFoundError):
+        return 404, _first(exc)
+    if isinstance(exc, SessionTerminatedError | SessionPausedError | EpisodeConflictError):
+        return 409, _first(exc)
+    if isinstance(exc, RedisUnavailableError):
+        return 503, one_line(exc)
+    if isinstance(exc, ValueError | TypeError | KeyError) and not _from_a_server(exc):
+        return 400, _first(exc)
+    message = one_line(exc)
+    unreachable = message.startswith(("cannot reach", "Postgres", "Redis"))
+    return (503 if unreachable else 500), message
+
+
+def _first(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
+
+
+def _from_a_server(exc: BaseException) -> bool:
+    """A ValueError raised by a driver (Postgres, Redis) is the server's failure, not input."""
+    module = type(exc).__module__.split(".")[0]
+    return module in {"asyncpg", "sqlalchemy", "redis"}

@@ -1,0 +1,402 @@
+"""The tools agents reach memory by, defined once: each ``Tool`` has a name, a description, an
+argument model (its JSON Schema is what MCP clients and the OpenAPI document show) and a
+function that calls ``worker.Memory`` or ``WorkingMemory``. ``memworker mcp`` and
+``memworker serve`` only list and call these (``call``), with no logic of their own.
+
+``recall``'s ``min_score`` is a floor on relevance: a match is kept when its cosine similarity
+to the query (``vector_score``, −1..1) is at least ``min_score``, or, while it has no vector
+(not embedded yet, or no vector search on the project), when words matched it
+(``bm25_score`` set). The fused ``score`` only orders matches (reciprocal rank fusion: its size
+says nothing about relevance), so it is not compared. Without ``min_score`` nothing is
+dropped, and a query nothing matches returns the newest episodes (``worker.Memory``'s rule).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, JsonValue
+
+from worker.access.scope import Access, AccessError, failure
+from worker.logs import get_logger
+from worker.metrics import ACCESS_CALLS, ACCESS_SECONDS
+from worker.user_memory.models import Episode, Fact
+
+log = get_logger("worker.access")
+
+_EARLIEST = datetime(1, 1, 1, tzinfo=UTC)
+_LATEST = datetime(9999, 12, 31, 23, 59, 59, tzinfo=UTC)
+
+USER = (
+    "The user whose memory this is (1-128 of A-Za-z0-9._:-). Omit it on a server pinned to a "
+    "user (the server's user is used; another is refused); on other servers, omitting it "
+    "means the anonymous bucket (what was stored without a user)."
+)
+SESSION = "The session id (1-128 of A-Za-z0-9._:-)."
+
+
+class Arguments(BaseModel):
+    """Arguments of every tool: unknown names are refused, not ignored."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class UserArguments(Arguments):
+    user_id: str | None = Field(default=None, description=USER)
+
+
+class RememberArguments(UserArguments):
+    session_id: str = Field(description=SESSION)
+    input: str = Field(description="What the user said or asked (the turn's input).")
+    output: str = Field(description="What the agent answered or did (the turn's output).")
+    id: str | None = Field(
+        default=None,
+        description="The turn's id: the same id again stores nothing more (a retry is safe); "
+        "the same id with other content is refused. Default: a new id.",
+    )
+    occurred_at: datetime | None = Field(
+        default=None, description="When the turn happened (RFC 3339). Default: now."
+    )
+
+
+class RecallArguments(UserArguments):
+    query: str = Field(description="What to recall, in words ('': the most recent episodes).")
+    limit: int = Field(default=5, ge=1, le=100, description="How many episodes at most.")
+    min_score: float | None = Field(
+        default=None,
+        ge=-1.0,
+        le=1.0,
+        description="Drop matches less relevant than this: a match is kept when its cosine "
+        "similarity to the query (vector_score, -1..1) is at least this, or, when it has no "
+        "vector yet, when words matched it. Default: keep every match.",
+    )
+    since: datetime | None = Field(
+        default=None, description="Only episodes at or after this time (RFC 3339)."
+    )
+    until: datetime | None = Field(
+        default=None, description="Only episodes at or before this time (RFC 3339)."
+    )
+
+
+class RecallFactsArguments(UserArguments):
+    query: str = Field(default="", description="Words to match ('': the most recent facts).")
+    limit: int = Field(default=5, ge=1, le=100, description="How many facts at most.")
+    valid_at: datetime | None = Field(
+        default=None, description="Only facts true at this time (RFC 3339). Default: any."
+    )
+
+
+class AddFactArguments(UserArguments):
+    subject: str = Field(min_length=1, description="Who or what the fact is about.")
+    predicate: str = Field(min_length=1, description="The relation, e.g. lives_in.")
+    object: str = Field(min_length=1, description="The value, e.g. Lisbon.")
+    confidence: float = Field(default=1.0, ge=0.0, le=1.0, description="How sure (0..1).")
+    valid_from: datetime | None = Field(
+        default=None,
+        description="Since when it is true (RFC 3339). Default: now. A contradicting fact "
+        "(same subject and predicate) is superseded from then on.",
+    )
+
+
+class BlockArguments(UserArguments):
+    name: str = Field(min_length=1, description="The block's name, e.g. persona.")
+    content: str = Field(description="The text.")
+
+
+class SessionMessagesArguments(UserArguments):
+    session_id: str = Field(description=SESSION)
+    limit: int = Field(
+        default=20, ge=1, le=1000, description="How many messages at most (two per turn)."
+    )
+
+
+class ForgetArguments(UserArguments):
+    session_id: str | None = Field(
+        default=None,
+        description="Forget only this session's episodes. Without it, user_id must be given, "
+        "and all of that user's episodes, facts and blocks are forgotten.",
+    )
+    before: datetime | None = Field(
+        default=None, description="Only what is older than this time (RFC 3339)."
+    )
+
+
+class WmGetArguments(Arguments):
+    session_id: str = Field(description="The live session (its spawn's session_id).")
+    key: str | None = Field(
+        default=None, description="The variable. Default: every variable of the session."
+    )
+
+
+class WmSetArguments(Arguments):
+    session_id: str = Field(description="The live session (its spawn's session_id).")
+    key: str = Field(description="The variable (not starting with '_').")
+    value: JsonValue = Field(description="Any JSON value.")
+    ttl_seconds: float | None = Field(
+        default=None, gt=0, description="Forget the variable after this long. Default: never."
+    )
+
+
+def _dump(value: Any) -> Any:
+    return value.model_dump(mode="json") if isinstance(value, BaseModel) else value
+
+
+async def remember(access: Access, a: RememberArguments) -> Any:
+    fields: dict[str, Any] = {"id": a.id, "occurred_at": a.occurred_at}
+    episode = Episode(
+        session_id=a.session_id,
+        user_id=access.user(a.user_id),
+        input=a.input,
+        output=a.output,
+        **{k: v for k, v in fields.items() if v is not None},
+    )
+    return {"id": await access.memory.remember(episode)}
+
+
+def relevant(match: Any, min_score: float | None) -> bool:
+    """Whether a match reaches ``min_score`` (module doc)."""
+    if min_score is None:
+        return True
+    if match.vector_score is not None:
+        return bool(match.vector_score >= min_score)
+    return match.bm25_score is not None and match.bm25_score > 0
+
+
+async def recall(access: Access, a: RecallArguments) -> Any:
+    if a.since is not None and a.until is not None and a.since > a.until:
+        raise AccessError(f"since {a.since.isoformat()} is after until {a.until.isoformat()}")
+    time_range = None
+    if a.since is not None or a.until is not None:
+        time_range = (a.since or _EARLIEST, a.until or _LATEST)
+    matches = await access.memory.recall_scored(
+        a.query, limit=a.limit, time_range=time_range, user_id=access.user(a.user_id)
+    )
+    return [_dump(m) for m in matches if relevant(m, a.min_score)]
+
+
+async def recall_facts(access: Access, a: RecallFactsArguments) -> Any:
+    found = await access.memory.recall_facts(
+        a.query, limit=a.limit, valid_at=a.valid_at, user_id=access.user(a.user_id)
+    )
+    return [_dump(f) for f in found]
+
+
+async def add_fact(access: Access, a: AddFactArguments) -> Any:
+    user = access.user(a.user_id)
+    fields: dict[str, Any] = {} if a.valid_from is None else {"valid_from": a.valid_from}
+    fact = Fact(
+        user_id=user,
+        subject=a.subject,
+        predicate=a.predicate,
+        object=a.object,
+        confidence=a.confidence,
+        **fields,
+    )
+    return {"id": await access.memory.facts.append(fact)}  # the stored one's: same claim
+
+
+async def working(access: Access, a: UserArguments) -> Any:
+    return [_dump(b) for b in await access.memory.working(user_id=access.user(a.user_id))]
+
+
+async def update_block(access: Access, a: BlockArguments) -> Any:
+    await access.memory.update_block(a.name, a.content, user_id=access.user(a.user_id))
+    return {"ok": True}
+
+
+async def append_block(access: Access, a: BlockArguments) -> Any:
+    await access.memory.append_block(a.name, a.content, user_id=access.user(a.user_id))
+    return {"ok": True}
+
+
+async def session_messages(access: Access, a: SessionMessagesArguments) -> Any:
+    found = await access.memory.session_messages(
+        a.session_id, user_id=access.user(a.user_id), limit=a.limit
+    )
+    return [_dump(m) for m in found]
+
+
+async def profile(access: Access, a: UserArguments) -> Any:
+    return _dump(await access.memory.profile(user_id=access.user(a.user_id)))
+
+
+async def forget(access: Access, a: ForgetArguments) -> Any:
+    if a.session_id is None and a.user_id is None:
+        raise AccessError(
+            "forget needs a selector: user_id (everything of that user) or session_id "
+            "(that session's episodes); nothing was forgotten"
+        )
+    user = access.user(a.user_id)
+    removed = await access.memory.forget(user_id=user, session_id=a.session_id, before=a.before)
+    return {"forgotten": removed}
+
+
+async def wm_get(access: Access, a: WmGetArguments) -> Any:
+    async with await access.working_memory(a.session_id) as memory:
+        if a.key is None:
+            return {"variables": await memory.get_all()}
+        missing = object()
+        value = await memory.get(a.key, missing)
+        if value is missing:
+            return {"key": a.key, "found": False, "value": None}
+        return {"key": a.key, "found": True, "value": value}
+
+
+async def wm_set(access: Access, a: WmSetArguments) -> Any:
+    async with await access.working_memory(a.session_id) as memory:
+        await memory.set(a.key, a.value, a.ttl_seconds)
+    return {"ok": True}
+
+
+@dataclass(frozen=True)
+class Tool:
+    """One tool: ``name``, ``description`` (what an agent reads to choose it), ``arguments``
+    (its model: the JSON Schema), ``run`` (the library call) and whether it only reads."""
+
+    name: str
+    description: str
+    arguments: type[Arguments]
+    run: Callable[[Access, Any], Awaitable[Any]]
+    read_only: bool
+
+    def schema(self) -> dict[str, Any]:
+        """The JSON Schema of the arguments."""
+        return self.arguments.model_json_schema()
+
+
+TOOLS: tuple[Tool, ...] = (
+    Tool(
+        "remember",
+        "Store one conversation turn (what the user said, what the agent answered) in the "
+        "user's long-term memory; returns its id. Recallable by words at once, by meaning once "
+        "indexed.",
+        RememberArguments,
+        remember,
+        False,
+    ),
+    Tool(
+        "recall",
+        "The user's past turns and sessions best matching a query (words and meaning fused), "
+        "best first, with their scores; optionally only those at least min_score relevant, "
+        "and within a time range (since, until).",
+        RecallArguments,
+        recall,
+        True,
+    ),
+    Tool(
+        "recall_facts",
+        "The user's facts (subject, predicate, object, valid from/until) best matching a "
+        "query, optionally only those true at valid_at.",
+        RecallFactsArguments,
+        recall_facts,
+        True,
+    ),
+    Tool(
+        "add_fact",
+        "Record a fact about the user (subject, predicate, object); a contradicting one is "
+        "superseded from valid_from on; the same claim twice is one fact. Returns its id.",
+        AddFactArguments,
+        add_fact,
+        False,
+    ),
+    Tool(
+        "working",
+        "The user's pinned memory blocks (name, content), in pin order: what to keep in view.",
+        UserArguments,
+        working,
+        True,
+    ),
+    Tool(
+        "update_block",
+        "Replace a pinned block's content (a new block takes the next pin slot).",
+        BlockArguments,
+        update_block,
+        False,
+    ),
+    Tool(
+        "append_block",
+        "Append text to a pinned block (a new block takes the next pin slot).",
+        BlockArguments,
+        append_block,
+        False,
+    ),
+    Tool(
+        "session_messages",
+        "A session's most recent turns as messages (user, assistant), oldest first.",
+        SessionMessagesArguments,
+        session_messages,
+        True,
+    ),
+    Tool(
+        "profile",
+        "The user's profile: episode and fact counts, last seen, recent sessions, the ten "
+        "most recently recorded facts.",
+        UserArguments,
+        profile,
+        True,
+    ),
+    Tool(
+        "forget",
+        "Forget a user's memory everywhere it is kept: all of it (user_id) or one session's "
+        "episodes (session_id), optionally only what is older than 'before'. Refused without "
+        "user_id or session_id. Returns how many episodes, facts and blocks went.",
+        ForgetArguments,
+        forget,
+        False,
+    ),
+    Tool(
+        "wm_get",
+        "A live agent session's working memory: one variable (key) or all of them.",
+        WmGetArguments,
+        wm_get,
+        True,
+    ),
+    Tool(
+        "wm_set",
+        "Set a variable in a live agent session's working memory (any JSON value).",
+        WmSetArguments,
+        wm_set,
+        False,
+    ),
+)
+BY_NAME = {tool.name: tool for tool in TOOLS}
+
+
+async def call(access: Access, name: str, arguments: dict[str, Any] | None) -> Any:
+    """Validate ``arguments`` for the tool ``name`` and run it; its result as JSON values.
+    Raises ``AccessError`` (unknown tool) or ``ValidationError`` (bad arguments): bad input,
+    to be reported with ``scope.failure``."""
+    tool = BY_NAME.get(name)
+    if tool is None:
+        raise AccessError(f"no tool {name!r}: the tools are {', '.join(BY_NAME)}", 404)
+    parsed = tool.arguments.model_validate(arguments or {})
+    return await tool.run(access, parsed)
+
+
+async def invoke(
+    access: Access, server: str, name: str, arguments: dict[str, Any] | Arguments | None
+) -> tuple[int, Any]:
+    """``call`` as both servers answer: (200, the result) or (the status, ``{"error": one
+    line}``), counted in ``memworker_access_calls_total``. Nothing raised reaches a client:
+    an unexpected failure is logged here and answered with its one line."""
+    tool = BY_NAME.get(name)
+    label = name if tool is not None else "unknown"
+    started = time.perf_counter()
+    try:
+        if isinstance(arguments, Arguments) and tool is not None:
+            result: Any = await tool.run(access, arguments)
+        else:
+            result = await call(access, name, arguments)  # type: ignore[arg-type]
+        status = 200
+    except Exception as exc:
+        status, line = failure(exc)
+        if status >= 500:
+            log.warning("tool call failed", server=server, tool=name, error=line)
+        result = {"error": line}
+    ACCESS_CALLS.labels(server, label, str(status)).inc()
+    ACCESS_SECONDS.labels(server, label).observe(time.perf_counter() - started)
+    return status, result

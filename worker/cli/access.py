@@ -1,0 +1,145 @@
+"""``memworker mcp`` and ``memworker serve``: the agent tools (``worker.access``) as an MCP
+server (stdio, or streamable HTTP) and as an HTTP API with OpenAPI. The project comes from
+``--project`` (default ``MEMWORKER_DEFAULT_PROJECT``), the user, when the server is pinned to
+one, from ``--user`` (``MEMWORKER_API_USER``)."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from worker.cli.common import check_ids, run_async, settings_from_env
+from worker.logs import configure_logging
+
+if TYPE_CHECKING:
+    from worker.access.scope import Access
+    from worker.settings import Settings
+
+ProjectOption = Annotated[
+    str | None,
+    typer.Option(
+        "--project", "-p", help="The project served (default: MEMWORKER_DEFAULT_PROJECT)."
+    ),
+]
+UserOption = Annotated[
+    str | None,
+    typer.Option(
+        "--user",
+        "-u",
+        help="Serve this user's memory only (default: MEMWORKER_API_USER; none: each call "
+        "names its user).",
+    ),
+]
+HostOption = Annotated[
+    str | None,
+    typer.Option(
+        help="The address to listen on (default: 0.0.0.0 with MEMWORKER_API_TOKEN set, "
+        "127.0.0.1 without)."
+    ),
+]
+
+
+def _scope(project: str | None, user: str | None) -> tuple[Settings, str, str | None]:
+    settings = settings_from_env()
+    project_id = settings.default_project if project is None else project
+    user_id = settings.api_user if user is None else user
+    check_ids(project_id=project_id, **({"user_id": user_id} if user_id is not None else {}))
+    configure_logging(settings.log_level, settings.log_json)
+    return settings, project_id, user_id
+
+
+def _maker(settings: Settings, project_id: str, user_id: str | None) -> Any:
+    def make() -> Access:
+        from worker.access.scope import Access
+
+        return Access(settings, project_id, user_id)
+
+    return make
+
+
+def _host(settings: Settings, host: str | None) -> str:
+    """The listening address; without a token, said in one line on stderr."""
+    chosen = host or ("0.0.0.0" if settings.api_token else "127.0.0.1")
+    if not settings.api_token:
+        print(
+            f"memworker: MEMWORKER_API_TOKEN is not set: no authentication; listening on "
+            f"{chosen} only{'' if host else ' (--host to choose)'}",
+            file=sys.stderr,
+        )
+    return chosen
+
+
+async def _serve_uvicorn(app: Any, host: str, port: int, what: str) -> None:
+    import uvicorn
+
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False)
+    server = uvicorn.Server(config)
+    task = asyncio.create_task(server.serve())
+    while not server.started and not task.done():
+        await asyncio.sleep(0.05)
+    if server.started:
+        print(f"memworker: {what} on http://{host}:{port}", file=sys.stderr, flush=True)
+    await task
+    if not server.started:
+        raise OSError(98, f"cannot listen on {host}:{port}: is the port in use?")
+
+
+def mcp(
+    project: ProjectOption = None,
+    user: UserOption = None,
+    http: Annotated[
+        int | None,
+        typer.Option(
+            "--http",
+            metavar="PORT",
+            min=0,
+            max=65_535,
+            help="Serve streamable HTTP on PORT (path /mcp) instead of stdio.",
+        ),
+    ] = None,
+    host: HostOption = None,
+) -> None:
+    """An MCP server for agents: remember, recall, facts, pinned blocks, profile, forget and a
+    live session's working memory, on stdio (or streamable HTTP with --http PORT)."""
+    settings, project_id, user_id = _scope(project, user)
+    make = _maker(settings, project_id, user_id)
+    from worker.access import mcp_server
+
+    if http is None:
+        run_async(mcp_server.run_stdio(make))
+        return
+    chosen = _host(settings, host)
+    server, app = mcp_server.http_app(
+        make, host=chosen, token=settings.api_token, max_bytes=settings.api_max_request_bytes
+    )
+
+    async def go() -> None:
+        try:
+            await _serve_uvicorn(app, chosen, http, f"MCP of project {project_id} at /mcp")
+        finally:
+            await mcp_server.close(server)
+
+    run_async(go())
+
+
+def serve(
+    project: ProjectOption = None,
+    user: UserOption = None,
+    port: Annotated[int, typer.Option(min=0, max=65_535, help="The port to listen on.")] = 8080,
+    host: HostOption = None,
+) -> None:
+    """An HTTP API over the same tools as `memworker mcp` (POST /v1/<tool>), OpenAPI at
+    /openapi.json, /healthz /readyz /metrics; bearer token MEMWORKER_API_TOKEN."""
+    settings, project_id, user_id = _scope(project, user)
+    chosen = _host(settings, host)
+    from worker.access.http_api import create_app
+
+    app = create_app(
+        _maker(settings, project_id, user_id),
+        token=settings.api_token,
+        max_bytes=settings.api_max_request_bytes,
+    )
+    run_async(_serve_uvicorn(app, chosen, port, f"memory API of project {project_id}"))
