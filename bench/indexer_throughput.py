@@ -6,8 +6,8 @@ this machine, and consolidation episodes/s before and after the indexer runs.
 
 - **raw embed**: ``LocalEmbedder(runtime=…).embed_sync`` on 512 episode texts (those the indexer
   embeds for ``bench/consolidation_throughput.py``'s results), best and median of 5, nothing
-  else running; also the texts as they were embedded before commit "episode_text without the
-  summary lines that repeat the task and lessons" (the task and lessons twice).
+  else running; also the texts as they were embedded before #25 (the summary's head with its
+  ``Task:`` and ``Lessons:`` lines, so the task and lessons twice).
 - **indexer**: episodes/s of ``Indexer.run_once`` draining a round's announcements end to end
   (read the announcements, read the episodes from Postgres, embed, upsert the vectors), on a
   fresh database with pgvector (the embedded pgserver unless ``--pgvector-url``), per runtime.
