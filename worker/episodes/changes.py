@@ -48,7 +48,11 @@ CHANGE_TYPES = (
     "memory.forgotten",
 )
 
-_OWE = text("INSERT INTO memory_changes (project_id, payload) VALUES (:p, CAST(:e AS jsonb))")
+_OWE = text(
+    "INSERT INTO memory_changes (project_id, payload)"
+    " SELECT p, CAST(e AS jsonb) FROM unnest(CAST(:ps AS text[]), CAST(:es AS text[]))"
+    " WITH ORDINALITY AS o(p, e, n) ORDER BY n"
+)
 _LOCK = text("SELECT pg_advisory_xact_lock(hashtextextended('memory_changes/' || :p, 0))")
 _OWED = text(
     "SELECT seq, payload::text AS payload FROM memory_changes WHERE project_id = :p"
@@ -75,9 +79,20 @@ def change_event(
 
 
 async def owe(conn: AsyncConnection, project_id: str, events: list[dict[str, Any]]) -> None:
-    """Record ``events`` in the outbox, inside the caller's transaction."""
-    for event in events:
-        await conn.execute(_OWE, {"p": project_id, "e": orjson.dumps(event).decode()})
+    """Record ``events`` in the outbox, inside the caller's transaction (one statement)."""
+    await owe_many(conn, [(project_id, event) for event in events])
+
+
+async def owe_many(conn: AsyncConnection, events: list[tuple[str, dict[str, Any]]]) -> None:
+    """Record ``(project_id, event)`` pairs in the outbox, in order, in one statement."""
+    if events:
+        await conn.execute(
+            _OWE,
+            {
+                "ps": [project for project, _e in events],
+                "es": [orjson.dumps(event).decode() for _p, event in events],
+            },
+        )
 
 
 async def publish_owed(

@@ -53,7 +53,7 @@ from worker.db.vectors import (
     store_vectors,
 )
 from worker.episodes.backlog import IndexingBacklog, probe_indexing_backlog
-from worker.episodes.changes import change_event, owe, publish_owed
+from worker.episodes.changes import change_event, owe_many, publish_owed
 from worker.episodes.embedding import (
     Embedder,
     EmbeddingError,
@@ -173,16 +173,23 @@ async def embed_and_store(
     vectors = await embedder.embed(texts)
     async with engine.begin() as conn:
         await store_vectors(conn, embedder.name, embedder.dimension, [r.id for r in rows], vectors)
-        for row in rows:
-            event = change_event(
-                "episode.recallable",
-                row.project_id,
-                row.user_id,
-                row.id,
-                episode_id=row.turn_id or row.id,
-                model=embedder.name,
-            )
-            await owe(conn, row.project_id, [event])
+        await owe_many(
+            conn,
+            [
+                (
+                    row.project_id,
+                    change_event(
+                        "episode.recallable",
+                        row.project_id,
+                        row.user_id,
+                        row.id,
+                        episode_id=row.turn_id or row.id,
+                        model=embedder.name,
+                    ),
+                )
+                for row in rows
+            ],
+        )
     if projects is not None:
         projects.update(r.project_id for r in rows)
     return len(rows)

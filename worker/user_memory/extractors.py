@@ -106,6 +106,19 @@ async def run_extractor(
             return done
 
 
+def same_claims_merged(facts: list[Fact]) -> list[Fact]:
+    """One fact per claim (user, subject, predicate, object) of a batch: the earliest valid
+    from, every source (as appending them one by one would leave them, in one write)."""
+    merged: dict[tuple[object, ...], Fact] = {}
+    for fact in sorted(facts, key=lambda f: f.valid_from):
+        key = (fact.user_id, fact.subject, fact.predicate, fact.object)
+        if (first := merged.get(key)) is None:
+            merged[key] = fact
+        else:
+            first.sources = list(dict.fromkeys([*first.sources, *fact.sources]))
+    return list(merged.values())
+
+
 _TAKE_SESSIONS = text(
     f"SELECT project_id, {EPISODE_COLUMNS} FROM episodes"
     " WHERE consolidated_at IS NULL AND turn_id IS NULL"
@@ -130,6 +143,6 @@ async def extract_session_lessons(engine: AsyncEngine, batch: int = 500) -> tupl
             if facts:
                 by_project.setdefault(row.project_id, []).extend(facts)
         for project_id, facts in by_project.items():
-            await FactStore(engine, project_id).append_many(facts)
+            await FactStore(engine, project_id).append_many(same_claims_merged(facts))
         await conn.execute(_MARK, {"ids": [r.id for r in rows]})
     return len(rows), set(by_project)

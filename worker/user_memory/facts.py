@@ -72,11 +72,12 @@ _SAME_KEY = text(
     " AND subject = :s AND predicate = :r FOR UPDATE"
 )
 _CLOSE = text("UPDATE facts SET valid_until = :until WHERE project_id = :p AND id = :id")
-_ADD_SOURCES = text(
-    "UPDATE facts SET sources = (SELECT coalesce(jsonb_agg(DISTINCT s), '[]'::jsonb)"
-    " FROM jsonb_array_elements(sources || CAST(:src AS jsonb)) AS s)"
-    " WHERE project_id = :p AND id = :id"
+_SET_SOURCES = text(
+    "UPDATE facts SET sources = CAST(:src AS jsonb) WHERE project_id = :p AND id = :id"
 )
+MAX_SOURCES = 32
+"""A fact names at most this many sources (the most recent): the same claim again adds its
+source and drops the oldest past it."""
 _BY_ID = text(f"SELECT {_COLUMNS} FROM facts WHERE project_id = :p AND id = :id FOR UPDATE")
 _EXTEND = text("UPDATE facts SET valid_from = :vf WHERE project_id = :p AND id = :id")
 _INSERT = text(
@@ -237,7 +238,7 @@ class FactStore:
                     f"fact {fact.id!r} is already stored with other content; a fact is"
                     " history: append the new claim under a new id (it supersedes the old)"
                 )
-            await self._add_sources(conn, stored_fact.id, fact.sources)
+            await self._add_sources(conn, stored_fact, fact.sources)
             return stored_fact.id
         stored = [fact_from_row(r) for r in await conn.execute(_SAME_KEY, key)]
         for same in stored:
@@ -248,7 +249,7 @@ class FactStore:
                 await conn.execute(
                     _EXTEND, {"p": self.project_id, "id": same.id, "vf": fact.valid_from}
                 )
-            await self._add_sources(conn, same.id, fact.sources)
+            await self._add_sources(conn, same, fact.sources)
             return same.id
         closes, until = plan_supersession(fact, stored)
         events = []
@@ -277,7 +278,7 @@ class FactStore:
                 "vf": fact.valid_from,
                 "vu": until,
                 "ra": fact.recorded_at,
-                "src": orjson.dumps(fact.sources).decode(),
+                "src": orjson.dumps(fact.sources[-MAX_SOURCES:]).decode(),
                 "vec": vector,
                 "model": None if vector is None else model_name(self.embedder),
             },
@@ -288,11 +289,14 @@ class FactStore:
         await owe(conn, self.project_id, events)
         return fact.id
 
-    async def _add_sources(self, conn: AsyncConnection, fact_id: str, sources: list[str]) -> None:
-        if sources:
+    async def _add_sources(self, conn: AsyncConnection, stored: Fact, sources: list[str]) -> None:
+        """The same claim again: its sources join the stored fact's, the most recent
+        ``MAX_SOURCES`` kept (a lesson learned by a million sessions names the last ones)."""
+        merged = list(dict.fromkeys([*stored.sources, *sources]))[-MAX_SOURCES:]
+        if merged != stored.sources:
             await conn.execute(
-                _ADD_SOURCES,
-                {"p": self.project_id, "id": fact_id, "src": orjson.dumps(sources).decode()},
+                _SET_SOURCES,
+                {"p": self.project_id, "id": stored.id, "src": orjson.dumps(merged).decode()},
             )
 
     async def query(
