@@ -260,3 +260,39 @@ async def test_a_server_pinned_to_a_user_never_reaches_another_users_memory(
             assert wm.status_code == 403
     finally:
         process.close()
+
+
+async def test_mcp_over_streamable_http_refuses_without_the_token_then_remembers_and_recalls(
+    redis: Redis, settings: Settings, database_url: str
+) -> None:
+    import httpx2
+    from mcp.client.streamable_http import streamable_http_client
+
+    settings = await migrated(settings, database_url)
+    port = free_port()
+    env = worker_env(settings, MEMWORKER_API_TOKEN=TOKEN)
+    process = Memworker(
+        ["mcp", "--project", PROJECT, "--http", str(port), "--host", "127.0.0.1"], env
+    )
+    try:
+        process.wait_for(f"MCP of project {PROJECT} at /mcp on http://127.0.0.1:{port}")
+        url = f"http://127.0.0.1:{port}/mcp"
+        async with httpx.AsyncClient() as plain:
+            refused = await plain.post(url, json={"jsonrpc": "2.0", "id": 1, "method": "ping"})
+        assert refused.status_code == 401
+        async with (
+            httpx2.AsyncClient(headers=AUTH, timeout=30) as client,
+            streamable_http_client(url, http_client=client) as (read, write),
+            ClientSession(read, write) as session,
+        ):
+            await session.initialize()
+            assert "recall" in {tool.name for tool in (await session.list_tools()).tools}
+            done = await session.call_tool(
+                "remember",
+                {"user_id": "ann", "session_id": "c", "input": "ferry to Tangier", "output": "ok"},
+            )
+            assert not done.is_error, result_of(done)
+            found = await session.call_tool("recall", {"user_id": "ann", "query": "Tangier"})
+            assert "ferry to Tangier" in json.dumps(result_of(found))
+    finally:
+        process.close()
