@@ -395,15 +395,21 @@ def test_deployments_probe_readyz_and_healthz_on_the_metrics_port_they_serve(
     manifests: list[dict[str, Any]],
 ) -> None:
     deployments = of_kind(manifests, "Deployment")
-    assert set(deployments) == {"memworker-worker", "memworker-consolidator"}
+    assert set(deployments) == {"memworker-worker", "memworker-consolidator", "memworker-api"}
     commands = {"memworker-worker": "run", "memworker-consolidator": "consolidate"}
+    commands["memworker-api"] = "serve"  # its probes and /metrics are on the API's port
     for name, deployment in deployments.items():
         spec = pod_spec(deployment)
         (container,) = spec["containers"]
-        assert container["args"][0] == commands[name]
-        port = metrics_port_of(container["args"])
+        args = container["args"]
+        assert args[0] == commands[name]
         ports = {p["name"]: p["containerPort"] for p in container["ports"]}
-        assert ports == {"metrics": port}
+        if name == "memworker-api":
+            port = int(args[args.index("--port") + 1])
+            assert ports == {"http": port}
+        else:
+            port = metrics_port_of(args)
+            assert ports == {"metrics": port}
         ready, live = container["readinessProbe"]["httpGet"], container["livenessProbe"]["httpGet"]
         assert ready["path"] == "/readyz" and live["path"] == "/healthz"
         assert ports[ready["port"]] == port and ports[live["port"]] == port
