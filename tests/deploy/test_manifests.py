@@ -404,6 +404,7 @@ def test_deployments_probe_readyz_and_healthz_on_the_metrics_port_they_serve(
         args = container["args"]
         assert args[0] == commands[name]
         ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+        port: int | None
         if name == "memworker-api":
             port = int(args[args.index("--port") + 1])
             assert ports == {"http": port}
