@@ -111,3 +111,29 @@ async def test_memworkers_own_group_cannot_be_followed(feed_settings: Settings) 
 
     with pytest.raises(ValueError, match="memworker's own"):
         await follow_changes(nothing, "indexer", settings=feed_settings)
+
+
+async def test_a_handler_meeting_an_outage_holds_the_event_and_never_dead_letters_it(
+    engine: AsyncEngine, redis: Redis, feed_settings: Settings
+) -> None:
+    calls: list[str] = []
+    delivered = asyncio.Event()
+
+    async def flaky(event: ChangeEvent) -> None:
+        calls.append(event.event_id)
+        if len(calls) <= 4:  # more tries than max_deliveries (2) and the retry window allow
+            raise ConnectionError("the cache's server refused the connection")
+        delivered.set()
+
+    stop, ready = asyncio.Event(), asyncio.Event()
+    following = asyncio.create_task(
+        follow_changes(flaky, "flaky", stop=stop, ready=ready, settings=feed_settings)
+    )
+    await asyncio.wait_for(ready.wait(), 10)
+    async with Memory("p", settings=feed_settings, engine=engine, redis=redis) as memory:
+        await memory.update_block("persona", "kind", user_id="ann")
+    await asyncio.wait_for(delivered.wait(), 30)
+    stop.set()
+    await asyncio.wait_for(following, 10)
+    assert not await redis.xlen(feed_dlq(feed_settings.stream_prefix))
+    assert len(set(calls)) == 1  # one event, held through the outage, then handled

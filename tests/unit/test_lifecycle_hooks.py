@@ -10,7 +10,7 @@ from redis.exceptions import ResponseError
 
 from schemas.results import RESULT_ADAPTER, Result
 from worker import LifecycleEvent, LifecycleHooks
-from worker.agents.hooks import is_unavailable
+from worker.consumers.callbacks import is_unavailable
 from worker.db.models import episode_id_for
 
 

@@ -14,7 +14,6 @@ result without counting a failure. Rejected commands (``command.rejected``) run 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import inspect
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -22,7 +21,6 @@ from datetime import datetime
 from typing import Any
 
 from pydantic import ValidationError
-from redis.exceptions import RedisError
 
 from schemas.results import (
     RESULT_ADAPTER,
@@ -35,8 +33,11 @@ from schemas.results import (
 from worker.agents.manager import describe_result
 from worker.codec import entry_data
 from worker.connections import AnyRedis, consumer_client
-from worker.consumers.backoff import backoff_delay
-from worker.consumers.groups import ensure_group
+from worker.consumers.callbacks import (
+    CallbackUnavailableError,
+    create_groups_waiting,
+    is_unavailable,
+)
 from worker.consumers.loop import (
     BatchOutcome,
     Failure,
@@ -48,7 +49,6 @@ from worker.consumers.loop import (
 from worker.ids import validate_id
 from worker.keys import CONSOLIDATION_GROUP, LIFECYCLE_GROUP, StreamKeys
 from worker.logs import get_logger
-from worker.redis_conditions import is_server_condition
 from worker.settings import Settings, get_settings
 
 __all__ = ["LifecycleEvent", "LifecycleHook", "LifecycleHooks"]
@@ -221,17 +221,8 @@ class LifecycleHooks:
                 await client.aclose()
 
 
-class HookUnavailableError(RuntimeError):
-    """A hook met a server-wide condition: the results are held and retried, none counted."""
-
-
-def is_unavailable(exc: BaseException) -> bool:
-    """Whether ``exc`` says a server is unreachable or not serving now (a refused or timed-out
-    connection, Redis loading, read-only, out of memory, busy…: ``worker.redis_conditions``),
-    not that the result is bad. Other ``OSError`` (a missing file) is the hook's own."""
-    if isinstance(exc, OSError) and not isinstance(exc, ConnectionError | TimeoutError):
-        return False
-    return is_server_condition(exc)
+HookUnavailableError = CallbackUnavailableError
+"""A hook met a server-wide condition: the results are held and retried, none counted."""
 
 
 def _hook_name(hooks: LifecycleHooks, result: Result, done: set[int]) -> str:
@@ -264,23 +255,9 @@ class _HookHandler:
 
     async def create_groups(self, redis: AnyRedis, start: str, stop: asyncio.Event) -> bool:
         """Create the group where it does not exist yet, at ``start`` (``$``: after the last
-        result, ``0``: at the first retained one).
-
-        Waits out a Redis outage (backing off, logged) like the loop does; ``False`` when
+        result, ``0``: at the first retained one), waiting out a Redis outage; ``False`` when
         ``stop`` was set first."""
-        failures = 0
-        while not stop.is_set():
-            try:
-                for stream in self.streams:
-                    await ensure_group(redis, stream, self.group, start)
-                return True
-            except (RedisError, OSError) as exc:
-                failures += 1
-                delay = backoff_delay(failures)
-                log.warning("redis unavailable, retrying", error=str(exc), delay_s=delay)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), timeout=delay)
-        return False
+        return await create_groups_waiting(redis, self.streams, self.group, start, stop, log)
 
     async def prepare(
         self, entries: Sequence[StreamEntry]

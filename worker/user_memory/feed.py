@@ -7,27 +7,28 @@ restarted one resumes where its group left off (what a dead consumer held is tak
 ``MEMWORKER_RECLAIM_IDLE_MS``), an event is acknowledged when ``handler`` returned, a handler
 that raises is retried with backoff (``MEMWORKER_HOOK_RETRY_SECONDS``, at least
 ``MEMWORKER_MAX_DELIVERIES`` times) and then dead-lettered to ``P:dlq:changes`` with its error,
-and a Redis outage only pauses it. Events are ``schemas.streams.ChangeEvent`` models: ids and
-counts, never content. The feed is trimmed below what every group has acknowledged
-(``Consolidator.trim_once``), so a group that stops holds the feed back: delete a group no
-longer followed (``XGROUP DESTROY``).
+and an outage (Redis's, or a server-wide condition the handler meets) only pauses it. Events
+are ``schemas.streams.ChangeEvent`` models: ids and counts, never content. The feed is
+trimmed below what every group has acknowledged (``Consolidator.trim_once``), so a group that
+stops holds the feed back: delete a group no longer followed (``XGROUP DESTROY``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from pydantic import ValidationError
-from redis.exceptions import RedisError
 
 from schemas.streams import CHANGE_EVENT_ADAPTER, ChangeEvent
 from worker.codec import entry_data
 from worker.connections import AnyRedis, consumer_client
-from worker.consumers.backoff import backoff_delay
-from worker.consumers.groups import ensure_group
+from worker.consumers.callbacks import (
+    CallbackUnavailableError,
+    create_groups_waiting,
+    is_unavailable,
+)
 from worker.consumers.loop import (
     BatchOutcome,
     Failure,
@@ -55,7 +56,7 @@ def feed_dlq(prefix: str) -> str:
 class _FeedHandler:
     """A ``ChangeHandler`` as a ``GroupHandler`` of the shared loop."""
 
-    storage_errors: tuple[type[BaseException], ...] = ()
+    storage_errors: tuple[type[BaseException], ...] = (CallbackUnavailableError,)
     failure_reason = "handler_failed"
 
     def __init__(self, handler: ChangeHandler, group: str, settings: Settings) -> None:
@@ -90,6 +91,8 @@ class _FeedHandler:
                 await self.handler(event)
             except Exception as exc:
                 error = f"handler raised {type(exc).__name__}: {exc}"
+                if is_unavailable(exc):  # says nothing about this event: hold it, count nothing
+                    raise CallbackUnavailableError(error) from exc
                 outcome.failed.append(Failure(entry, error, {"event_id": event.event_id}))
                 continue
             outcome.done.append(entry)
@@ -122,19 +125,9 @@ async def follow_changes(
     feed = _FeedHandler(handler, group, settings)
     stop = stop or asyncio.Event()
     try:
-        failures = 0
-        while not stop.is_set():
-            try:
-                for stream in feed.streams:
-                    await ensure_group(client, stream, group, "0" if from_start else "$")
-                break
-            except (RedisError, OSError) as exc:
-                failures += 1
-                delay = backoff_delay(failures)
-                log.warning("redis unavailable, retrying", error=str(exc), delay_s=delay)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), timeout=delay)
-        if stop.is_set():
+        if not await create_groups_waiting(
+            client, feed.streams, group, "0" if from_start else "$", stop, log
+        ):
             return
         if ready is not None:
             ready.set()
