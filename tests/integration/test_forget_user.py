@@ -14,13 +14,12 @@ import time
 from typing import Any
 
 import orjson
-import pytest
 from redis.asyncio import Redis
 
 from schemas.streams import MemoryForgotten
 from tests.helpers import running_worker
 from tests.integration.test_client_and_cli import memworker
-from tests.integration.test_forget import drained, redis_copies, table_copies
+from tests.integration.test_forget import drained, live, redis_copies, table_copies
 from worker.consolidation.consolidator import Consolidator
 from worker.consolidation.replay import (
     ResultRange,
@@ -29,7 +28,6 @@ from worker.consolidation.replay import (
 )
 from worker.consumers.dead_letters import redrive, write_dead_letters
 from worker.db.engine import create_database_engine
-from worker.db.migrate import migrate
 from worker.episodes.store import EpisodeStore
 from worker.erased import load_erased
 from worker.keys import StreamKeys, episodes_stream, erased_users_key, shard_of
@@ -45,12 +43,7 @@ ANN, BOB = "ann", "bob"  # ann is forgotten, bob kept
 SECRET = "SECRET-ann"
 FINISHED, LIVE = 3, 2
 RETURNED = f"{ANN}-new"  # ann's session after the forget: a new one, kept
-
-
-@pytest.fixture
-async def live(settings: Settings, database_url: str) -> Settings:
-    await migrate(database_url)
-    return settings.model_copy(update={"database_url": database_url, "shards": 2})
+__all__ = ["live"]  # the project forget tests' fixture: migrated, two shards
 
 
 def content(user: str, n: int) -> str:

@@ -11,7 +11,7 @@ from redis.asyncio import Redis
 
 from tests.helpers import running_worker
 from tests.integration.test_client_and_cli import memworker
-from tests.integration.test_forget import drained, redis_copies, services, table_copies
+from tests.integration.test_forget import drained, live, redis_copies, services, table_copies
 from tests.integration.test_forget_user import (
     ANN,
     BOB,
@@ -19,7 +19,6 @@ from tests.integration.test_forget_user import (
     LIVE,
     PROJECT,
     ann_anywhere,
-    live,
     replay_everything,
     seed_memory,
     seed_sessions,
