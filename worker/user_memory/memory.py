@@ -168,7 +168,7 @@ class Memory:
         episode = as_episode(episode)
         row_id = turns.turn_uuid(self.project_id, episode.id)
         async with self.engine.begin() as conn:
-            new = await turns.insert_turn(conn, self.project_id, episode)
+            new, owed = await turns.insert_turn(conn, self.project_id, episode)
             if new:
                 await owe(
                     conn,
@@ -184,11 +184,6 @@ class Memory:
                         )
                     ],
                 )
-            owed = (
-                await conn.execute(
-                    text("SELECT announced_at IS NULL FROM episodes WHERE id = :id"), {"id": row_id}
-                )
-            ).scalar()
         if not owed or await self._announce(row_id, episode):
             await self._flush_quietly()  # Redis refused the announcement: not this too
         return episode.id

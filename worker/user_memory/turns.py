@@ -61,7 +61,10 @@ _INSERT = text(
     " CAST(:calls AS jsonb), CAST(:transcript AS jsonb), :outcome, '[]'::jsonb, '', 0.5, :at)"
     " ON CONFLICT DO NOTHING RETURNING id"
 )
-_STORED = text(f"SELECT {EPISODE_COLUMNS} FROM episodes WHERE project_id = :p AND turn_id = :t")
+_STORED = text(
+    f"SELECT {EPISODE_COLUMNS}, announced_at IS NULL AS owed FROM episodes"
+    " WHERE project_id = :p AND turn_id = :t"
+)
 
 
 def _json(value: Any) -> str | None:
@@ -116,8 +119,11 @@ def _content(episode: Episode) -> dict[str, Any]:
     }
 
 
-async def insert_turn(conn: AsyncConnection, project_id: str, episode: Episode) -> bool:
-    """Insert the turn; True when new, False when that id was stored with the same content."""
+async def insert_turn(
+    conn: AsyncConnection, project_id: str, episode: Episode
+) -> tuple[bool, bool]:
+    """Insert the turn; ``(new, owed)``: new is False when that id was stored with the same
+    content; owed, when its ``episode.recorded`` is not published yet (the outbox flag)."""
     if not isinstance(episode.id, str) or not 0 < len(episode.id) <= MAX_TURN_ID:
         raise ValueError(f"an episode id is 1-{MAX_TURN_ID} characters, not {episode.id!r:.80}")
     if not episode.session_id:
@@ -142,7 +148,7 @@ async def insert_turn(conn: AsyncConnection, project_id: str, episode: Episode) 
         },
     )
     if inserted.first() is not None:
-        return True
+        return True, True
     stored = (await conn.execute(_STORED, {"p": project_id, "t": episode.id})).first()
     if stored is None:
         raise EpisodeConflictError(
@@ -154,7 +160,7 @@ async def insert_turn(conn: AsyncConnection, project_id: str, episode: Episode) 
             f"episode {episode.id!r} is already remembered with other content; an episode is"
             " immutable: remember the change under a new id"
         )
-    return False
+    return False, bool(stored.owed)
 
 
 def partition(user_id: str | None, column: str = "user_id") -> str:
