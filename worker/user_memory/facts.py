@@ -205,13 +205,13 @@ class FactStore:
         """Gives the embedder the indexer embeds facts with (``Memory``: the settings'), or
         None: once facts of the project have its vectors, queries are embedded with it."""
 
-    async def append(self, fact: Fact) -> str:
+    async def append(self, fact: Fact | Any) -> str:
         """Store ``fact`` (LoomFlow's ``Fact`` too), superseding what it contradicts; its id
         (the stored one when the same claim is there already)."""
         [fact_id] = await self.append_many([fact])
         return fact_id
 
-    async def append_many(self, facts: Iterable[Fact]) -> list[str]:
+    async def append_many(self, facts: Iterable[Fact | Any]) -> list[str]:
         """``append`` for each, in one transaction; their ids in order."""
         ids: list[str] = []
         batch = [as_fact(f) for f in facts]

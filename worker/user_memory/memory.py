@@ -163,7 +163,7 @@ class Memory:
 
     # -- episodes ---------------------------------------------------------------------------
 
-    async def remember(self, episode: Episode) -> str:
+    async def remember(self, episode: Episode | Any) -> str:
         """Store a turn (LoomFlow's ``Episode`` too), once; its id (``turns`` module doc)."""
         episode = as_episode(episode)
         row_id = turns.turn_uuid(self.project_id, episode.id)
