@@ -383,7 +383,9 @@ def test_workloads_run_real_memworker_commands_with_real_settings(
                     assert ref["name"] in secrets, f"{where}: no Secret {ref['name']}"
                     assert ref["key"] in secrets[ref["name"]]["stringData"], where
             if container["image"] not in MEMWORKER_IMAGES:
-                assert container["image"].startswith("postgres:"), where
+                # the psql steps: `make images` builds memworker-postgres (psql and pgvector)
+                assert container["image"] == "memworker-postgres:local", where
+                assert container["command"][:1] == ["psql"], where
                 continue
             assert "command" not in container, f"{where}: keep the image's entry point"
             assert_memworker_args(container["args"], where)
@@ -395,8 +397,14 @@ def test_deployments_probe_readyz_and_healthz_on_the_metrics_port_they_serve(
     manifests: list[dict[str, Any]],
 ) -> None:
     deployments = of_kind(manifests, "Deployment")
-    assert set(deployments) == {"memworker-worker", "memworker-consolidator", "memworker-api"}
+    assert set(deployments) == {
+        "memworker-worker",
+        "memworker-consolidator",
+        "memworker-indexer",
+        "memworker-api",
+    }
     commands = {"memworker-worker": "run", "memworker-consolidator": "consolidate"}
+    commands["memworker-indexer"] = "index"
     commands["memworker-api"] = "serve"  # its probes and /metrics are on the API's port
     for name, deployment in deployments.items():
         spec = pod_spec(deployment)
@@ -485,3 +493,47 @@ def test_keda_scales_each_group_on_the_streams_the_workers_read(
         assert any("pendingEntriesCount" in t["metadata"] for t in triggers)
     keda_user = secrets["memworker-keda"]["stringData"]["username"]
     assert keda_user in acl_users()
+
+
+def test_every_workload_runs_an_image_make_images_builds(manifests: list[dict[str, Any]]) -> None:
+    workloads = [*of_kind(manifests, "Deployment").values(), *of_kind(manifests, "Job").values()]
+    images = {c["image"] for w in workloads for c in all_containers(pod_spec(w))}
+    assert images == {"memworker:local", "memworker-postgres:local"}
+    makefile = (REPO / "Makefile").read_text()
+    for image in images:
+        assert image in makefile, f"{image}: `make images` does not build it"
+
+
+def test_each_example_secret_names_a_redis_acl_user_and_a_postgres_role_of_roles_sql(
+    manifests: list[dict[str, Any]],
+) -> None:
+    examples = [d for d in yaml.safe_load_all((K8S / "secret.example.yaml").read_text()) if d]
+    roles = set(
+        re.findall(r"\b(memworker_[a-z]+)\b", (DEPLOY / "postgres" / "roles.sql").read_text())
+    )
+    users = acl_users()
+    used = {ref["name"] for ref in secret_refs(manifests)}
+    assert used <= {d["metadata"]["name"] for d in examples}, (
+        "a workload reads a Secret with no example"
+    )
+    for secret in examples:
+        data = secret["stringData"]
+        where = secret["metadata"]["name"]
+        if "REDIS_URL" in data:
+            assert urlsplit(data["REDIS_URL"]).username in users, f"{where}: no such ACL user"
+        if "DATABASE_URL" in data:
+            assert urlsplit(data["DATABASE_URL"]).username in roles, f"{where}: no such role"
+    indexer = next(d for d in examples if d["metadata"]["name"] == "memworker-indexer")
+    assert urlsplit(indexer["stringData"]["REDIS_URL"]).username == "indexer"  # its own user
+
+
+def secret_refs(manifests: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    workloads = [*of_kind(manifests, "Deployment").values(), *of_kind(manifests, "Job").values()]
+    refs = []
+    for workload in workloads:
+        for container in all_containers(pod_spec(workload)):
+            for env in container.get("env", []):
+                ref = env.get("valueFrom", {}).get("secretKeyRef")
+                if ref is not None:
+                    refs.append(ref)
+    return refs
