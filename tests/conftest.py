@@ -16,6 +16,7 @@ from sqlalchemy import make_url, text
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from tests import servers
+from tests.pgvector_server import pgvector_server
 from worker.settings import Settings
 
 
@@ -46,6 +47,13 @@ def forget_apply_function(url: str) -> None:
 @pytest.fixture(scope="session")
 def postgres_url() -> Iterator[str]:
     with servers.postgres_server() as url:
+        yield Settings(database_url=url).database_url
+
+
+@pytest.fixture(scope="session")
+def pgvector_admin_url() -> Iterator[str]:
+    """A server with pgvector (``tests.pgvector_server``), for the recall and role tests."""
+    with pgvector_server() as url:
         yield Settings(database_url=url).database_url
 
 

@@ -157,6 +157,15 @@ class Settings(BaseSettings):
     log_level: str = "INFO"
     log_json: bool | None = None
 
+    @property
+    def vector_dimension(self) -> int:
+        """The size of the configured embedder's vectors (``embedder_from_settings``): the
+        local model's, or ``MEMWORKER_EMBEDDING_DIMENSION`` with provider ``openai``. The
+        migration creates the vector index of this dimension."""
+        if self.embedding_provider == "openai" and self.embedding_dimension is not None:
+            return self.embedding_dimension
+        return LOCAL_EMBEDDING_DIMENSION
+
     @field_validator("database_url")
     @classmethod
     def _asyncpg_driver(cls, value: str) -> str:

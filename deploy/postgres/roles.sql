@@ -3,11 +3,20 @@
 --
 --   memworker_owner    owns schema `memworker` and every table in it; `memworker migrate` runs
 --                      as this role. Not a superuser, cannot create roles or databases.
---   memworker_runtime  `memworker consolidate` (and the long-term memory API) run as this role:
---                      SELECT, INSERT, DELETE (forget) on lifecycle_events and episodes,
---                      UPDATE of episodes.announced_at only (the outbox flag), SELECT and
---                      INSERT on erasures (forget's record; UPDATE of its counts), SELECT on
---                      alembic_version. It cannot CREATE, ALTER, DROP or TRUNCATE anything.
+--   memworker_runtime  `memworker consolidate`, `memworker index` and the memory API
+--                      (`memworker serve`, forget, export) run as this role: SELECT, INSERT,
+--                      DELETE (forget) on lifecycle_events, episodes, episode_embeddings,
+--                      memory_blocks, facts and memory_changes; UPDATE of the columns they
+--                      change: episodes.announced_at and consolidated_at (the outbox flag, the
+--                      extractor's mark), a vector's model/dimension/embedding/embedded_at
+--                      (the indexer's upsert), a block's content/pinned_order/updated_at, a
+--                      fact's validity, sources and vector; SELECT and INSERT on erasures
+--                      (forget's record; UPDATE of its counts), SELECT on alembic_version.
+--                      It cannot CREATE, ALTER, DROP or TRUNCATE anything.
+--
+-- It also creates the `vector` extension (pgvector) in schema memworker when the server has it:
+-- pgvector is not a trusted extension, so the owner role cannot create it (and `memworker
+-- migrate` would leave recall to full-text search). Without pgvector it is skipped.
 --
 -- Run as a superuser (or a role with CREATEROLE that is a member of memworker_owner), connected
 -- to memworker's database. The script is idempotent and must run twice per deployment:
@@ -59,6 +68,15 @@ CREATE SCHEMA IF NOT EXISTS memworker AUTHORIZATION memworker_owner;
 ALTER SCHEMA memworker OWNER TO memworker_owner;
 REVOKE ALL ON SCHEMA memworker FROM PUBLIC;
 GRANT USAGE ON SCHEMA memworker TO memworker_runtime;
+-- pgvector, where the server ships it: only a superuser may create it. In schema memworker, on
+-- both roles' search_path, so the migration's `vector` columns and the queries find its type.
+DO $vector$
+BEGIN
+  IF EXISTS (SELECT FROM pg_available_extensions WHERE name = 'vector') THEN
+    CREATE EXTENSION IF NOT EXISTS vector SCHEMA memworker;
+  END IF;
+END
+$vector$;
 -- Nobody but the owner creates objects: the runtime role gets no CREATE anywhere. (PostgreSQL 15
 -- and later already revoke CREATE on schema public from PUBLIC; older ones do not.)
 REVOKE CREATE ON SCHEMA public FROM PUBLIC;
@@ -74,7 +92,29 @@ BEGIN
   IF to_regclass('memworker.episodes') IS NOT NULL THEN
     REVOKE ALL ON memworker.episodes FROM memworker_runtime;
     GRANT SELECT, INSERT, DELETE ON memworker.episodes TO memworker_runtime;
-    GRANT UPDATE (announced_at) ON memworker.episodes TO memworker_runtime;
+    GRANT UPDATE (announced_at, consolidated_at) ON memworker.episodes TO memworker_runtime;
+  END IF;
+  IF to_regclass('memworker.episode_embeddings') IS NOT NULL THEN
+    REVOKE ALL ON memworker.episode_embeddings FROM memworker_runtime;
+    GRANT SELECT, INSERT, DELETE ON memworker.episode_embeddings TO memworker_runtime;
+    GRANT UPDATE (model, dimension, embedding, embedded_at)
+      ON memworker.episode_embeddings TO memworker_runtime;
+  END IF;
+  IF to_regclass('memworker.memory_blocks') IS NOT NULL THEN
+    REVOKE ALL ON memworker.memory_blocks FROM memworker_runtime;
+    GRANT SELECT, INSERT, DELETE ON memworker.memory_blocks TO memworker_runtime;
+    GRANT UPDATE (content, pinned_order, updated_at) ON memworker.memory_blocks
+      TO memworker_runtime;
+  END IF;
+  IF to_regclass('memworker.facts') IS NOT NULL THEN
+    REVOKE ALL ON memworker.facts FROM memworker_runtime;
+    GRANT SELECT, INSERT, DELETE ON memworker.facts TO memworker_runtime;
+    GRANT UPDATE (valid_from, valid_until, sources, embedding, embedding_model)
+      ON memworker.facts TO memworker_runtime;
+  END IF;
+  IF to_regclass('memworker.memory_changes') IS NOT NULL THEN
+    REVOKE ALL ON memworker.memory_changes FROM memworker_runtime;
+    GRANT SELECT, INSERT, DELETE ON memworker.memory_changes TO memworker_runtime;
   END IF;
   IF to_regclass('memworker.erasures') IS NOT NULL THEN
     REVOKE ALL ON memworker.erasures FROM memworker_runtime;

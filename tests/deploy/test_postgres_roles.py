@@ -25,6 +25,9 @@ from tests.helpers import running_worker
 from worker.consolidation.consolidator import Consolidator
 from worker.db.engine import create_database_engine
 from worker.db.migrate import migrate
+from worker.db.vectors import ensure_dimension_index
+from worker.episodes.announcements import Announcement
+from worker.episodes.indexer import Indexer
 from worker.episodes.store import EpisodeStore
 from worker.keys import StreamKeys, episodes_stream, shard_of
 from worker.lifecycle.client import LifecycleClient
@@ -32,6 +35,9 @@ from worker.settings import Settings
 
 asyncpg: Any = importlib.import_module("asyncpg")  # untyped: imported as Any, not stubbed
 ROLES_SQL = Path(__file__).resolve().parents[2] / "deploy" / "postgres" / "roles.sql"
+ROW_TABLES = ("lifecycle_events", "episodes", "memory_blocks", "facts", "memory_changes")
+"""The tables the runtime role reads, writes and deletes rows of (forget deletes)."""
+EMBEDDINGS = {("episode_embeddings", p) for p in ("SELECT", "INSERT", "DELETE")}
 OWNER = "memworker_owner"
 RUNTIME = "memworker_runtime"
 
@@ -66,8 +72,10 @@ async def run_roles_sql(admin_url: str, owner_password: str, runtime_password: s
         await conn.close()
 
 
-@pytest.fixture
-async def roles(database_url: str) -> AsyncIterator[RoleUrls]:
+@contextlib.asynccontextmanager
+async def deployed(database_url: str) -> AsyncIterator[RoleUrls]:
+    """As in a deployment: roles.sql as an admin, ``memworker migrate`` as the owner (with
+    ``dimension``'s vector index), roles.sql again; the roles' objects dropped afterwards."""
     owner_password = "owner-" + uuid.uuid4().hex
     runtime_password = "runtime-" + uuid.uuid4().hex
     await run_roles_sql(database_url, owner_password, runtime_password)
@@ -89,6 +97,30 @@ async def roles(database_url: str) -> AsyncIterator[RoleUrls]:
                 await conn.execute(f"DROP ROLE {RUNTIME}, {OWNER}")
         finally:
             await conn.close()
+
+
+@pytest.fixture
+async def roles(database_url: str) -> AsyncIterator[RoleUrls]:
+    async with deployed(database_url) as urls:
+        yield urls
+
+
+@pytest.fixture
+async def vector_roles(pgvector_admin_url: str) -> AsyncIterator[RoleUrls]:
+    """``roles`` in a fresh database of a server with pgvector."""
+    name = "memworker_r" + uuid.uuid4().hex[:12]
+    admin = await asyncpg.connect(dsn(pgvector_admin_url))
+    try:
+        await admin.execute(f'CREATE DATABASE "{name}"')
+        try:
+            async with deployed(
+                make_url(pgvector_admin_url).set(database=name).render_as_string(False)
+            ) as urls:
+                yield urls
+        finally:
+            await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await admin.close()
 
 
 async def connect(url: str) -> Any:
@@ -173,17 +205,16 @@ async def test_roles_sql_runs_again_without_changing_any_privilege(roles: RoleUr
     finally:
         await conn.close()
     assert before == after
-    assert set(before) == {
+    rows = {
+        (table, privilege) for table in ROW_TABLES for privilege in ("SELECT", "INSERT", "DELETE")
+    }
+    assert set(before) - EMBEDDINGS == rows | {
         ("alembic_version", "SELECT"),
-        ("episodes", "DELETE"),
-        ("episodes", "INSERT"),
-        ("episodes", "SELECT"),
         ("erasures", "INSERT"),
         ("erasures", "SELECT"),
-        ("lifecycle_events", "DELETE"),
-        ("lifecycle_events", "INSERT"),
-        ("lifecycle_events", "SELECT"),
     }
+    # episode_embeddings exists only where the server has pgvector (its own test below)
+    assert set(before) & EMBEDDINGS in (set(), EMBEDDINGS)
     check = await connect(roles.runtime)  # the password set first still works
     await check.close()
 
@@ -246,5 +277,65 @@ async def test_the_consolidator_runs_as_the_runtime_role_and_its_own_redis_user(
         f"agents:{{{shard_of('p-db', s, 2)}}}:s:p-db/{s}:meta".encode() for s in ("s-1", "s-2")
     )  # the forgotten sessions' markers
     assert all([await admin.hget(k, "state") == b"forgotten" for k in left])
+    log: Any = await admin.acl_log()
+    assert [(e["username"], e["object"]) for e in log] == []
+
+
+async def test_roles_sql_creates_pgvector_and_the_indexer_embeds_as_the_runtime_role(
+    vector_roles: RoleUrls, acl_server: AclRedis, admin: Redis
+) -> None:
+    """pgvector is not a trusted extension: roles.sql (the superuser's step) creates it, so the
+    owner's migration gets the vector table; the indexer writes vectors as the runtime role
+    and its own Redis user, and never tries to create an index it may not (one exists)."""
+    runtime = await connect(vector_roles.runtime)
+    try:
+        assert (
+            await runtime.fetchval(
+                "SELECT extnamespace::regnamespace::text FROM pg_extension WHERE extname = 'vector'"
+            )
+            == "memworker"
+        )
+        episode_id = uuid.uuid4()
+        await runtime.execute(
+            "INSERT INTO episodes (id, source_event_id, project_id, session_id, outcome,"
+            " context_summary, importance_score, occurred_at, task_description)"
+            " VALUES ($1, 'e-1', 'p-ix', 's-1', 'success', 'done', 0.5, now(), $2)",
+            episode_id,
+            "repair the continuous deployment job",
+        )
+    finally:
+        await runtime.close()
+    recorded = Announcement(episode_id, "p-ix", "s-1", "e-1")
+    await admin.xadd(episodes_stream("agents"), {"data": recorded.wire()})  # the consolidator's
+
+    settings = Settings(
+        redis_url=acl_server.url("indexer"),
+        database_url=vector_roles.runtime,
+        stream_prefix="agents",
+    )
+    indexer = Indexer.from_settings(settings)
+    try:
+        assert await indexer.run_once() == 1
+    finally:
+        await indexer.close()
+    runtime = await connect(vector_roles.runtime)
+    try:
+        assert await runtime.fetchval("SELECT count(*) FROM episode_embeddings") == 1
+        # another model's dimension: only the owner may create its index, and says so
+        engine = create_database_engine(vector_roles.runtime)
+        try:
+            async with engine.begin() as conn:
+                why = await ensure_dimension_index(conn, 768)
+        finally:
+            await engine.dispose()
+        assert why is not None and "memworker migrate as the schema owner" in why
+    finally:
+        await runtime.close()
+    await migrate(vector_roles.owner, dimension=768)
+    owner = await connect(vector_roles.owner)
+    try:
+        assert await owner.fetchval("SELECT to_regclass('ix_episode_embeddings_hnsw_768')")
+    finally:
+        await owner.close()
     log: Any = await admin.acl_log()
     assert [(e["username"], e["object"]) for e in log] == []

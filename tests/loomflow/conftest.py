@@ -1,5 +1,6 @@
-"""The LoomFlow suite runs on a PostgreSQL with pgvector: the recall tests' fixtures."""
+"""The LoomFlow suite runs on a PostgreSQL with pgvector: the recall tests' fixtures
+(``pgvector_admin_url`` itself is shared by every suite: tests/conftest.py)."""
 
-from tests.recall.conftest import pgvector_admin_url, vector_database_url
+from tests.recall.conftest import vector_database_url
 
-__all__ = ["pgvector_admin_url", "vector_database_url"]
+__all__ = ["vector_database_url"]

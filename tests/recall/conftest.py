@@ -4,23 +4,16 @@ session), a fresh migrated database on it per test, and the local embedder (load
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import pytest
 from sqlalchemy import make_url, text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from tests.pgvector_server import pgvector_server
 from worker.db.engine import create_database_engine
 from worker.db.migrate import migrate_reporting
 from worker.episodes.embedding import LocalEmbedder
 from worker.settings import Settings
-
-
-@pytest.fixture(scope="session")
-def pgvector_admin_url() -> Iterator[str]:
-    with pgvector_server() as url:
-        yield Settings(database_url=url).database_url
 
 
 @pytest.fixture

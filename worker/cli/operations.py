@@ -34,7 +34,9 @@ def migrate() -> None:
     settings = settings_from_env()
     from worker.db.migrate import migrate_reporting
 
-    revision, vectors = run_async(migrate_reporting(settings.database_url))
+    revision, vectors = run_async(
+        migrate_reporting(settings.database_url, dimension=settings.vector_dimension)
+    )
     out.print(f"schema at revision {revision}")
     if vectors is not None:
         print(f"warning: {vectors}", file=sys.stderr)  # one line, never wrapped

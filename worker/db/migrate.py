@@ -47,33 +47,39 @@ def head_revision() -> str:
     return head
 
 
-def _upgrade(connection: Connection, revision: str) -> tuple[str, str | None]:
+def _upgrade(connection: Connection, revision: str, dimension: int) -> tuple[str, str | None]:
     command.upgrade(alembic_config(connection), revision)
     current = MigrationContext.configure(connection).get_current_revision()
     if current is None:  # pragma: no cover - upgrade to a revision always leaves one
         raise RuntimeError("the database has no alembic revision after the upgrade")
     vectors: str | None = "the schema is older than the episode vectors (revision 0002)"
     if current >= VECTORS_REVISION:  # pgvector may have been installed since 0002 ran
-        vectors = create_vector_schema(connection, LOCAL_EMBEDDING_DIMENSION)
+        vectors = create_vector_schema(connection, dimension)
     return current, vectors
 
 
-async def migrate(database_url: str, revision: str = "head") -> str:
+async def migrate(
+    database_url: str, revision: str = "head", dimension: int = LOCAL_EMBEDDING_DIMENSION
+) -> str:
     """Upgrade the database at ``database_url`` to ``revision``; return the revision it is at."""
-    current, _vectors = await migrate_reporting(database_url, revision)
+    current, _vectors = await migrate_reporting(database_url, revision, dimension)
     return current
 
 
-async def migrate_reporting(database_url: str, revision: str = "head") -> tuple[str, str | None]:
+async def migrate_reporting(
+    database_url: str, revision: str = "head", dimension: int = LOCAL_EMBEDDING_DIMENSION
+) -> tuple[str, str | None]:
     """``migrate``, also saying whether episode vectors (pgvector) are there: None when they
-    are, else one line saying what to install."""
+    are, else one line saying what to install. ``dimension`` is the configured embedder's
+    (``Settings.vector_dimension``): its vector index is created here, by the schema owner,
+    since the runtime role the indexer runs as may not create indexes."""
     engine = create_database_engine(database_url, pool=False)
     try:
         async with engine.connect() as conn:
             await conn.execute(text("SELECT pg_advisory_lock(:key)"), {"key": MIGRATION_LOCK_KEY})
             await conn.commit()
             try:
-                current, vectors = await conn.run_sync(_upgrade, revision)
+                current, vectors = await conn.run_sync(_upgrade, revision, dimension)
                 await conn.commit()
             finally:
                 await conn.rollback()

@@ -51,9 +51,13 @@ CREATE_PROJECT_INDEX = (
 )
 
 
+def hnsw_index_name(dimension: int) -> str:
+    return f"ix_{VECTOR_TABLE}_hnsw_{int(dimension)}"
+
+
 def hnsw_index_sql(dimension: int) -> str:
     return (
-        f"CREATE INDEX IF NOT EXISTS ix_{VECTOR_TABLE}_hnsw_{int(dimension)} ON {VECTOR_TABLE}"
+        f"CREATE INDEX IF NOT EXISTS {hnsw_index_name(dimension)} ON {VECTOR_TABLE}"
         f" USING hnsw ((embedding::vector({int(dimension)})) vector_cosine_ops)"
         f" WHERE dimension = {int(dimension)}"
     )
@@ -99,9 +103,29 @@ async def has_vector_table(conn: AsyncConnection) -> bool:
     return row is not None and row[0] is not None
 
 
-async def ensure_dimension_index(conn: AsyncConnection, dimension: int) -> None:
-    """The HNSW index of ``dimension`` (a model with another dimension needs its own)."""
-    await conn.execute(text(hnsw_index_sql(dimension)))
+INSUFFICIENT_PRIVILEGE = "42501"
+
+
+async def ensure_dimension_index(conn: AsyncConnection, dimension: int) -> str | None:
+    """The HNSW index of ``dimension`` (a model with another dimension needs its own), created
+    when it is missing. Returns None when it is there, else one line saying why not: only the
+    table's owner may create an index, and the runtime role (the indexer's) is not the owner.
+    Recall still works without it (exact scans), just slower on a large project."""
+    present = await conn.execute(text("SELECT to_regclass(:i)"), {"i": hnsw_index_name(dimension)})
+    if present.scalar_one() is not None:
+        return None
+    try:
+        async with conn.begin_nested():
+            await conn.execute(text(hnsw_index_sql(dimension)))
+    except DBAPIError as exc:
+        if getattr(exc.orig, "sqlstate", None) != INSUFFICIENT_PRIVILEGE:
+            raise
+        return (
+            f"no vector index for {int(dimension)}-dimension vectors and this role may not create"
+            f" it ({str(exc.orig).splitlines()[0]}): run memworker migrate as the schema owner"
+            " with the same MEMWORKER_EMBEDDING_* settings; recall scans exactly until then"
+        )
+    return None
 
 
 UPSERT = f"""

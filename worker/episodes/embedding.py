@@ -218,7 +218,7 @@ def embedder_from_settings(settings: Settings) -> Embedder:
         return OpenAIEmbedder(
             settings.embedding_base_url,
             settings.embedding_model or LOCAL_EMBEDDING_MODEL,
-            settings.embedding_dimension or LOCAL_EMBEDDING_DIMENSION,
+            settings.vector_dimension,
             api_key=settings.embedding_api_key,
         )
     return LocalEmbedder()

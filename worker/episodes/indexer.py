@@ -270,7 +270,9 @@ class Indexer(GroupService):
                 if self._vectors is None:
                     self._vectors = await has_vector_table(conn)
                     if self._vectors:
-                        await ensure_dimension_index(conn, self.embedder.dimension)
+                        why = await ensure_dimension_index(conn, self.embedder.dimension)
+                        if why is not None:
+                            log.warning(why)
                     else:
                         log.warning(missing_pgvector(conn.dialect.server_version_info))
         except Exception as exc:
@@ -439,7 +441,9 @@ async def reindex(
     async with engine.begin() as conn:
         if not await has_vector_table(conn):
             raise EmbeddingError(missing_pgvector(conn.dialect.server_version_info))
-        await ensure_dimension_index(conn, embedder.dimension)
+        why = await ensure_dimension_index(conn, embedder.dimension)
+        if why is not None:
+            log.warning(why)
     total = 0
     while True:
         async with engine.connect() as conn:
