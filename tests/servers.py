@@ -15,7 +15,7 @@ import contextlib
 import os
 import tempfile
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -91,64 +91,68 @@ def _in_container(stack: contextlib.ExitStack, container: Any, url: Any) -> str 
 
 
 @contextlib.contextmanager
-def redis_server() -> Iterator[str]:
-    if url := os.environ.get("REDIS_URL"):
+def embedded(what: str, server: EmbeddedRedis | EmbeddedPostgres) -> Iterator[str]:
+    """``server`` started (``unavailable`` when it cannot be), its URL, stopped afterwards."""
+    try:
+        url = server.start()
+    except Exception as exc:
+        unavailable(what, str(exc))
+        raise
+    try:
         yield url
-        return
-    image = os.environ.get("MEMWORKER_TEST_REDIS_IMAGE") or REDIS_IMAGE
-    with contextlib.ExitStack() as stack:
-        client = docker_client()
-        if image_ready(client, image):
-            from testcontainers.redis import RedisContainer
-
-            _ryuk_off_unless_present(client)
-            url = _in_container(
-                stack,
-                RedisContainer(image),
-                lambda c: f"redis://{c.get_container_host_ip()}:{c.get_exposed_port(6379)}/0",
-            )
-            if url is not None:
-                yield url
-                return
-        server = EmbeddedRedis()
-        try:
-            url = server.start()
-        except Exception as exc:
-            unavailable("Redis", str(exc))
-            raise
-        stack.callback(server.stop)
-        yield url
+    finally:
+        server.stop()
 
 
 @contextlib.contextmanager
-def postgres_server() -> Iterator[str]:
-    """A URL of a Postgres server's ``postgres`` database, for creating test databases."""
-    if url := os.environ.get("DATABASE_URL"):
-        yield url
+def _server(
+    what: str,
+    variable: str,
+    image: str,
+    container: Callable[[str], Any],
+    url: Callable[[Any], str],
+    fallback: Callable[[], EmbeddedRedis | EmbeddedPostgres],
+) -> Iterator[str]:
+    if found := os.environ.get(variable):
+        yield found
         return
-    image = os.environ.get("MEMWORKER_TEST_POSTGRES_IMAGE") or POSTGRES_IMAGE
     with contextlib.ExitStack() as stack:
         client = docker_client()
         if image_ready(client, image):
-            from testcontainers.postgres import PostgresContainer
-
             _ryuk_off_unless_present(client)
-            url = _in_container(
-                stack,
-                PostgresContainer(
-                    image, username="postgres", password="test", dbname="postgres", driver="asyncpg"
-                ),
-                lambda c: c.get_connection_url(),
-            )
-            if url is not None:
-                yield url
+            found = _in_container(stack, container(image), url)
+            if found is not None:
+                yield found
                 return
-        data = Path(tempfile.mkdtemp(prefix="memworker-pg-")) / "data"
-        server = EmbeddedPostgres(data, keep=False)
-        try:
-            url = server.start()
-        except Exception as exc:
-            unavailable("PostgreSQL", str(exc))
-            raise
-        stack.callback(server.stop)
-        yield url
+        yield stack.enter_context(embedded(what, fallback()))
+
+
+def redis_server() -> contextlib.AbstractContextManager[str]:
+    from testcontainers.redis import RedisContainer
+
+    return _server(
+        "Redis",
+        "REDIS_URL",
+        os.environ.get("MEMWORKER_TEST_REDIS_IMAGE") or REDIS_IMAGE,
+        RedisContainer,
+        lambda c: f"redis://{c.get_container_host_ip()}:{c.get_exposed_port(6379)}/0",
+        EmbeddedRedis,
+    )
+
+
+def postgres_server() -> contextlib.AbstractContextManager[str]:
+    """A URL of a Postgres server's ``postgres`` database, for creating test databases."""
+    from testcontainers.postgres import PostgresContainer
+
+    return _server(
+        "PostgreSQL",
+        "DATABASE_URL",
+        os.environ.get("MEMWORKER_TEST_POSTGRES_IMAGE") or POSTGRES_IMAGE,
+        lambda image: PostgresContainer(
+            image, username="postgres", password="test", dbname="postgres", driver="asyncpg"
+        ),
+        lambda c: c.get_connection_url(),
+        lambda: EmbeddedPostgres(
+            Path(tempfile.mkdtemp(prefix="memworker-pg-")) / "data", keep=False
+        ),
+    )
