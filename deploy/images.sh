@@ -93,7 +93,9 @@ step "wheelhouse ($WHEELS, the host's pip)"
 mkdir -p "$WHEELS"
 # async-timeout by name: redis-py needs it below Python 3.11.3 (Debian bookworm has 3.11.2),
 # a host on a later 3.11 does not resolve it. setuptools and wheel build the app inside.
-"$PYTHON" -m pip wheel --quiet --disable-pip-version-check --find-links "$WHEELS" -w "$WHEELS" \
+# SOURCE_DATE_EPOCH: wheels built from sdists come out byte for byte the same in every checkout,
+# so `COPY build/wheels` hits the engine's cache and a fresh clone rebuilds nothing.
+SOURCE_DATE_EPOCH=315532800 "$PYTHON" -m pip wheel --quiet --disable-pip-version-check --find-links "$WHEELS" -w "$WHEELS" \
     ".[embeddings,access]" async-timeout "setuptools>=77" wheel 2>&1 \
     | { grep -v -e "is ignored: it is neither" -e "Running pip as the 'root' user" || true; } >&2
 rm -f "$WHEELS"/memworker-*.whl  # the image builds the app from its sources

@@ -24,13 +24,5 @@ def pgvector_server() -> Iterator[str]:
         yield url
         return
     data = Path(tempfile.mkdtemp(prefix="memworker-pgvector-")) / "data"
-    server = EmbeddedPostgres(data, keep=False)
-    try:
-        url = server.start()
-    except Exception as exc:
-        servers.unavailable("PostgreSQL with pgvector", str(exc))
-        raise
-    try:
+    with servers.embedded("PostgreSQL with pgvector", EmbeddedPostgres(data, keep=False)) as url:
         yield url
-    finally:
-        server.stop()
