@@ -50,9 +50,15 @@ def memworker_commands() -> dict[str, Any]:
 TLS_VARIABLES = {"SSL_CERT_FILE", "SSL_CERT_DIR", "PGSSLROOTCERT", "PGSSLCERT", "PGSSLKEY"}
 """Read by OpenSSL and asyncpg, not by Settings: the CA and client certificates (deploy/TLS.md)."""
 
+MODEL_VARIABLES = {"MEMWORKER_EMBEDDING_CACHE_DIR"}
+"""Read by the local embedder, not by Settings: where the int8 ONNX file is (the image's copy)."""
+
+GENERATED_SOURCES = {"build/wheels"}
+"""COPY sources `make images` makes before it builds (deploy/images.sh), git-ignored."""
+
 
 def setting_variables() -> set[str]:
-    names = {"REDIS_URL", "DATABASE_URL"} | TLS_VARIABLES
+    names = {"REDIS_URL", "DATABASE_URL"} | TLS_VARIABLES | MODEL_VARIABLES
     return names | {f"MEMWORKER_{field.upper()}" for field in Settings.model_fields}
 
 
@@ -110,8 +116,11 @@ def dockerfile_instructions() -> list[tuple[str, str]]:
 
 def test_the_image_is_slim_runs_as_a_non_root_user_and_starts_the_lifecycle_worker() -> None:
     instructions = dockerfile_instructions()
+    # every stage's base is the BASE build argument: `make images` passes the Debian base it
+    # makes from Debian's packages, a user with Docker Hub passes debian:bookworm-slim
     bases = [rest.split()[0] for kw, rest in instructions if kw == "FROM"]
-    assert bases and all(b == "python:3.11-slim" for b in bases)
+    assert bases and all(b == "${BASE}" for b in bases)
+    assert ("ARG", "BASE=memworker-base:bookworm") in instructions
     users = [rest for kw, rest in instructions if kw == "USER"]
     assert users and users[-1].split(":")[0] not in ("0", "root")
     assert ("ENTRYPOINT", '["memworker"]') in instructions
@@ -132,8 +141,14 @@ def test_the_image_copies_only_sources_that_exist_and_the_dockerignore_lets_them
             continue
         *sources, _dest = rest.split()
         for source in sources:
+            if source in GENERATED_SOURCES:
+                assert source in (DEPLOY / "images.sh").read_text(), source
+                assert REPO.joinpath(".gitignore").read_text().count("build/") >= 1
+                assert source.rstrip("/") in allowed, f"COPY {source}: excluded by .dockerignore"
+                continue
             assert (REPO / source).exists(), f"COPY {source}: no such file in the repository"
-            assert source.rstrip("/") in allowed, f"COPY {source}: excluded by .dockerignore"
+            let_in = {source.rstrip("/"), *(str(p) for p in Path(source).parents)}
+            assert let_in & allowed, f"COPY {source}: excluded by .dockerignore"
 
 
 def test_the_image_health_check_asks_readyz_on_the_port_it_exposes() -> None:
@@ -162,7 +177,7 @@ def memworker_services(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {
         name: service
         for name, service in compose["services"].items()
-        if service.get("image") in MEMWORKER_IMAGES
+        if resolve(service.get("image", "")) in MEMWORKER_IMAGES
     }
 
 
@@ -170,7 +185,7 @@ def test_compose_builds_the_image_from_the_dockerfile_and_runs_real_commands(
     compose: dict[str, Any],
 ) -> None:
     services = memworker_services(compose)
-    assert set(services) == {"migrate", "worker", "consolidator", "api"}
+    assert set(services) == {"migrate", "worker", "consolidator", "indexer", "api"}
     for name, service in services.items():
         build = service["build"]
         assert (REPO / build["context"] / build["dockerfile"]).resolve() == DOCKERFILE
@@ -179,6 +194,7 @@ def test_compose_builds_the_image_from_the_dockerfile_and_runs_real_commands(
     assert services["worker"]["deploy"]["replicas"] == 2
     assert services["consolidator"]["command"][0] == "consolidate"
     assert services["migrate"]["command"] == ["migrate"]
+    assert services["indexer"]["command"][0] == "index"
     assert services["api"]["command"][0] == "serve"
 
 
@@ -189,7 +205,7 @@ def test_compose_serves_the_api_with_a_token_and_probes_its_readyz(
     command = api["command"]
     port = int(command[command.index("--port") + 1])
     assert f"http://127.0.0.1:{port}/readyz" in " ".join(api["healthcheck"]["test"])
-    assert api["ports"] == [f"127.0.0.1:{port}:{port}"]
+    assert [resolve(p) for p in api["ports"]] == [f"127.0.0.1:{port}:{port}"]
     assert resolve(api["environment"]["MEMWORKER_API_TOKEN"])
     url = urlsplit(resolve(api["environment"]["REDIS_URL"]))
     assert url.username == "operator" and sha256(url.password or "") == acl_users()["operator"]
@@ -210,7 +226,7 @@ def test_compose_sets_only_real_settings(compose: dict[str, Any]) -> None:
 def test_compose_health_checks_ask_readyz_on_the_metrics_port_each_process_serves(
     compose: dict[str, Any],
 ) -> None:
-    for name in ("worker", "consolidator"):
+    for name in ("worker", "consolidator", "indexer"):
         service = compose["services"][name]
         port = metrics_port_of(service["command"])
         assert port is not None
@@ -220,7 +236,7 @@ def test_compose_health_checks_ask_readyz_on_the_metrics_port_each_process_serve
         assert "curl" not in check and "wget" not in check
         assert service["restart"] == "unless-stopped"
         for published in service.get("ports", []):
-            assert published.endswith(f":{port}")
+            assert resolve(published).endswith(f":{port}")
     assert compose["services"]["migrate"]["restart"] == "no"
 
 
@@ -228,7 +244,9 @@ def test_compose_runs_redis_with_an_append_only_file_and_the_acl_file(
     compose: dict[str, Any],
 ) -> None:
     redis = compose["services"]["redis"]
-    assert redis["image"].startswith("redis:7")
+    # our image (Redis 8 from Debian trixie: users.acl's selectors need 7.2 or later)
+    assert resolve(redis["image"]) == "memworker-redis:local"
+    assert (REPO / redis["build"]["context"] / "Dockerfile").exists()
     command = redis["command"]
     pairs = dict(zip(command[1::2], command[2::2], strict=False))
     assert pairs["--appendonly"] == "yes"
@@ -281,7 +299,7 @@ def test_compose_credentials_are_the_acl_users_and_the_postgres_roles(
     compose: dict[str, Any],
 ) -> None:
     users = acl_users()
-    expected = {"worker": "lifecycle-worker", "consolidator": "consolidator"}
+    expected = {"worker": "lifecycle-worker", "consolidator": "consolidator", "indexer": "indexer"}
     for name, user in expected.items():
         url = urlsplit(resolve(compose["services"][name]["environment"]["REDIS_URL"]))
         assert url.username == user
@@ -289,7 +307,7 @@ def test_compose_credentials_are_the_acl_users_and_the_postgres_roles(
         assert url.hostname == "redis" and url.port == 6379
     options = resolve(compose["services"]["db-roles"]["environment"]["PGOPTIONS"])
     passwords = dict(re.findall(r"memworker\.(\w+)_password=(\S+)", options))
-    roles = {"migrate": "owner", "consolidator": "runtime"}
+    roles = {"migrate": "owner", "consolidator": "runtime", "indexer": "runtime", "api": "runtime"}
     for name, role in roles.items():
         url = urlsplit(resolve(compose["services"][name]["environment"]["DATABASE_URL"]))
         assert url.username == f"memworker_{role}"
@@ -309,6 +327,7 @@ def test_every_acl_user_has_its_documented_development_password() -> None:
         "agent",
         "operator",
         "keda",
+        "indexer",
     }
     for user, digest in users.items():
         assert digest == sha256(dev_password(user)), user
