@@ -240,6 +240,16 @@ class VectorSearch:
         async with self.engine.connect() as conn:
             return {str(r[0]): float(r[1]) for r in await conn.execute(statement)}
 
+    def similarity_of(self, episode_id: Any, vector: Sequence[float]) -> Any:
+        """A scalar subquery: the similarity of ``episode_id``'s vector of the model to
+        ``vector`` (NULL when it has none), to select beside the episode's row."""
+        v = _vectors()
+        return (
+            select(1 - self._distance(v.c.embedding, vector))
+            .where(v.c.episode_id == episode_id, *self._mine(v))
+            .scalar_subquery()
+        )
+
     async def _project_has_vectors(self, conn: Any, project_id: str) -> bool:
         row = await conn.execute(
             text(f"SELECT 1 FROM {VECTOR_TABLE} WHERE project_id = :p AND model = :m LIMIT 1"),
