@@ -20,6 +20,7 @@ from sqlalchemy import (
     desc,
     func,
     select,
+    text,
 )
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker
 
@@ -28,7 +29,7 @@ from worker.episodes.embedding import Embedder
 from worker.episodes.erasure import ForgetResult, ProjectExport, export_project, forget_project
 from worker.episodes.forgetting import DEFAULT_MARKER_TTL_MS
 from worker.episodes.ranking import DEFAULT_WEIGHTS, Candidate, RecallWeights, fuse
-from worker.episodes.text_search import TEXT_CAP, ranked_matches
+from worker.episodes.text_search import BY_INDEX, TEXT_CAP, ranked_matches
 from worker.episodes.vector_search import EXACT_BELOW, Nearest, VectorSearch
 from worker.ids import validate_id
 from worker.logs import get_logger
@@ -342,7 +343,9 @@ class EpisodeStore:
         self, query: str, filters: list[ColumnElement[bool]], n: int
     ) -> list[tuple[Candidate, float]]:
         statement = ranked_matches(Episode.__table__, query, filters, n, self.text_cap)
-        async with self.engine.connect() as conn:
+        async with self.engine.begin() as conn:
+            if self.text_cap is not None:
+                await conn.execute(text(BY_INDEX))
             return [
                 (Candidate(str(r[0]), r[1], r[2]), float(r[3]))
                 for r in await conn.execute(statement)
