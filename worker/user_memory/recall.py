@@ -26,7 +26,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from worker.db.vectors import VECTOR_TABLE, vector_literal
 from worker.episodes.embedding import Embedder
-from worker.episodes.text_search import TEXT_CAP, ranked_matches
+from worker.episodes.text_search import BY_INDEX, TEXT_CAP, UNSET_BY_INDEX, ranked_matches
 from worker.user_memory.models import EpisodeMatch, as_utc
 from worker.user_memory.turns import EPISODE_COLUMNS, episode_from_row, episodes_of, partition
 
@@ -34,7 +34,7 @@ RRF_K = 60
 _E_COLUMNS = ", ".join(f"e.{c.strip()}" for c in EPISODE_COLUMNS.split(","))
 _NAMES = [c.strip() for c in EPISODE_COLUMNS.split(",")]
 _MATCHED = table(
-    "episodes", *(column(c) for c in {*_NAMES, "importance_score", "search_vector"})
+    "episodes", *(column(c) for c in [*_NAMES, "importance_score", "search_vector"])
 ).alias("e")
 """``episodes`` as the words search reads it (the filters name it ``e``)."""
 _ROW = table("episodes", *(column(c) for c in _NAMES)).alias("r")
@@ -83,31 +83,24 @@ async def recall_scored(
             .join_from(_ROW, matched, _ROW.c.id == matched.c.id)
             .order_by(desc(matched.c.rank), desc(matched.c.occurred_at), matched.c.id)
         )
+        await conn.execute(text(BY_INDEX))
         for row in await conn.execute(statement, params):
             key = str(row.id)
             rows[key] = row
             words.append((key, float(row.bm25)))
+        await conn.execute(text(UNSET_BY_INDEX))
     meaning: list[tuple[str, float]] = []
     if query.strip() and alpha > 0.0 and query_vector is not None and model is not None:
         dimension = len(query_vector)
         distance = f"v.embedding::vector({dimension}) <=> CAST(CAST(:qv AS text) AS vector)"
-        if exact:  # a small partition: its rows first, then ordered by distance (exactly)
-            distance = f"embedding::vector({dimension}) <=> CAST(CAST(:qv AS text) AS vector)"
-            nearest = text(
-                f"WITH mine AS MATERIALIZED (SELECT {_E_COLUMNS}, v.embedding"
-                f" FROM {VECTOR_TABLE} v JOIN episodes e ON e.id = v.episode_id"
-                f" WHERE v.project_id = :p AND v.model = :m AND v.dimension = {dimension}"
-                f" AND {' AND '.join(where)})"
-                f" SELECT {', '.join(_NAMES)}, 1 - ({distance}) AS cosine FROM mine"
-                f" ORDER BY {distance} LIMIT :n"
-            )
-        else:
-            nearest = text(
-                f"SELECT {_E_COLUMNS}, 1 - ({distance}) AS cosine FROM {VECTOR_TABLE} v"
-                " JOIN episodes e ON e.id = v.episode_id"
-                f" WHERE v.project_id = :p AND v.model = :m AND v.dimension = {dimension}"
-                f" AND {' AND '.join(where)} ORDER BY {distance} LIMIT :n"
-            )
+        # a small partition is ordered by an expression the HNSW index cannot serve: exactly
+        order = f"({distance}) + 0" if exact else distance
+        nearest = text(
+            f"SELECT {_E_COLUMNS}, 1 - ({distance}) AS cosine FROM {VECTOR_TABLE} v"
+            " JOIN episodes e ON e.id = v.episode_id"
+            f" WHERE v.project_id = :p AND v.model = :m AND v.dimension = {dimension}"
+            f" AND {' AND '.join(where)} ORDER BY {order} LIMIT :n"
+        )
         params.update(qv=vector_literal(query_vector), m=model)
         if not exact:
             ef_search = min(1000, max(40, limit * 4))
