@@ -9,6 +9,11 @@ built after the load). The labeled set's 40 episodes are remembered and embedded
 the 32 labeled queries have their answers among the synthetic ones: recall@3 at each size is
 shown too. Every timed call is ``EpisodeStore.recall(project, query, 10)``: the query is
 embedded by the local model, then the vector search, the full-text search and the fusion run.
+
+``--breakdown`` also times, per query, each part of a recall alone (the query's embedding, the
+vector search, the full-text search with its cap (``episodes.text_search``) and with every match
+ranked as before the cap, the fusion, loading the chosen episodes) and a whole recall with every
+match ranked (``text_cap=None``), interleaved with the default one so both meet the same load.
 """
 
 from __future__ import annotations
@@ -24,12 +29,13 @@ from redis.asyncio import Redis
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from tests.recall_set import load_recall_set, remember_all
+from tests.recall_set import LabeledQuery, load_recall_set, remember_all
 from worker.db.engine import create_database_engine
 from worker.db.vectors import VECTOR_TABLE, hnsw_index_sql
 from worker.episodes.embedding import LocalEmbedder
 from worker.episodes.indexer import Indexer
-from worker.episodes.store import EpisodeStore
+from worker.episodes.ranking import DEFAULT_WEIGHTS, fuse
+from worker.episodes.store import EpisodeStore, _episode_filters
 from worker.settings import LOCAL_EMBEDDING_DIMENSION, LOCAL_EMBEDDING_MODEL, Settings
 
 PROJECT = "bench"
@@ -70,6 +76,66 @@ async def grow(engine: AsyncEngine, first: int, last: int, words: list[str]) -> 
         await conn.execute(text(f"ANALYZE {VECTOR_TABLE}"))
 
 
+PARTS = (
+    "query embedding",
+    "vector search",
+    "full-text search, capped (now)",
+    "full-text search, every match ranked (before)",
+    "fusion",
+    "load the chosen 10 (+ their similarity)",
+)
+
+
+async def breakdown(
+    store: EpisodeStore, uncapped: EpisodeStore, queries: list[LabeledQuery], count: int
+) -> dict[str, list[float]]:
+    """Seconds per part of a recall (``PARTS``), each timed alone, ``count`` queries."""
+    assert store.embedder is not None
+    filters = _episode_filters(PROJECT, None, None, None, None, None, None, None)
+    scope = (PROJECT, None, None, None, None, None, None, None)
+    n = DEFAULT_WEIGHTS.candidates
+    times: dict[str, list[float]] = {part: [] for part in PARTS}
+
+    def lap(part: str, started: float) -> float:
+        now = time.perf_counter()
+        times[part].append(now - started)
+        return now
+
+    for i in range(count):
+        query = queries[i % len(queries)].query
+        t = time.perf_counter()
+        [vector] = await store.embedder.embed([query])
+        t = lap(PARTS[0], t)
+        nearest = await store.vectors.nearest(PROJECT, vector, filters, n, scope)
+        t = lap(PARTS[1], t)
+        texts = await store._text_candidates(query, filters, n)
+        t = lap(PARTS[2], t)
+        await uncapped._text_candidates(query, filters, n)
+        t = lap(PARTS[3], t)
+        found = [nearest.candidates, [c for c, _rank in texts]]
+        candidates = {c.episode_id: c for ranked in found for c in ranked}
+        best = fuse([[c.episode_id for c in r] for r in found], candidates, DEFAULT_WEIGHTS)[:10]
+        t = lap(PARTS[4], t)
+        similarity = dict(nearest.similarity)
+        await store._load_best(PROJECT, [b[0] for b in best], list(vector), similarity)
+        lap(PARTS[5], t)
+    return times
+
+
+def ms(samples: list[float], q: float) -> str:
+    return f"{percentile(samples, q) * 1000:.1f} ms"
+
+
+async def recall_at_3(
+    store: EpisodeStore, queries: list[LabeledQuery], ids: dict[str, str]
+) -> float:
+    found = 0
+    for q in queries:
+        top = await store.recall(PROJECT, q.query, 3)
+        found += ids[q.expect] in [str(h.episode.id) for h in top]
+    return found / len(queries)
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--redis-url", default=DEFAULT_REDIS_URL)
@@ -77,6 +143,11 @@ async def main() -> None:
     parser.add_argument("--pgvector-url")
     parser.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000])
     parser.add_argument("--queries", type=int, default=200)
+    parser.add_argument(
+        "--breakdown",
+        action="store_true",
+        help="also time each part of a recall, and recall with every text match ranked (before)",
+    )
     args = parser.parse_args()
     episodes, queries = load_recall_set()
     words = sorted({w for e in episodes for w in re.findall(r"[a-z]+", e.task.lower())})
@@ -85,7 +156,8 @@ async def main() -> None:
     redis = Redis.from_url(args.redis_url)
     prefix = "bench-recall-latency"
     settings = Settings(redis_url=args.redis_url, stream_prefix=prefix)
-    rows = []
+    rows: list[list[object]] = []
+    parts: list[list[object]] = []
     try:
         with pgvector_server(args.pgvector_url) as server:
             async with fresh_database(server) as url:
@@ -94,33 +166,42 @@ async def main() -> None:
                     ids = await remember_all(engine, redis, prefix, PROJECT, episodes)
                     await Indexer(settings, redis, engine, embedder).run_once()
                     store = EpisodeStore(engine, embedder)
+                    uncapped = EpisodeStore(engine, embedder, text_cap=None)
                     have = 0
                     for size in sorted(args.sizes):
                         started = time.perf_counter()
                         await grow(engine, have + 1, size - len(episodes), words)
                         load_s = time.perf_counter() - started
                         have = size - len(episodes)
-                        for q in queries[:5]:  # warm-up
-                            await store.recall(PROJECT, q.query, 10)
-                        samples = []
+                        variants = [("", store)]
+                        if args.breakdown:
+                            variants.append((" (every text match ranked: before)", uncapped))
+                        for _label, each in variants:
+                            for q in queries[:5]:  # warm-up
+                                await each.recall(PROJECT, q.query, 10)
+                        samples: dict[str, list[float]] = {label: [] for label, _s in variants}
                         for n in range(args.queries):
                             q = queries[n % len(queries)]
-                            started = time.perf_counter()
-                            await store.recall(PROJECT, q.query, 10)
-                            samples.append(time.perf_counter() - started)
-                        found = 0
-                        for q in queries:
-                            top = await store.recall(PROJECT, q.query, 3)
-                            found += ids[q.expect] in [str(h.episode.id) for h in top]
-                        rows.append(
-                            [
-                                f"{size:,}",
-                                f"{load_s:.0f} s",
-                                f"{percentile(samples, 50) * 1000:.1f} ms",
-                                f"{percentile(samples, 99) * 1000:.1f} ms",
-                                f"{found / len(queries):.2f}",
-                            ]
-                        )
+                            for label, each in variants:  # interleaved: the same load for each
+                                started = time.perf_counter()
+                                await each.recall(PROJECT, q.query, 10)
+                                samples[label].append(time.perf_counter() - started)
+                        for label, each in variants:
+                            rows.append(
+                                [
+                                    f"{size:,}{label}",
+                                    f"{load_s:.0f} s",
+                                    ms(samples[label], 50),
+                                    ms(samples[label], 99),
+                                    f"{await recall_at_3(each, queries, ids):.2f}",
+                                ]
+                            )
+                        if args.breakdown:
+                            times = await breakdown(store, uncapped, queries, args.queries)
+                            for part in PARTS:
+                                parts.append(
+                                    [f"{size:,}", part, ms(times[part], 50), ms(times[part], 99)]
+                                )
                 finally:
                     await engine.dispose()
     finally:
@@ -130,6 +211,11 @@ async def main() -> None:
     print()
     header = ["episodes in the project", "load + HNSW build", "p50", "p99", "labeled recall@3"]
     print(markdown_table(header, rows, "rrrrr"))
+    if parts:
+        print()
+        print(f"Each part of a recall timed alone, {args.queries} queries per size:")
+        print()
+        print(markdown_table(["episodes", "part", "p50", "p99"], parts, "rlrr"))
 
 
 if __name__ == "__main__":

@@ -122,6 +122,7 @@ BENCHES = [
         "recall_latency.py",
         "Recall latency at 10,000 and 100,000 episodes in one project",
         "`EpisodeStore.recall` p50/p99, query embedding included (pgvector in embedded pgserver).",
+        args=["--breakdown"],
         quick=["--sizes", "2000", "--queries", "30"],
     ),
     Bench(

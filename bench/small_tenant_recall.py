@@ -19,6 +19,7 @@ import argparse
 import asyncio
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 
 from harness import fresh_database, markdown_table, percentile
 from recall_common import pgvector_server
@@ -32,10 +33,14 @@ from worker.episodes.embedding import LocalEmbedder
 from worker.episodes.indexer import embed_and_store
 from worker.episodes.store import EpisodeStore, RecallMode
 from worker.episodes.vector_search import EXACT_BELOW
+from worker.settings import Settings
+from worker.user_memory.memory import Memory
 
 TENANT = "small"
 USER: str | None = None
-"""``--tenant user``: the tenant is user ``ann`` of the big project (``recall(user_id=)``)."""
+"""``--tenant user``: the tenant is user ``ann`` of the big project (``recall(user_id=)``), also
+recalled through the user path, ``Memory.recall_scored(user_id=)`` (``alpha`` 1.0: vector,
+0.5: hybrid); the big project's other episodes have no user."""
 
 
 async def add_tenant(engine: AsyncEngine, embedder: LocalEmbedder) -> dict[str, str]:
@@ -68,20 +73,38 @@ async def add_tenant(engine: AsyncEngine, embedder: LocalEmbedder) -> dict[str, 
 
 
 async def measure(
-    store: EpisodeStore, ids: dict[str, str], mode: RecallMode
+    recall: Callable[[str], Awaitable[list[str]]], ids: dict[str, str]
 ) -> tuple[float, float, float]:
-    """recall@3, mean hits of a limit=10 recall, p50 ms."""
+    """recall@3, mean hits of a limit=10 recall, p50 ms; ``recall`` returns the ids found."""
     _episodes, queries = load_recall_set()
     found = 0
     counts: list[int] = []
     times: list[float] = []
     for q in queries:
         started = time.perf_counter()
-        hits = await store.recall(TENANT, q.query, 10, mode=mode, user_id=USER)
+        hits = await recall(q.query)
         times.append((time.perf_counter() - started) * 1000)
-        found += ids[q.expect] in [str(h.episode.id) for h in hits[:3]]
+        found += ids[q.expect] in hits[:3]
         counts.append(len(hits))
     return found / len(queries), sum(counts) / len(counts), percentile(times, 50)
+
+
+def by_store(store: EpisodeStore, mode: RecallMode) -> Callable[[str], Awaitable[list[str]]]:
+    async def recall(query: str) -> list[str]:
+        hits = await store.recall(TENANT, query, 10, mode=mode, user_id=USER)
+        return [str(h.episode.id) for h in hits]
+
+    return recall
+
+
+def by_memory(memory: Memory, alpha: float) -> Callable[[str], Awaitable[list[str]]]:
+    """The user path: ``Memory.recall_scored(user_id=USER)``."""
+
+    async def recall(query: str) -> list[str]:
+        hits = await memory.recall_scored(query, limit=10, user_id=USER, alpha=alpha)
+        return [h.episode.id for h in hits]
+
+    return recall
 
 
 async def table_of(
@@ -95,8 +118,17 @@ async def table_of(
         store = EpisodeStore(engine, embedder, exact_below=exact_below)
         await store.recall(TENANT, "warm up", 10)
         for mode in ("vector", "hybrid"):
-            at3, results, p50 = await measure(store, ids, mode)
+            at3, results, p50 = await measure(by_store(store, mode), ids)
             rows.append([store_label, label, mode, f"{at3:.2f}", f"{results:.1f}", f"{p50:.1f}"])
+        if USER is None:
+            continue
+        settings = Settings(recall_exact_below=exact_below, stream_prefix="bench-small-tenant")
+        async with Memory(TENANT, settings=settings, engine=engine, embedder=embedder) as memory:
+            await memory.recall_scored("warm up", limit=10, user_id=USER)
+            for mode, alpha in (("vector", 1.0), ("hybrid", 0.5)):
+                at3, results, p50 = await measure(by_memory(memory, alpha), ids)
+                path = f"{label}, `Memory.recall_scored`"
+                rows.append([store_label, path, mode, f"{at3:.2f}", f"{results:.1f}", f"{p50:.1f}"])
     return rows
 
 

@@ -66,6 +66,9 @@ SELECT gen_random_uuid(), :project || '/filler-' || g, :project, 'filler-' || g,
 FROM generate_series(1, :n) g
 """
 FILLER_VECTORS = """
+WITH c AS MATERIALIZED (
+    SELECT embedding, row_number() OVER () - 1 AS j FROM episode_embeddings
+    WHERE project_id = :around)
 INSERT INTO episode_embeddings (episode_id, project_id, model, dimension, embedding)
 SELECT e.id, e.project_id, :model, :dimension,
     CASE WHEN c.embedding IS NULL THEN r.noise ELSE c.embedding + r.noise END
@@ -75,9 +78,10 @@ CROSS JOIN LATERAL (
     SELECT CAST(array_agg((random() - 0.5 + 0 * d) * :spread * (0.3 + (e.i % 7) / 4.0))
         AS real[])::vector AS noise
     FROM generate_series(1, :dimension) d) r
-LEFT JOIN (SELECT embedding, row_number() OVER () - 1 AS j FROM episode_embeddings
-           WHERE project_id = :around) c ON c.j = e.i % :centers
+LEFT JOIN c ON c.j = e.i % :centers
 """
+"""The centers are read once (a ``MATERIALIZED`` CTE): read per row, their index scan walked the
+rows this statement inserts when ``around`` is the filler's own project (a user tenant)."""
 
 
 async def add_filler(

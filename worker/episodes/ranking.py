@@ -6,7 +6,7 @@
    (``episode_embeddings``, HNSW), the ``candidates`` nearest.
 2. **Full-text rank**: ``ts_rank`` of the episode's ``search_vector`` against the query's
    words joined by OR (so an episode sharing some of the words still counts), the
-   ``candidates`` best.
+   ``candidates`` best (of at most ``text_cap`` matches ranked: ``episodes.text_search``).
 
 They are fused by weighted **reciprocal rank fusion** (Cormack et al., 2009): ``relevance(e)
 = Σ weight / (rrf_k + rank)`` over the lists ``e`` is in (``vector_weight``, ``text_weight``),

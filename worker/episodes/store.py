@@ -17,13 +17,11 @@ from redis.asyncio import Redis
 from sqlalchemy import (
     ColumnElement,
     Select,
-    Text,
-    cast,
     desc,
     func,
     select,
+    text,
 )
-from sqlalchemy.dialects.postgresql import TSQUERY
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker
 
 from worker.db.models import SEARCH_CONFIG, Episode, LifecycleEvent
@@ -31,6 +29,7 @@ from worker.episodes.embedding import Embedder
 from worker.episodes.erasure import ForgetResult, ProjectExport, export_project, forget_project
 from worker.episodes.forgetting import DEFAULT_MARKER_TTL_MS
 from worker.episodes.ranking import DEFAULT_WEIGHTS, Candidate, RecallWeights, fuse
+from worker.episodes.text_search import BY_INDEX, TEXT_CAP, ranked_matches
 from worker.episodes.vector_search import EXACT_BELOW, Nearest, VectorSearch
 from worker.ids import validate_id
 from worker.logs import get_logger
@@ -128,7 +127,9 @@ class EpisodeStore:
 
     ``embedder`` (``episodes.embedding``) is what ``recall`` embeds queries with; without one,
     or without pgvector, ``recall`` ranks by full-text only (and says so once). A scope of at
-    most ``exact_below`` vectors is searched exactly (``episodes.vector_search``).
+    most ``exact_below`` vectors is searched exactly (``episodes.vector_search``); at most
+    ``text_cap`` of the episodes matching a word of the query are ranked by the full-text
+    search (``episodes.text_search``; None: all of them).
     """
 
     def __init__(
@@ -137,9 +138,11 @@ class EpisodeStore:
         embedder: Embedder | None = None,
         *,
         exact_below: int = EXACT_BELOW,
+        text_cap: int | None = TEXT_CAP,
     ) -> None:
         self.engine = engine
         self.embedder = embedder
+        self.text_cap = text_cap
         self._sessions = async_sessionmaker(engine, expire_on_commit=False)
         self.vectors = VectorSearch(engine, embedder, exact_below=exact_below)
 
@@ -264,23 +267,19 @@ class EpisodeStore:
         lists = [[c.episode_id for c in ranked] for ranked in found]
         fused = fuse(lists, candidates, weights)
         similarity = dict(nearest.similarity)
-        if query_vector is not None:
-            missing = [i for i, _s, _r in fused if i not in similarity]
-            similarity.update(await self.vectors.similarities(project_id, query_vector, missing))
         if min_score is not None:
+            if query_vector is not None:
+                missing = [i for i, _s, _r in fused if i not in similarity]
+                similarity.update(
+                    await self.vectors.similarities(project_id, query_vector, missing)
+                )
             fused = [f for f in fused if similarity.get(f[0], -2.0) >= min_score]
         best = fused[: max(0, limit)]
         if not best:
             return []
-        episodes = {
-            str(e.id): e
-            for e in await self._all(
-                select(Episode).where(
-                    Episode.project_id == project_id,
-                    Episode.id.in_([uuid.UUID(i) for i, _s, _r in best]),
-                )
-            )
-        }
+        episodes = await self._load_best(
+            project_id, [i for i, _s, _r in best], query_vector, similarity
+        )
         vector_rank = {i: r for r, i in enumerate(lists[0], start=1)}
         text_rank = {i: r for r, i in enumerate(lists[1], start=1)}
         text_score = {c.episode_id: rank for c, rank in texts}
@@ -297,6 +296,32 @@ class EpisodeStore:
             for i, score, relevance in best
             if i in episodes  # forgotten meanwhile
         ]
+
+    async def _load_best(
+        self,
+        project_id: str,
+        ids: list[str],
+        query_vector: list[float] | None,
+        similarity: dict[str, float],
+    ) -> dict[str, Episode]:
+        """The chosen episodes by id, in one round trip with the similarity of those the vector
+        search did not return (found by words only), which is added to ``similarity``."""
+        unknown = query_vector is not None and any(i not in similarity for i in ids)
+        columns: list[Any] = [Episode]
+        if unknown:
+            assert query_vector is not None
+            columns.append(self.vectors.similarity_of(Episode.id, query_vector))
+        statement = select(*columns).where(
+            Episode.project_id == project_id, Episode.id.in_([uuid.UUID(i) for i in ids])
+        )
+        episodes: dict[str, Episode] = {}
+        async with self._sessions() as session:
+            for row in await session.execute(statement):
+                key = str(row[0].id)
+                episodes[key] = row[0]
+                if unknown and row[1] is not None:
+                    similarity.setdefault(key, float(row[1]))
+        return episodes
 
     async def _vector_search(
         self,
@@ -317,16 +342,10 @@ class EpisodeStore:
     async def _text_candidates(
         self, query: str, filters: list[ColumnElement[bool]], n: int
     ) -> list[tuple[Candidate, float]]:
-        words = func.plainto_tsquery(SEARCH_CONFIG, query)  # any of the words, not all
-        tsquery = cast(func.replace(cast(words, Text), "&", "|"), TSQUERY)
-        rank = func.ts_rank(Episode.search_vector, tsquery)
-        statement = (
-            select(Episode.id, Episode.occurred_at, Episode.importance_score, rank)
-            .where(*filters, Episode.search_vector.op("@@")(tsquery))
-            .order_by(desc(rank), desc(Episode.occurred_at), Episode.id)
-            .limit(n)
-        )
-        async with self.engine.connect() as conn:
+        statement = ranked_matches(Episode.__table__, query, filters, n, self.text_cap)
+        async with self.engine.begin() as conn:
+            if self.text_cap is not None:
+                await conn.execute(text(BY_INDEX))
             return [
                 (Candidate(str(r[0]), r[1], r[2]), float(r[3]))
                 for r in await conn.execute(statement)

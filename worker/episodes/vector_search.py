@@ -6,12 +6,14 @@ HNSW scan: the index yields its ``hnsw.ef_search`` nearest vectors of the whole 
 filter keeps the project's, so a project holding 50 of 100k vectors gets about
 ``ef_search × 50 / 100k`` of them back: fewer than asked for, usually none. So a project (with
 the recall's filters: user, agent type, outcome, time) that has at most ``exact_below``
-vectors of the model is searched **exactly**: its rows are materialized first (a
-``MATERIALIZED`` CTE, reached by the ``(project_id, model)`` index and the episodes' filters),
-then ordered by distance, which the HNSW index cannot serve. Above that size HNSW is used
-(``ef_search`` at least the number of candidates). How many vectors a scope has is counted up to
-``exact_below + 1`` (an index-only scan, bounded) and kept ``count_ttl_s`` seconds
-(``bench/small_tenant_recall.py`` measures recall@3 either way: BENCHMARKS.md).
+vectors of the model is searched **exactly**: its rows (reached by the ``(project_id, model)``
+index and the episodes' filters) are ordered by ``distance + 0``, an expression the HNSW index
+cannot serve, so every row's distance is computed (a top-N sort: 17 ms at 10k vectors on 2
+busy cores, where a ``MATERIALIZED`` CTE of the rows, as before, spilled ~15 MB to disk and
+took 26 ms). Above that size HNSW is used (``ef_search`` at least the number of candidates).
+How many vectors a scope has is counted up to ``exact_below + 1`` (an index-only scan,
+bounded) and kept ``count_ttl_s`` seconds (``bench/small_tenant_recall.py`` measures recall@3
+either way: BENCHMARKS.md).
 
 **Similarity** is the cosine similarity of the two vectors, ``1 - (a <=> b)``: -1..1, 1 for the
 same direction (this model's unrelated texts land near 0..0.2, paraphrases above ~0.5).
@@ -52,7 +54,7 @@ log = get_logger("worker.episodes.store")
 
 EXACT_BELOW = 10_000
 """Default of ``MEMWORKER_RECALL_EXACT_BELOW``: a scope with at most this many vectors is
-searched exactly (about 10 ms at 10k vectors of 384 dimensions on 2 cores)."""
+searched exactly (~10-20 ms at 10k vectors of 384 dimensions on 2 cores)."""
 COUNT_TTL_S = 30.0
 
 
@@ -176,38 +178,19 @@ class VectorSearch:
         most ``exact_below`` vectors, else by the HNSW index."""
         exact = await self.scope_size(project_id, filters, scope) <= self.exact_below
         v = _vectors()
-        if exact:
-            tenant = (
-                select(
-                    v.c.episode_id,
-                    v.c.embedding,
-                    Episode.occurred_at,
-                    Episode.importance_score,
-                )
-                .join(Episode, Episode.id == v.c.episode_id)
-                .where(v.c.project_id == project_id, *self._mine(v), *filters)
-                .cte("tenant")
-                .prefix_with("MATERIALIZED")
-            )
-            distance = self._distance(tenant.c.embedding, vector)
-            statement = select(
-                tenant.c.episode_id,
-                tenant.c.occurred_at,
-                tenant.c.importance_score,
+        distance = self._distance(v.c.embedding, vector)
+        statement = (
+            select(
+                v.c.episode_id,
+                Episode.occurred_at,
+                Episode.importance_score,
                 (1 - distance).label("similarity"),
             )
-        else:
-            distance = self._distance(v.c.embedding, vector)
-            statement = (
-                select(
-                    v.c.episode_id,
-                    Episode.occurred_at,
-                    Episode.importance_score,
-                    (1 - distance).label("similarity"),
-                )
-                .join(Episode, Episode.id == v.c.episode_id)
-                .where(v.c.project_id == project_id, *self._mine(v), *filters)
-            )
+            .join(Episode, Episode.id == v.c.episode_id)
+            .where(v.c.project_id == project_id, *self._mine(v), *filters)
+        )
+        if exact:  # ordered by an expression the HNSW index cannot serve: every row's distance
+            distance = distance + 0
         statement = statement.order_by(distance).limit(n)
         found = Nearest(exact=exact)
         async with self.engine.begin() as conn:
@@ -239,6 +222,16 @@ class VectorSearch:
         )
         async with self.engine.connect() as conn:
             return {str(r[0]): float(r[1]) for r in await conn.execute(statement)}
+
+    def similarity_of(self, episode_id: Any, vector: Sequence[float]) -> Any:
+        """A scalar subquery: the similarity of ``episode_id``'s vector of the model to
+        ``vector`` (NULL when it has none), to select beside the episode's row."""
+        v = _vectors()
+        return (
+            select(1 - self._distance(v.c.embedding, vector))
+            .where(v.c.episode_id == episode_id, *self._mine(v))
+            .scalar_subquery()
+        )
 
     async def _project_has_vectors(self, conn: Any, project_id: str) -> bool:
         row = await conn.execute(

@@ -26,11 +26,13 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from worker.connections import client_for
 from worker.db.batch import mark_announced
 from worker.db.engine import create_database_engine
+from worker.db.models import Episode as EpisodeRow
 from worker.db.vectors import VECTOR_TABLE, has_vector_table
 from worker.episodes.announcements import Announcement
 from worker.episodes.changes import change_event, owe, publish_owed
 from worker.episodes.embedding import Embedder, EmbeddingError, embedder_from_settings
 from worker.episodes.erasure import forget_project
+from worker.episodes.vector_search import VectorSearch
 from worker.ids import validate_id
 from worker.keys import episodes_stream
 from worker.logs import get_logger
@@ -47,6 +49,7 @@ from worker.user_memory.models import (
     MemoryProfile,
     Message,
     as_episode,
+    as_utc,
     check_user_id,
     warn_isolation,
 )
@@ -94,6 +97,7 @@ class Memory:
         self._embedder = embedder
         self._default_embedder: Embedder | None = None
         self._vectors = False
+        self._vector_search: VectorSearch | None = None
         self.facts: Any = fact_store or FactStore(
             engine,
             self.project_id,
@@ -253,6 +257,9 @@ class Memory:
                 vector = await embed_query(embedder, query)
             except EmbeddingError as exc:
                 log.warning("recall by words only: the embedder failed", error=str(exc))
+        exact = False
+        if vector is not None and embedder is not None:
+            exact = await self._small_partition(embedder, user_id, time_range)
         async with self.engine.begin() as conn:
             return await recall_scored(
                 conn,
@@ -264,7 +271,31 @@ class Memory:
                 alpha=alpha,
                 query_vector=vector,
                 model=None if embedder is None else embedder.name,
+                exact=exact,
             )
+
+    async def _small_partition(
+        self,
+        embedder: Embedder,
+        user_id: str | None,
+        time_range: tuple[datetime, datetime] | None,
+    ) -> bool:
+        """Whether the partition (and time range) has at most ``recall_exact_below`` vectors:
+        then it is searched exactly (``episodes.vector_search``'s count, cached)."""
+        if self._vector_search is None or self._vector_search.embedder is not embedder:
+            self._vector_search = VectorSearch(
+                self.engine, embedder, exact_below=self.settings.recall_exact_below
+            )
+        filters = [
+            EpisodeRow.project_id == self.project_id,
+            EpisodeRow.user_id.is_(None) if user_id is None else EpisodeRow.user_id == user_id,
+        ]
+        if time_range is not None:
+            lo, hi = as_utc(time_range[0]), as_utc(time_range[1])
+            filters.append(EpisodeRow.occurred_at.between(lo, hi))
+        scope = (self.project_id, user_id, time_range)
+        size = await self._vector_search.scope_size(self.project_id, filters, scope)
+        return size <= self._vector_search.exact_below
 
     async def _has_named_users(self) -> bool:
         statement = text(

@@ -5,7 +5,8 @@ Reciprocal Rank Fusion (LoomFlow's ``alpha``: 0 words only, 1 meaning only, 0.5 
 ``k`` = 60): ``score = (1 - alpha) / (60 + word rank) + alpha / (60 + meaning rank)``.
 
 - **Words**: Postgres full text over ``search_vector`` (English stemming; any word of the
-  query matches); ``bm25_score`` is its ``ts_rank``. Findable as soon as ``remember`` returns.
+  query matches; at most ``TEXT_CAP`` matches are ranked, as in ``episodes.text_search``);
+  ``bm25_score`` is its ``ts_rank``. Findable as soon as ``remember`` returns.
 - **Meaning**: pgvector cosine over the vectors the indexer made (``episode_embeddings``);
   ``vector_score`` is the cosine similarity (-1..1; non-positive ones are dropped, as
   LoomFlow does). Used only when pgvector is there, the project has vectors of the model, and
@@ -20,18 +21,23 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import text
+from sqlalchemy import column, desc, select, table, text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from worker.db.models import SEARCH_CONFIG
 from worker.db.vectors import VECTOR_TABLE, vector_literal
 from worker.episodes.embedding import Embedder
+from worker.episodes.text_search import BY_INDEX, TEXT_CAP, UNSET_BY_INDEX, ranked_matches
 from worker.user_memory.models import EpisodeMatch, as_utc
 from worker.user_memory.turns import EPISODE_COLUMNS, episode_from_row, episodes_of, partition
 
 RRF_K = 60
 _E_COLUMNS = ", ".join(f"e.{c.strip()}" for c in EPISODE_COLUMNS.split(","))
-_WORDS = f"CAST(replace(CAST(plainto_tsquery('{SEARCH_CONFIG}', :q) AS text), '&', '|') AS tsquery)"
+_NAMES = [c.strip() for c in EPISODE_COLUMNS.split(",")]
+_MATCHED = table(
+    "episodes", *(column(c) for c in [*_NAMES, "importance_score", "search_vector"])
+).alias("e")
+"""``episodes`` as the words search reads it (the filters name it ``e``)."""
+_ROW = table("episodes", *(column(c) for c in _NAMES)).alias("r")
 
 
 def _filters(user_id: str | None, time_range: tuple[datetime, datetime] | None) -> list[str]:
@@ -52,8 +58,11 @@ async def recall_scored(
     alpha: float,
     query_vector: list[float] | None,
     model: str | None,
+    exact: bool = False,
 ) -> list[EpisodeMatch]:
-    """The user's episodes best matching ``query`` (module doc), at most ``limit``."""
+    """The user's episodes best matching ``query`` (module doc), at most ``limit``; ``exact``:
+    search the partition's vectors exactly rather than by the HNSW index (a small partition:
+    the index's scan would filter the user's after it, finding few or none)."""
     if not 0.0 <= alpha <= 1.0:
         raise ValueError(f"alpha is between 0 and 1, not {alpha}")
     limit = max(0, int(limit))
@@ -66,28 +75,37 @@ async def recall_scored(
     rows: dict[str, Any] = {}
     words: list[tuple[str, float]] = []
     if query.strip() and alpha < 1.0:
-        statement = text(
-            f"SELECT {_E_COLUMNS}, ts_rank(e.search_vector, {_WORDS}) AS bm25 FROM episodes e"
-            f" WHERE {' AND '.join(where)} AND e.search_vector @@ {_WORDS}"
-            " ORDER BY bm25 DESC, e.occurred_at DESC LIMIT :n"
+        matched = ranked_matches(
+            _MATCHED, query, [text(w) for w in where], params["n"], TEXT_CAP
+        ).subquery("m")
+        statement = (
+            select(*_ROW.c, matched.c.rank.label("bm25"))
+            .join_from(_ROW, matched, _ROW.c.id == matched.c.id)
+            .order_by(desc(matched.c.rank), desc(matched.c.occurred_at), matched.c.id)
         )
+        await conn.execute(text(BY_INDEX))
         for row in await conn.execute(statement, params):
             key = str(row.id)
             rows[key] = row
             words.append((key, float(row.bm25)))
+        await conn.execute(text(UNSET_BY_INDEX))
     meaning: list[tuple[str, float]] = []
     if query.strip() and alpha > 0.0 and query_vector is not None and model is not None:
         dimension = len(query_vector)
         distance = f"v.embedding::vector({dimension}) <=> CAST(CAST(:qv AS text) AS vector)"
-        statement = text(
+        # a small partition is ordered by an expression the HNSW index cannot serve: exactly
+        order = f"({distance}) + 0" if exact else distance
+        nearest = text(
             f"SELECT {_E_COLUMNS}, 1 - ({distance}) AS cosine FROM {VECTOR_TABLE} v"
             " JOIN episodes e ON e.id = v.episode_id"
             f" WHERE v.project_id = :p AND v.model = :m AND v.dimension = {dimension}"
-            f" AND {' AND '.join(where)} ORDER BY {distance} LIMIT :n"
+            f" AND {' AND '.join(where)} ORDER BY {order} LIMIT :n"
         )
         params.update(qv=vector_literal(query_vector), m=model)
-        await conn.execute(text(f"SET LOCAL hnsw.ef_search = {min(1000, max(40, limit * 4))}"))
-        for row in await conn.execute(statement, params):
+        if not exact:
+            ef_search = min(1000, max(40, limit * 4))
+            await conn.execute(text(f"SET LOCAL hnsw.ef_search = {ef_search}"))
+        for row in await conn.execute(nearest, params):
             if float(row.cosine) > 0:
                 key = str(row.id)
                 rows.setdefault(key, row)
