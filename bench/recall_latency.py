@@ -79,7 +79,7 @@ async def grow(engine: AsyncEngine, first: int, last: int, words: list[str]) -> 
 PARTS = (
     "query embedding",
     "vector search",
-    "full-text search, capped (now)",
+    "full-text search (now: capped above 10,000 episodes)",
     "full-text search, every match ranked (before)",
     "fusion",
     "load the chosen 10 (+ their similarity)",
@@ -108,9 +108,9 @@ async def breakdown(
         t = lap(PARTS[0], t)
         nearest = await store.vectors.nearest(PROJECT, vector, filters, n, scope)
         t = lap(PARTS[1], t)
-        texts = await store._text_candidates(query, filters, n)
+        texts = await store._text_candidates(query, filters, n, scope)
         t = lap(PARTS[2], t)
-        await uncapped._text_candidates(query, filters, n)
+        await uncapped._text_candidates(query, filters, n, scope)
         t = lap(PARTS[3], t)
         found = [nearest.candidates, [c for c, _rank in texts]]
         candidates = {c.episode_id: c for ranked in found for c in ranked}
