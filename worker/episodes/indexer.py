@@ -6,6 +6,12 @@ It follows ``P:episodes`` in consumer group ``indexer`` on the shared loop
 ``P:dlq:episodes``, outages never poison). Per batch it reads the episodes' text from Postgres,
 embeds those that have no vector of the configured model yet, and upserts the vectors.
 
+Batches overlap: the loop reads the next batch while this one is finished, and ``prepare``
+starts reading and embedding it at once (in a thread: ONNX Runtime releases the GIL), one
+embedding at a time, so the next batch's embedding runs while this one's vectors are written
+and its ``episode.recallable`` published. A batch read ahead and then dropped by the loop (this
+one failed) has its embedding cancelled; nothing of it was written.
+
 Idempotent by construction: the vector row is keyed by the episode id, an episode that already
 has a vector of this model is not embedded again, and an equal vector is never rewritten. So a
 redelivery, a replay of ``P:episodes`` or a restart after a kill costs at most a re-embedding
@@ -22,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -53,7 +60,7 @@ from worker.db.vectors import (
     store_vectors,
 )
 from worker.episodes.backlog import IndexingBacklog, probe_indexing_backlog
-from worker.episodes.changes import change_event, owe_many, publish_owed
+from worker.episodes.changes import change_event, owe_many, publish_owed_many
 from worker.episodes.embedding import (
     Embedder,
     EmbeddingError,
@@ -90,7 +97,15 @@ class AddedFact:
     fact_id: str
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
+class Embedded:
+    """A batch's episodes without a vector (``SELECT_UNINDEXED`` rows) and their vectors."""
+
+    rows: Sequence[Any]
+    vectors: list[list[float]]
+
+
+@dataclass(slots=True, weakref_slot=True)
 class IndexBatch:
     episodes: list[Announced] = field(default_factory=list)
     facts: list[AddedFact] = field(default_factory=list)
@@ -98,6 +113,8 @@ class IndexBatch:
     other: list[StreamEntry] = field(default_factory=list)
     """Other events (``memory.forgotten``, the feed's other changes): acknowledged, nothing
     to embed."""
+    embedding: asyncio.Future[Embedded] | None = None
+    """Its episodes' rows and vectors, started by ``prepare`` (cancelled if it is dropped)."""
 
 
 def parse_change(entry: StreamEntry) -> AddedFact | None:
@@ -150,29 +167,39 @@ model, and not covered by an erasure
 announcement from embedding anything it covers)."""
 
 
-async def embed_and_store(
-    engine: AsyncEngine,
-    embedder: Embedder,
-    episode_ids: Sequence[str],
-    projects: set[str] | None = None,
-) -> int:
-    """Embed the episodes of ``episode_ids`` that have no vector of ``embedder``'s model and
-    store them; returns how many were embedded. Each owes an ``episode.recallable`` on the
-    change feed (committed with its vector); ``projects`` collects whose are owed."""
+async def unindexed(engine: AsyncEngine, model: str, episode_ids: Sequence[str]) -> list[Any]:
+    """The rows of ``SELECT_UNINDEXED``: the episodes of ``episode_ids`` to embed."""
     async with engine.connect() as conn:
-        rows = (
-            await conn.execute(
-                text(SELECT_UNINDEXED), {"model": embedder.name, "ids": list(episode_ids)}
-            )
-        ).all()
-    if not rows:
-        return 0
-    texts = [
+        return list(
+            (
+                await conn.execute(
+                    text(SELECT_UNINDEXED), {"model": model, "ids": list(episode_ids)}
+                )
+            ).all()
+        )
+
+
+def texts_of(rows: Sequence[Any]) -> list[str]:
+    return [
         episode_text(r.task_description, r.lessons_learned or [], r.context_summary) for r in rows
     ]
-    vectors = await embedder.embed(texts)
+
+
+async def store_embedded(
+    engine: AsyncEngine,
+    embedder: Embedder,
+    embedded: Embedded,
+    projects: set[str] | None = None,
+) -> int:
+    """Store ``embedded``'s vectors, each owing an ``episode.recallable`` on the change feed
+    (committed with its vector); ``projects`` collects whose are owed. How many."""
+    rows = embedded.rows
+    if not rows:
+        return 0
     async with engine.begin() as conn:
-        await store_vectors(conn, embedder.name, embedder.dimension, [r.id for r in rows], vectors)
+        await store_vectors(
+            conn, embedder.name, embedder.dimension, [r.id for r in rows], embedded.vectors
+        )
         await owe_many(
             conn,
             [
@@ -195,6 +222,27 @@ async def embed_and_store(
     return len(rows)
 
 
+async def embed_and_store(
+    engine: AsyncEngine,
+    embedder: Embedder,
+    episode_ids: Sequence[str],
+    projects: set[str] | None = None,
+) -> int:
+    """Embed the episodes of ``episode_ids`` that have no vector of ``embedder``'s model and
+    store them (``store_embedded``); returns how many were embedded."""
+    rows = await unindexed(engine, embedder.name, episode_ids)
+    if not rows:
+        return 0
+    vectors = await embedder.embed(texts_of(rows))
+    return await store_embedded(engine, embedder, Embedded(rows, vectors), projects)
+
+
+def _retrieved(future: asyncio.Future[Any]) -> None:
+    """A dropped batch's embedding may fail unawaited: its error is not worth a log line."""
+    if not future.cancelled():
+        future.exception()
+
+
 class Indexer(GroupService):
     """The ``GroupHandler`` of group ``indexer`` on ``P:episodes`` (``self.loop`` runs it)."""
 
@@ -213,12 +261,15 @@ class Indexer(GroupService):
         self.settings = settings
         self.redis = redis
         self.engine = engine
-        self.embedder = embedder or embedder_from_settings(settings)
+        self.embedder = embedder or embedder_from_settings(settings, batches=True)
         self._changes = tuple(all_changes_streams(settings.stream_prefix, settings.shards))
         self.streams = (episodes_stream(settings.stream_prefix), *self._changes)
         self._episode_entries = 0
         self._dlq = indexer_dlq(settings.stream_prefix)
         self._vectors: bool | None = None
+        self._embedding_turn = asyncio.Lock()
+        """One batch's embedding at a time: the next waits while this one's is written."""
+        self._embeddings: weakref.WeakSet[asyncio.Future[Embedded]] = weakref.WeakSet()
         self.backlog: IndexingBacklog | None = None
         """The last probe's (``worker.episodes.backlog``); None before the first."""
         self._backlog_probed = 0.0
@@ -297,7 +348,40 @@ class Indexer(GroupService):
                 batch.episodes.append(parse_announcement(entry))
             except Exception as exc:
                 batch.rejected.append(Rejection(entry, "unparseable", repr(exc)))
+        if batch.episodes and self._vectors:
+            batch.embedding = self._start_embedding(batch)
         return batch
+
+    def _start_embedding(self, batch: IndexBatch) -> asyncio.Future[Embedded]:
+        """Read and embed ``batch``'s episodes now, in the background (see the module
+        docstring); the task is cancelled if the batch is dropped unfinished."""
+        ids = list(dict.fromkeys(a.episode_id for a in batch.episodes))
+        future = asyncio.ensure_future(self._embed_episodes(ids))
+        future.add_done_callback(_retrieved)
+        self._embeddings.add(future)
+        weakref.finalize(batch, future.cancel).atexit = False
+        return future
+
+    async def _embed_episodes(self, ids: Sequence[str]) -> Embedded:
+        rows = await unindexed(self.engine, self.embedder.name, ids)
+        if not rows:
+            return Embedded([], [])
+        async with self._embedding_turn:
+            return Embedded(rows, await self.embedder.embed(texts_of(rows)))
+
+    def _cancel_embeddings(self) -> None:
+        for future in list(self._embeddings):
+            future.cancel()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        try:
+            await super().run(stop)
+        finally:  # a batch read ahead when stopped is read again as pending by the next run
+            self._cancel_embeddings()
+
+    async def close(self) -> None:
+        self._cancel_embeddings()
+        await super().close()
 
     async def run_once(self) -> int:
         """Handle everything available now; how many entries of ``P:episodes`` were finished
@@ -341,10 +425,10 @@ class Indexer(GroupService):
         if not self._vectors:  # no pgvector: nothing to store; reindex backfills later
             outcome.done.extend(a.entry for a in batch.episodes)
             return outcome
-        ids = list(dict.fromkeys(a.episode_id for a in batch.episodes))
+        pending = batch.embedding or self._start_embedding(batch)
         projects: set[str] = set()
         try:
-            embedded = await embed_and_store(self.engine, self.embedder, ids, projects)
+            embedded = await store_embedded(self.engine, self.embedder, await pending, projects)
         except EmbeddingError as exc:
             raise StorageUnavailableError(f"embedder cannot be used: {exc}") from exc
         except Exception as exc:
@@ -364,20 +448,22 @@ class Indexer(GroupService):
 
     async def _publish_recallable(self, projects: set[str]) -> None:
         """Publish the batch's ``episode.recallable`` events; what Redis refuses stays owed to
-        the project's next change (``episodes.changes``): the vectors are stored either way."""
-        for project_id in sorted(projects):
-            try:
-                await publish_owed(
-                    self.engine,
-                    self.redis,
-                    self.settings.stream_prefix,
-                    self.settings.shards,
-                    project_id,
-                )
-            except Exception as exc:  # owed events wait; indexing goes on
-                log.warning(
-                    "episode.recallable stays owed", project_id=project_id, error=first_line(exc)
-                )
+        the project's next change (``episodes.changes``): the vectors are stored either way.
+        One transaction for all the batch's projects (``publish_owed_many``)."""
+        if not projects:
+            return
+        try:
+            await publish_owed_many(
+                self.engine,
+                self.redis,
+                self.settings.stream_prefix,
+                self.settings.shards,
+                projects,
+            )
+        except Exception as exc:  # owed events wait; indexing goes on
+            log.warning(
+                "episode.recallable stays owed", projects=sorted(projects), error=first_line(exc)
+            )
 
 
 SELECT_UNEMBEDDED_FACTS = """
