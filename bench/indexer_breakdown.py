@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import importlib
 import os
 import statistics
 import time
@@ -45,12 +46,22 @@ from worker.episodes.embedding import LocalEmbedder
 from worker.keys import StreamKeys
 from worker.settings import Settings
 
-STEPS = {  # label: (module or class, attribute), whichever the checkout has
+
+def _vectorising() -> Any:
+    """Where the indexer's Postgres steps live: ``worker.episodes.vectorising``, or the
+    indexer's module in a checkout before it was split off."""
+    try:
+        return importlib.import_module("worker.episodes.vectorising")
+    except ImportError:
+        return indexer_module
+
+
+STEPS = {  # label: (module or class, attribute, as the caller looks it up), if the checkout has it
     "read announcements (XREADGROUP)": (consumer_loop.GroupConsumer, "_read_from"),
     "acknowledge (XACK)": (consumer_loop.GroupConsumer, "ack"),
     "read the episodes' rows (SELECT)": (indexer_module, "unindexed"),
-    "store_vectors (INSERT into HNSW)": (indexer_module, "store_vectors"),
-    "owe episode.recallable (INSERT)": (indexer_module, "owe_many"),
+    "store_vectors (INSERT into HNSW)": (_vectorising(), "store_vectors"),
+    "owe episode.recallable (INSERT)": (_vectorising(), "owe_many"),
     "publish episode.recallable": (indexer_module, "publish_owed_many"),
     "publish episode.recallable ": (indexer_module, "publish_owed"),  # before #25's change
 }

@@ -23,9 +23,10 @@ from worker.consolidation.consolidator import Consolidator
 from worker.consumers.loop import StreamEntry
 from worker.db.vectors import store_vectors
 from worker.episodes.embedding import LocalEmbedder
-from worker.episodes.indexer import INDEXER_GROUP, Indexer, reindex
+from worker.episodes.indexer import INDEXER_GROUP, Indexer
 from worker.episodes.remember import remember
 from worker.episodes.store import EpisodeStore, RecallMode
+from worker.episodes.vectorising import reindex
 from worker.keys import changes_stream, episodes_stream
 from worker.settings import Settings
 
