@@ -4,6 +4,7 @@ embedded pgserver started for the run); importing it puts the project root on ``
 from __future__ import annotations
 
 import contextlib
+import shutil
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -19,8 +20,10 @@ def pgvector_server(url: str | None) -> Iterator[str]:
     if url:
         yield url
         return
-    server = EmbeddedPostgres(Path(tempfile.mkdtemp(prefix="memworker-bench-pgv-")) / "data")
+    scratch = Path(tempfile.mkdtemp(prefix="memworker-bench-pgv-"))
+    server = EmbeddedPostgres(scratch / "data")
     try:
         yield server.start()
     finally:
         server.stop()
+        shutil.rmtree(scratch, ignore_errors=True)  # its data dir: nothing to keep
