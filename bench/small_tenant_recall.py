@@ -30,9 +30,9 @@ from tests.recall_set import add_filler, load_recall_set
 from worker.db.engine import create_database_engine
 from worker.db.vectors import VECTOR_TABLE, hnsw_index_sql
 from worker.episodes.embedding import LocalEmbedder
-from worker.episodes.indexer import embed_and_store
 from worker.episodes.store import EpisodeStore, RecallMode
 from worker.episodes.vector_search import EXACT_BELOW
+from worker.episodes.vectorising import embed_and_store
 from worker.settings import Settings
 from worker.user_memory.memory import Memory
 

@@ -8,12 +8,16 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
+import orjson
 import pytest
 from redis.asyncio import Redis
+from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from schemas.streams import ChangeEvent
 from tests.integration.results_factory import migrated_engine
+from worker.episodes.changes import change_event, owe_many, publish_owed_many
+from worker.keys import changes_stream
 from worker.settings import Settings
 from worker.user_memory.feed import feed_dlq, follow_changes
 from worker.user_memory.memory import Memory
@@ -137,3 +141,31 @@ async def test_a_handler_meeting_an_outage_holds_the_event_and_never_dead_letter
     await asyncio.wait_for(following, 10)
     assert not await redis.xlen(feed_dlq(feed_settings.stream_prefix))
     assert len(set(calls)) == 1  # one event, held through the outage, then handled
+
+
+async def test_owed_events_of_several_projects_go_out_at_once_each_on_its_stream_in_order(
+    engine: AsyncEngine, redis: Redis, feed_settings: Settings
+) -> None:
+    """``publish_owed_many`` (the indexer's batch owes ``episode.recallable`` to many
+    projects): every project's events on its own stream, in the order owed; the outbox empty."""
+    projects = ["p-a", "p-b", "p-c"]
+    owed = [
+        (projects[i % 2], change_event("block.updated", projects[i % 2], "u", f"k{i}"))
+        for i in range(7)
+    ]
+    async with engine.begin() as conn:
+        await owe_many(conn, owed)
+    prefix, shards = feed_settings.stream_prefix, feed_settings.shards
+    assert await publish_owed_many(engine, redis, prefix, shards, projects) == 7
+    assert await publish_owed_many(engine, redis, prefix, shards, projects) == 0
+    published: dict[str, list[str]] = {}
+    for stream in {changes_stream(prefix, project, shards) for project in projects}:
+        entries: Any = await redis.xrange(stream)
+        for _id, fields in entries:
+            event = orjson.loads(fields[b"data"])
+            published.setdefault(event["project_id"], []).append(event["event_id"])
+    for project in projects:  # p-c owed nothing
+        assert published.get(project, []) == [e["event_id"] for p, e in owed if p == project]
+    async with engine.connect() as conn:
+        left = (await conn.execute(text("SELECT count(*) FROM memory_changes"))).scalar_one()
+    assert left == 0

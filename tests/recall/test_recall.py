@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import signal
 import subprocess
@@ -10,6 +11,7 @@ import sys
 from datetime import datetime
 from typing import Any
 
+import orjson
 import structlog
 from redis.asyncio import Redis
 from sqlalchemy import text
@@ -18,11 +20,13 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from tests.integration.results_factory import publish, terminated
 from tests.recall_set import LabeledEpisode, load_recall_set, remember_all
 from worker.consolidation.consolidator import Consolidator
+from worker.consumers.loop import StreamEntry
 from worker.db.vectors import store_vectors
 from worker.episodes.embedding import LocalEmbedder
-from worker.episodes.indexer import INDEXER_GROUP, Indexer, reindex
+from worker.episodes.indexer import INDEXER_GROUP, Indexer
 from worker.episodes.remember import remember
 from worker.episodes.store import EpisodeStore, RecallMode
+from worker.episodes.vectorising import reindex
 from worker.keys import changes_stream, episodes_stream
 from worker.settings import Settings
 
@@ -141,6 +145,48 @@ async def test_an_indexer_killed_mid_stream_loses_no_vector_and_duplicates_none(
     assert sorted(r[0] for r in rows) == sorted(ids.values())
     stream = episodes_stream(vector_settings.stream_prefix)
     assert (await redis.xpending(stream, INDEXER_GROUP))["pending"] == 0
+
+
+async def test_overlapping_batches_index_each_episode_once_and_a_dropped_one_embeds_nothing(
+    vector_engine: AsyncEngine, redis: Redis, vector_settings: Settings, embedder: LocalEmbedder
+) -> None:
+    """Batches of 4: each batch's embedding starts when it is read, while the one before it is
+    written; every episode gets one vector and one ``episode.recallable``. A batch read ahead
+    and then dropped (the loop does so when the batch before it failed) has its embedding
+    cancelled before it stored anything; its entries are indexed when read again."""
+    episodes, _queries = load_recall_set()
+    prefix = vector_settings.stream_prefix
+    await remember_all(vector_engine, redis, prefix, "acme", episodes[:7])
+    await remember_all(vector_engine, redis, prefix, "globex", episodes[7:12])
+    settings = vector_settings.model_copy(update={"index_batch_size": 4})
+    indexer = Indexer(settings, redis, vector_engine, embedder)
+    assert await indexer.run_once() == 12
+    assert len(await vector_rows(vector_engine)) == 12
+    recallable: list[str] = []
+    for project in ("acme", "globex"):
+        entries: Any = await redis.xrange(changes_stream(prefix, project, settings.shards))
+        events = [orjson.loads(fields[b"data"]) for _id, fields in entries]
+        recallable += [
+            e["episode_id"]
+            for e in events
+            if e["type"] == "episode.recallable" and e["project_id"] == project
+        ]
+    assert len(recallable) == len(set(recallable)) == 12
+
+    await remember_all(vector_engine, redis, prefix, "acme", episodes[12:16])
+    stream = episodes_stream(prefix)
+    last: Any = await redis.xrange(stream)
+    read = [StreamEntry(stream, i.decode(), {"data": f[b"data"]}) for i, f in last[-4:]]
+    batch = await indexer.prepare(read)
+    embedding = batch.embedding
+    assert embedding is not None
+    del batch  # dropped unfinished
+    gc.collect()
+    await asyncio.gather(embedding, return_exceptions=True)
+    assert embedding.cancelled()
+    assert len(await vector_rows(vector_engine)) == 12
+    assert await indexer.run_once() == 4
+    assert len(await vector_rows(vector_engine)) == 16
 
 
 async def test_remembering_twice_with_one_id_stores_and_announces_one_episode(

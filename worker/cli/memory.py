@@ -228,7 +228,7 @@ def reindex(
 
     async def go() -> int:
         from worker.episodes.embedding import embedder_from_settings
-        from worker.episodes.indexer import reindex as backfill
+        from worker.episodes.vectorising import reindex as backfill
 
         async with database_engine(settings) as engine:
             return await backfill(engine, embedder_from_settings(settings), project_id=project)

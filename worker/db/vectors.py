@@ -9,7 +9,8 @@ suggests for mixed dimensions; queries use the same expression and condition to 
 The table lives outside ``worker.db.models.Base``: it exists only where the ``vector`` extension
 could be enabled. Where it cannot (a PostgreSQL without pgvector), everything else migrates,
 ``memworker migrate`` says in one line what to install, and recall falls back to full-text.
-Vectors travel as pgvector's text form (``'[0.1,0.2]'``), so no driver codec is needed.
+Query vectors travel as pgvector's text form (``'[0.1,0.2]'``), stored ones as a flat ``real[]``
+(``store_vectors``), so no driver codec is needed.
 """
 
 from __future__ import annotations
@@ -130,8 +131,9 @@ async def ensure_dimension_index(conn: AsyncConnection, dimension: int) -> str |
 
 UPSERT = f"""
 INSERT INTO {VECTOR_TABLE} (episode_id, project_id, model, dimension, embedding)
-SELECT e.id, e.project_id, :model, :dimension, CAST(CAST(v.embedding AS text) AS vector)
-FROM unnest(CAST(:ids AS uuid[]), CAST(:vectors AS text[])) AS v(id, embedding)
+SELECT e.id, e.project_id, :model, CAST(:dimension AS integer),
+    CAST((CAST(:flat AS real[]))[(v.n - 1) * :dimension + 1 : v.n * :dimension] AS vector)
+FROM unnest(CAST(:ids AS uuid[])) WITH ORDINALITY AS v(id, n)
 JOIN episodes e ON e.id = v.id
 ON CONFLICT (episode_id) DO UPDATE
 SET model = excluded.model, dimension = excluded.dimension, embedding = excluded.embedding,
@@ -140,7 +142,12 @@ WHERE {VECTOR_TABLE}.model IS DISTINCT FROM excluded.model
    OR {VECTOR_TABLE}.embedding IS DISTINCT FROM excluded.embedding
 """
 """Store vectors of existing episodes (an episode forgotten meanwhile is skipped); a vector
-already there from the same model and equal is left alone, so redelivery writes nothing."""
+already there from the same model and equal is left alone, so redelivery writes nothing.
+
+The vectors travel as one flat ``real[]`` (asyncpg sends it binary), the i-th its i-th slice:
+formatting and parsing 384 floats as text per vector cost more than the HNSW insert's share of
+the indexer's Python and Postgres time (BENCHMARKS.md). ``real`` is what a ``vector`` stores, so
+nothing is rounded that the text form kept."""
 
 
 async def store_vectors(
@@ -150,14 +157,14 @@ async def store_vectors(
     ids: Sequence[str],
     vectors: Sequence[Sequence[float]],
 ) -> None:
+    flat: list[float] = []
+    for vector in vectors:
+        if len(vector) != dimension:
+            raise ValueError(f"a vector of {len(vector)} dimensions, expected {dimension}")
+        flat.extend(vector)
     await conn.execute(
         text(UPSERT),
-        {
-            "model": model,
-            "dimension": dimension,
-            "ids": list(ids),
-            "vectors": [vector_literal(v) for v in vectors],
-        },
+        {"model": model, "dimension": dimension, "ids": list(ids), "flat": flat},
     )
 
 

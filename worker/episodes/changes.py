@@ -22,6 +22,7 @@ every group has acknowledged, keeping ``MEMWORKER_RETENTION_SECONDS``), by the c
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from datetime import UTC, datetime
 from typing import Any
 
@@ -53,12 +54,17 @@ _OWE = text(
     " SELECT p, CAST(e AS jsonb) FROM unnest(CAST(:ps AS text[]), CAST(:es AS text[]))"
     " WITH ORDINALITY AS o(p, e, n) ORDER BY n"
 )
-_LOCK = text("SELECT pg_advisory_xact_lock(hashtextextended('memory_changes/' || :p, 0))")
-_OWED = text(
-    "SELECT seq, payload::text AS payload FROM memory_changes WHERE project_id = :p"
-    " ORDER BY seq LIMIT :n"
+_LOCK_MANY = text(
+    "SELECT pg_advisory_xact_lock(hashtextextended('memory_changes/' || p, 0))"
+    " FROM unnest(CAST(:ps AS text[])) AS p ORDER BY p"
 )
-_DONE = text("DELETE FROM memory_changes WHERE project_id = :p AND seq = ANY(:s)")
+"""The projects' outbox locks, in order (two publishers of overlapping projects never deadlock;
+volatile functions of the select list run after its ORDER BY)."""
+_OWED_MANY = text(
+    "SELECT seq, project_id, payload::text AS payload FROM memory_changes"
+    " WHERE project_id = ANY(CAST(:ps AS text[])) ORDER BY seq LIMIT :n"
+)
+_DONE = text("DELETE FROM memory_changes WHERE seq = ANY(:s)")
 PUBLISH_BATCH = 500
 
 
@@ -104,28 +110,42 @@ async def publish_owed(
 ) -> int:
     """Publish the project's owed events, oldest first; how many. A Redis that refuses leaves
     them owed (logged once per call) and returns what was published before."""
-    stream = changes_stream(prefix, project_id, shards)
+    return await publish_owed_many(engine, redis, prefix, shards, [project_id])
+
+
+async def publish_owed_many(
+    engine: AsyncEngine,
+    redis: Redis | RedisCluster,
+    prefix: str,
+    shards: int,
+    project_ids: Collection[str],
+) -> int:
+    """``publish_owed`` for several projects at once: one transaction (their locks taken in
+    order), one read, one pipeline and one DELETE per ``PUBLISH_BATCH`` events, each project's
+    in ``seq`` order on its own stream (the indexer's batch owes events to many projects)."""
+    projects = sorted(set(project_ids))
     published = 0
-    while True:
+    while projects:
         async with engine.begin() as conn:
-            await conn.execute(_LOCK, {"p": project_id})
-            rows = (await conn.execute(_OWED, {"p": project_id, "n": PUBLISH_BATCH})).all()
+            await conn.execute(_LOCK_MANY, {"ps": projects})
+            rows = (await conn.execute(_OWED_MANY, {"ps": projects, "n": PUBLISH_BATCH})).all()
             if not rows:
                 return published
             try:
                 pipe = redis.pipeline(transaction=False)
                 for row in rows:
-                    pipe.xadd(stream, {"data": row.payload})
+                    pipe.xadd(changes_stream(prefix, row.project_id, shards), {"data": row.payload})
                 await pipe.execute()
             except RedisError as exc:
                 log.warning(
                     "change feed: events stay owed until Redis takes them",
-                    project_id=project_id,
+                    project_id=projects[0] if len(projects) == 1 else projects,
                     owed=len(rows),
                     error=str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
                 )
                 return published
-            await conn.execute(_DONE, {"p": project_id, "s": [row.seq for row in rows]})
+            await conn.execute(_DONE, {"s": [row.seq for row in rows]})
         published += len(rows)
         if len(rows) < PUBLISH_BATCH:
             return published
+    return published

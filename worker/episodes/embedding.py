@@ -112,17 +112,24 @@ class LocalEmbedder:
 
     ``runtime="auto"`` takes ONNX Runtime (``OnnxEmbedder``) and falls back to torch
     (``TorchEmbedder``) with a warning when it cannot; ``"onnx"`` / ``"torch"`` insist. Both
-    give the same model's vectors (cosine > 0.99), so both store them under one ``name``."""
+    give the same model's vectors (cosine > 0.99), so both store them under one ``name``.
+    ``spinning=False`` for a batch embedder on shared cores (``onnx_model.session``)."""
 
     name = LOCAL_EMBEDDING_MODEL
     dimension = LOCAL_EMBEDDING_DIMENSION
 
     def __init__(
-        self, batch_size: int = 64, *, runtime: Runtime = "auto", model_dir: Path | None = None
+        self,
+        batch_size: int = 64,
+        *,
+        runtime: Runtime = "auto",
+        model_dir: Path | None = None,
+        spinning: bool = True,
     ) -> None:
         self.batch_size = batch_size
         self.runtime = runtime
         self.model_dir = model_dir
+        self.spinning = spinning
         self._backend: OnnxEmbedder | TorchEmbedder | None = None
         self._lock = threading.Lock()
 
@@ -137,7 +144,7 @@ class LocalEmbedder:
     def _choose(self) -> OnnxEmbedder | TorchEmbedder:
         if self.runtime != "torch":
             try:
-                onnx = OnnxEmbedder(model_dir=self.model_dir)
+                onnx = OnnxEmbedder(model_dir=self.model_dir, spinning=self.spinning)
                 onnx.load()
                 return onnx
             except OnnxModelError as exc:
@@ -210,8 +217,9 @@ class OpenAIEmbedder:
         return vectors
 
 
-def embedder_from_settings(settings: Settings) -> Embedder:
-    """The embedder ``MEMWORKER_EMBEDDING_*`` describe."""
+def embedder_from_settings(settings: Settings, *, batches: bool = False) -> Embedder:
+    """The embedder ``MEMWORKER_EMBEDDING_*`` describe; ``batches``: for the indexer (the
+    local model's threads do not spin while they wait, see ``LocalEmbedder``)."""
     if settings.embedding_provider == "openai":
         if not settings.embedding_base_url:
             raise EmbeddingError("MEMWORKER_EMBEDDING_BASE_URL is required for provider 'openai'")
@@ -221,7 +229,7 @@ def embedder_from_settings(settings: Settings) -> Embedder:
             settings.vector_dimension,
             api_key=settings.embedding_api_key,
         )
-    return LocalEmbedder()
+    return LocalEmbedder(spinning=not batches)
 
 
 def fact_text(subject: str, predicate: str, object_: str) -> str:

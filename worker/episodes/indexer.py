@@ -6,6 +6,12 @@ It follows ``P:episodes`` in consumer group ``indexer`` on the shared loop
 ``P:dlq:episodes``, outages never poison). Per batch it reads the episodes' text from Postgres,
 embeds those that have no vector of the configured model yet, and upserts the vectors.
 
+Batches overlap: the loop reads the next batch while this one is finished, and ``prepare``
+starts reading and embedding it at once (in a thread: ONNX Runtime releases the GIL), one
+embedding at a time, so the next batch's embedding runs while this one's vectors are written
+and its ``episode.recallable`` published. A batch read ahead and then dropped by the loop (this
+one failed) has its embedding cancelled; nothing of it was written.
+
 Idempotent by construction: the vector row is keyed by the episode id, an episode that already
 has a vector of this model is not embedded again, and an equal vector is never rewritten. So a
 redelivery, a replay of ``P:episodes`` or a restart after a kill costs at most a re-embedding
@@ -22,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,23 +50,21 @@ from worker.consumers.loop import (
 )
 from worker.consumers.service import GroupService
 from worker.db.engine import create_database_engine
-from worker.db.erasures import NOT_ERASED
 from worker.db.outages import first_line, is_connection_error
 from worker.db.vectors import (
-    VECTOR_TABLE,
     ensure_dimension_index,
     has_vector_table,
     missing_pgvector,
-    store_vectors,
 )
 from worker.episodes.backlog import IndexingBacklog, probe_indexing_backlog
-from worker.episodes.changes import change_event, owe_many, publish_owed
-from worker.episodes.embedding import (
-    Embedder,
-    EmbeddingError,
-    embedder_from_settings,
-    episode_text,
-    fact_text,
+from worker.episodes.changes import publish_owed_many
+from worker.episodes.embedding import Embedder, EmbeddingError, embedder_from_settings
+from worker.episodes.vectorising import (
+    Embedded,
+    embed_facts,
+    store_embedded,
+    texts_of,
+    unindexed,
 )
 from worker.keys import all_changes_streams, episodes_stream
 from worker.logs import get_logger
@@ -90,7 +95,7 @@ class AddedFact:
     fact_id: str
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, weakref_slot=True)
 class IndexBatch:
     episodes: list[Announced] = field(default_factory=list)
     facts: list[AddedFact] = field(default_factory=list)
@@ -98,6 +103,8 @@ class IndexBatch:
     other: list[StreamEntry] = field(default_factory=list)
     """Other events (``memory.forgotten``, the feed's other changes): acknowledged, nothing
     to embed."""
+    embedding: asyncio.Future[Embedded] | None = None
+    """Its episodes' rows and vectors, started by ``prepare`` (cancelled if it is dropped)."""
 
 
 def parse_change(entry: StreamEntry) -> AddedFact | None:
@@ -136,63 +143,10 @@ def _is_forgotten_event(entry: StreamEntry) -> bool:
     return isinstance(event, dict) and event.get("type") == "memory.forgotten"
 
 
-SELECT_UNINDEXED = f"""
-SELECT e.id::text AS id, e.project_id, e.user_id, e.turn_id,
-    coalesce(e.task_description, e.input) AS task_description, e.lessons_learned,
-    coalesce(e.output || E'\n', '') || e.context_summary AS context_summary
-FROM episodes e
-LEFT JOIN {VECTOR_TABLE} v ON v.episode_id = e.id AND v.model = :model
-WHERE e.id = ANY(CAST(:ids AS uuid[])) AND v.episode_id IS NULL AND {NOT_ERASED}
-"""
-"""Episodes to embed (a turn as its input and output): announced, without a vector of the
-model, and not covered by an erasure
-(``worker.db.erasures``: ``memworker forget`` deletes them; the check keeps a replayed
-announcement from embedding anything it covers)."""
-
-
-async def embed_and_store(
-    engine: AsyncEngine,
-    embedder: Embedder,
-    episode_ids: Sequence[str],
-    projects: set[str] | None = None,
-) -> int:
-    """Embed the episodes of ``episode_ids`` that have no vector of ``embedder``'s model and
-    store them; returns how many were embedded. Each owes an ``episode.recallable`` on the
-    change feed (committed with its vector); ``projects`` collects whose are owed."""
-    async with engine.connect() as conn:
-        rows = (
-            await conn.execute(
-                text(SELECT_UNINDEXED), {"model": embedder.name, "ids": list(episode_ids)}
-            )
-        ).all()
-    if not rows:
-        return 0
-    texts = [
-        episode_text(r.task_description, r.lessons_learned or [], r.context_summary) for r in rows
-    ]
-    vectors = await embedder.embed(texts)
-    async with engine.begin() as conn:
-        await store_vectors(conn, embedder.name, embedder.dimension, [r.id for r in rows], vectors)
-        await owe_many(
-            conn,
-            [
-                (
-                    row.project_id,
-                    change_event(
-                        "episode.recallable",
-                        row.project_id,
-                        row.user_id,
-                        row.id,
-                        episode_id=row.turn_id or row.id,
-                        model=embedder.name,
-                    ),
-                )
-                for row in rows
-            ],
-        )
-    if projects is not None:
-        projects.update(r.project_id for r in rows)
-    return len(rows)
+def _retrieved(future: asyncio.Future[Any]) -> None:
+    """A dropped batch's embedding may fail unawaited: its error is not worth a log line."""
+    if not future.cancelled():
+        future.exception()
 
 
 class Indexer(GroupService):
@@ -213,12 +167,15 @@ class Indexer(GroupService):
         self.settings = settings
         self.redis = redis
         self.engine = engine
-        self.embedder = embedder or embedder_from_settings(settings)
+        self.embedder = embedder or embedder_from_settings(settings, batches=True)
         self._changes = tuple(all_changes_streams(settings.stream_prefix, settings.shards))
         self.streams = (episodes_stream(settings.stream_prefix), *self._changes)
         self._episode_entries = 0
         self._dlq = indexer_dlq(settings.stream_prefix)
         self._vectors: bool | None = None
+        self._embedding_turn = asyncio.Lock()
+        """One batch's embedding at a time: the next waits while this one's is written."""
+        self._embeddings: weakref.WeakSet[asyncio.Future[Embedded]] = weakref.WeakSet()
         self.backlog: IndexingBacklog | None = None
         """The last probe's (``worker.episodes.backlog``); None before the first."""
         self._backlog_probed = 0.0
@@ -299,7 +256,40 @@ class Indexer(GroupService):
                 batch.episodes.append(parse_announcement(entry))
             except Exception as exc:
                 batch.rejected.append(Rejection(entry, "unparseable", repr(exc)))
+        if batch.episodes and self._vectors:
+            batch.embedding = self._start_embedding(batch)
         return batch
+
+    def _start_embedding(self, batch: IndexBatch) -> asyncio.Future[Embedded]:
+        """Read and embed ``batch``'s episodes now, in the background (see the module
+        docstring); the task is cancelled if the batch is dropped unfinished."""
+        ids = list(dict.fromkeys(a.episode_id for a in batch.episodes))
+        future = asyncio.ensure_future(self._embed_episodes(ids))
+        future.add_done_callback(_retrieved)
+        self._embeddings.add(future)
+        weakref.finalize(batch, future.cancel).atexit = False
+        return future
+
+    async def _embed_episodes(self, ids: Sequence[str]) -> Embedded:
+        rows = await unindexed(self.engine, self.embedder.name, ids)
+        if not rows:
+            return Embedded([], [])
+        async with self._embedding_turn:
+            return Embedded(rows, await self.embedder.embed(texts_of(rows)))
+
+    def _cancel_embeddings(self) -> None:
+        for future in list(self._embeddings):
+            future.cancel()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        try:
+            await super().run(stop)
+        finally:  # a batch read ahead when stopped is read again as pending by the next run
+            self._cancel_embeddings()
+
+    async def close(self) -> None:
+        self._cancel_embeddings()
+        await super().close()
 
     async def run_once(self) -> int:
         """Handle everything available now; how many entries of ``P:episodes`` were finished
@@ -343,10 +333,10 @@ class Indexer(GroupService):
         if not self._vectors:  # no pgvector: nothing to store; reindex backfills later
             outcome.done.extend(a.entry for a in batch.episodes)
             return outcome
-        ids = list(dict.fromkeys(a.episode_id for a in batch.episodes))
+        pending = batch.embedding or self._start_embedding(batch)
         projects: set[str] = set()
         try:
-            embedded = await embed_and_store(self.engine, self.embedder, ids, projects)
+            embedded = await store_embedded(self.engine, self.embedder, await pending, projects)
         except EmbeddingError as exc:
             raise StorageUnavailableError(f"embedder cannot be used: {exc}") from exc
         except Exception as exc:
@@ -366,97 +356,19 @@ class Indexer(GroupService):
 
     async def _publish_recallable(self, projects: set[str]) -> None:
         """Publish the batch's ``episode.recallable`` events; what Redis refuses stays owed to
-        the project's next change (``episodes.changes``): the vectors are stored either way."""
-        for project_id in sorted(projects):
-            try:
-                await publish_owed(
-                    self.engine,
-                    self.redis,
-                    self.settings.stream_prefix,
-                    self.settings.shards,
-                    project_id,
-                )
-            except Exception as exc:  # owed events wait; indexing goes on
-                log.warning(
-                    "episode.recallable stays owed", project_id=project_id, error=first_line(exc)
-                )
-
-
-SELECT_UNEMBEDDED_FACTS = """
-SELECT f.project_id, f.id, f.subject, f.predicate, f.object FROM facts f
-JOIN unnest(CAST(:projects AS text[]), CAST(:ids AS text[])) AS w(project_id, id)
-  ON f.project_id = w.project_id AND f.id = w.id
-WHERE f.embedding_model IS DISTINCT FROM :model
-"""
-STORE_FACT_VECTOR = """
-UPDATE facts SET embedding = :vector, embedding_model = :model
-WHERE project_id = :project AND id = :id
-"""
-
-
-async def embed_facts(
-    engine: AsyncEngine, embedder: Embedder, facts: Sequence[tuple[str, str]]
-) -> int:
-    """Embed the facts ``(project_id, fact_id)`` that have no vector of ``embedder``'s model
-    (``facts.embedding``: what ``Memory.recall_facts`` ranks by meaning); how many. A fact
-    forgotten meanwhile is simply not there."""
-    params = {
-        "projects": [p for p, _f in facts],
-        "ids": [f for _p, f in facts],
-        "model": embedder.name,
-    }
-    async with engine.connect() as conn:
-        rows = (await conn.execute(text(SELECT_UNEMBEDDED_FACTS), params)).all()
-    if not rows:
-        return 0
-    vectors = await embedder.embed([fact_text(r.subject, r.predicate, r.object) for r in rows])
-    async with engine.begin() as conn:
-        await conn.execute(
-            text(STORE_FACT_VECTOR),
-            [
-                {"vector": list(v), "model": embedder.name, "project": r.project_id, "id": r.id}
-                for r, v in zip(rows, vectors, strict=True)
-            ],
-        )
-    return len(rows)
-
-
-SELECT_STALE = f"""
-SELECT e.id::text AS id FROM episodes e
-LEFT JOIN {VECTOR_TABLE} v ON v.episode_id = e.id AND v.model = :model
-WHERE v.episode_id IS NULL AND (CAST(:project AS text) IS NULL OR e.project_id = :project)
-ORDER BY e.id LIMIT :limit
-"""
-
-
-async def reindex(
-    engine: AsyncEngine,
-    embedder: Embedder,
-    *,
-    project_id: str | None = None,
-    batch_size: int = 256,
-) -> int:
-    """Embed every episode (of ``project_id``, or all) that has no vector or one of another
-    model; returns how many. Safe to run next to the indexer (both upsert by episode id)."""
-    async with engine.begin() as conn:
-        if not await has_vector_table(conn):
-            raise EmbeddingError(missing_pgvector(conn.dialect.server_version_info))
-        why = await ensure_dimension_index(conn, embedder.dimension)
-        if why is not None:
-            log.warning(why)
-    total = 0
-    while True:
-        async with engine.connect() as conn:
-            ids = [
-                row.id
-                for row in await conn.execute(
-                    text(SELECT_STALE),
-                    {"model": embedder.name, "project": project_id, "limit": batch_size},
-                )
-            ]
-        if not ids:
-            return total
-        done = await embed_and_store(engine, embedder, ids)
-        if done == 0:  # pragma: no cover - forgotten meanwhile
-            return total
-        total += done
+        the project's next change (``episodes.changes``): the vectors are stored either way.
+        One transaction for all the batch's projects (``publish_owed_many``)."""
+        if not projects:
+            return
+        try:
+            await publish_owed_many(
+                self.engine,
+                self.redis,
+                self.settings.stream_prefix,
+                self.settings.shards,
+                projects,
+            )
+        except Exception as exc:  # owed events wait; indexing goes on
+            log.warning(
+                "episode.recallable stays owed", projects=sorted(projects), error=first_line(exc)
+            )

@@ -7,7 +7,9 @@ those weights (no network):
 1. ``torch.onnx.export`` of the BERT encoder plus mean pooling (eager attention, dynamic batch
    and sequence axes; ~3 s);
 2. ONNX Runtime's transformer fusions (``EmbedLayerNormalization``, ``Attention``,
-   ``SkipLayerNormalization``, ``BiasGelu``; ~3 s);
+   ``BiasGelu``; ~3 s), but not ``SkipLayerNormalization``: its CPU kernel cost a fifth of the
+   model's time, the residual ``Add`` and a plain ``LayerNormalization`` a twentieth (the
+   session is told not to fuse them again; ~1.2x the episodes per CPU second, BENCHMARKS.md);
 3. dynamic int8 quantisation of the weights, per output channel, except the feed-forward output
    projections of layers 0-2 (kept in float: their GELU inputs have outliers that per-tensor
    activation scales cut; ~1 s).
@@ -32,7 +34,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-RECIPE = "r1"
+RECIPE = "r2"
 """Bumped whenever the steps above change, so files built by an older recipe are not reused."""
 FLOAT_NODES = tuple(f"/m/encoder/layer.{layer}/output/dense/MatMul" for layer in range(3))
 """The MatMuls left in float by the quantiser (the feed-forward outputs of layers 0-2)."""
@@ -113,6 +115,21 @@ def _export(weights: Path, dest: Path) -> None:
         )
 
 
+def _fusions() -> Any:
+    """ONNX Runtime's BERT fusions without ``SkipLayerNormalization`` (see step 2 above)."""
+    from onnxruntime.transformers.fusion_options import FusionOptions
+
+    options = FusionOptions("bert")
+    options.enable_skip_layer_norm = False
+    options.enable_bias_skip_layer_norm = False
+    return options
+
+
+UNFUSED = ["SkipLayerNormFusion"]
+"""The session's graph optimisers left out: the one that would fuse the residual ``Add`` and
+``LayerNormalization`` into ``SkipLayerNormalization`` again (step 2 above)."""
+
+
 def build(dest: Path | None = None) -> Path:
     """Export, fuse and quantise the installed weights into ``dest`` (atomically)."""
     import warnings
@@ -138,7 +155,12 @@ def build(dest: Path | None = None) -> Path:
             except ImportError as exc:
                 raise OnnxModelError(f"exporting the model needs torch ({exc})") from exc
             fusion = optimizer.optimize_model(
-                str(exported), model_type="bert", num_heads=12, hidden_size=384, opt_level=1
+                str(exported),
+                model_type="bert",
+                num_heads=12,
+                hidden_size=384,
+                opt_level=1,
+                optimization_options=_fusions(),
             )
             fusion.save_model_to_file(str(fused))
             names = {node.name for node in fusion.model.graph.node}
@@ -167,9 +189,13 @@ def ensure_built(directory: Path | None = None) -> Path:
     return path if path.exists() else build(path)
 
 
-def session(path: Path, threads: int = 0) -> Any:
-    """An ONNX Runtime CPU session on ``path``: all graph optimisations, ``threads`` intra-op
-    threads (0: one per physical core), one inter-op thread."""
+def session(path: Path, threads: int = 0, *, spinning: bool = True) -> Any:
+    """An ONNX Runtime CPU session on ``path``: all graph optimisations but ``UNFUSED``,
+    ``threads`` intra-op threads (0: one per physical core), one inter-op thread.
+
+    ``spinning=False``: the intra-op threads sleep between parallel sections instead of
+    spinning; a batch embedder sharing the cores with Postgres and Redis (the indexer) then
+    leaves them the CPU it would have burnt waiting (BENCHMARKS.md)."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -177,7 +203,11 @@ def session(path: Path, threads: int = 0) -> Any:
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
     options.log_severity_level = 3
-    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    if not spinning:
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return ort.InferenceSession(
+        str(path), options, providers=["CPUExecutionProvider"], disabled_optimizers=UNFUSED
+    )
 
 
 def batches(
@@ -202,9 +232,12 @@ class OnnxEmbedder:
 
     ``embed_sync`` is safe from several threads (ONNX Runtime sessions are)."""
 
-    def __init__(self, *, model_dir: Path | None = None, threads: int = 0) -> None:
+    def __init__(
+        self, *, model_dir: Path | None = None, threads: int = 0, spinning: bool = True
+    ) -> None:
         self.model_dir = model_dir
         self.threads = threads
+        self.spinning = spinning
         self._session: Any = None
         self._tokenizer: Any = None
 
@@ -221,7 +254,7 @@ class OnnxEmbedder:
         tokenizer.no_padding()
         path = ensure_built(self.model_dir)
         try:
-            self._session = session(path, self.threads)
+            self._session = session(path, self.threads, spinning=self.spinning)
         except Exception as exc:  # a truncated or foreign file: say which
             raise OnnxModelError(f"{path} does not load: {exc}") from exc
         self._tokenizer = tokenizer
@@ -246,7 +279,8 @@ class OnnxEmbedder:
             pooled = self._session.run(None, {"input_ids": ids, "attention_mask": mask})[0]
             norms = np.linalg.norm(pooled, axis=1, keepdims=True)
             out[rows] = pooled / np.maximum(norms, 1e-12)
-        return [[float(x) for x in row] for row in out.tolist()]
+        vectors: list[list[float]] = out.tolist()  # Python floats already
+        return vectors
 
 
 def main() -> None:
