@@ -40,8 +40,9 @@ start() {
     # stopped dockerd would leave all three behind). Compose's own bridge network joins the
     # containers, published ports go through docker-proxy, and builds use the host's network
     # (images.sh: `docker build --network host`) to reach the package mirrors.
+    # (fd 9, the lock of a running stack-test, is not handed down: it ends with that run)
     nohup dockerd --host "$SOCKET" --exec-root "$DIR/exec" --pidfile "$DIR/docker.pid.dockerd" \
-        --iptables=false --ip-forward=false --bridge=none > "$DIR/dockerd.log" 2>&1 &
+        --iptables=false --ip-forward=false --bridge=none > "$DIR/dockerd.log" 2>&1 9>&- &
     echo $! > "$PIDFILE"
     for _ in $(seq 1 120); do
         if DOCKER_HOST="$SOCKET" docker info > /dev/null 2>&1; then

@@ -93,6 +93,10 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
+# one run at a time: a second would stop the first one's engine
+exec 9> "$ENGINE_DIR.lock"
+flock --nonblock 9 || { echo "stack-test: another stack-test runs (lock $ENGINE_DIR.lock)" >&2; trap - EXIT; exit 1; }
+
 [ -x "$PYTHON" ] || fail "no $PYTHON: run make install first (or make stack-test, which does)"
 
 if [ -n "${DOCKER_HOST:-}" ] && docker info > /dev/null 2>&1; then
