@@ -53,14 +53,20 @@ def any_word(query: Any) -> ColumnElement[Any]:
     return cast(func.replace(cast(words, Text), "&", "|"), TSQUERY)
 
 
+PAIRED_WORDS = 12
+"""``two_words`` pairs at most this many of the query's distinct words (66 pairs): a query of
+n words has n(n-1)/2 pairs, and a few hundred words would exceed Postgres' 1 MB tsquery."""
+
+
 def two_words(query: Any) -> ColumnElement[Any]:
     """Any two of the query's words (``(a & b) | (a & c) | ...``; NULL, matching nothing, for
-    a query of one word). Each word goes through ``plainto_tsquery('simple', ...)`` and the
-    pairs are joined as the text form Postgres itself writes, so no word can break the
-    syntax."""
+    a query of one word; of a longer query, pairs of its first ``PAIRED_WORDS`` distinct words
+    in the order Postgres sorts them). Each word goes through ``plainto_tsquery('simple',
+    ...)`` and the pairs are joined as the text form Postgres itself writes, so no word can
+    break the syntax."""
     lexemes = func.tsvector_to_array(func.to_tsvector(SEARCH_CONFIG, query))
-    a = func.unnest(lexemes).table_valued("lexeme").render_derived(name="a")
-    b = func.unnest(lexemes).table_valued("lexeme").render_derived(name="b")
+    a = func.unnest(lexemes).table_valued("lexeme", with_ordinality="n").render_derived(name="a")
+    b = func.unnest(lexemes).table_valued("lexeme", with_ordinality="n").render_derived(name="b")
     pair = func.plainto_tsquery("simple", a.c.lexeme).op("&&")(
         func.plainto_tsquery("simple", b.c.lexeme)
     )
@@ -69,6 +75,7 @@ def two_words(query: Any) -> ColumnElement[Any]:
         select(cast(joined, TSQUERY))
         .select_from(a)
         .join(b, a.c.lexeme < b.c.lexeme)
+        .where(a.c.n <= PAIRED_WORDS, b.c.n <= PAIRED_WORDS)  # pairs grow as the square
         .scalar_subquery()
     )
 
