@@ -20,11 +20,39 @@ def first_line(exc: BaseException) -> str:
     return text_.splitlines()[0] if text_ else repr(exc)
 
 
+SERVER_WIDE_CLASSES = ("08", "53", "57")
+"""SQLSTATE classes of the server's condition, not the row's: connection exceptions, insufficient
+resources (too many connections, disk full, out of memory), operator intervention (shutting
+down, starting up: ``57P03``)."""
+SERVER_WIDE_STATES = {
+    "25006",  # read-only transaction: a failover left us on a replica
+    "42501",  # insufficient privilege: a grant is missing, for every row alike
+    "55P03",  # lock not available
+    "40001",  # serialization failure
+    "40P01",  # deadlock detected
+}
+"""Single SQLSTATEs that say nothing about the data either: retrying the same rows later works."""
+
+
+def sqlstate(exc: BaseException) -> str | None:
+    """The SQLSTATE of a Postgres error (the driver's, through SQLAlchemy), else None."""
+    for candidate in (getattr(exc, "orig", None), exc.__cause__, exc):
+        state = getattr(candidate, "sqlstate", None)
+        if isinstance(state, str) and state:
+            return state
+    return None
+
+
 def is_connection_error(exc: BaseException) -> bool:
-    """True for failures that say nothing about the data: the server is gone or going."""
+    """True for failures that say nothing about the data: the server is gone or going, or
+    cannot take this write now (read-only after a failover, out of connections or disk, a
+    missing grant): the loop holds the entries and backs off instead of dead-lettering them."""
     if isinstance(exc, DBAPIError) and exc.connection_invalidated:
         return True
-    return isinstance(exc, OSError | ConnectionError | TimeoutError)
+    if isinstance(exc, OSError | ConnectionError | TimeoutError):
+        return True
+    state = sqlstate(exc)
+    return state is not None and (state[:2] in SERVER_WIDE_CLASSES or state in SERVER_WIDE_STATES)
 
 
 async def storage_error(engine: AsyncEngine, timeout_s: float) -> Exception | None:
