@@ -68,10 +68,13 @@ stop() {
         done
         kill -0 "$pid" 2> /dev/null && kill -KILL "$pid"
     fi
-    # dockerd stops its containerd; a shim of a container it could not stop would outlive it
-    local shims
-    shims="$(pgrep -f "containerd-shim.*$DIR/exec" || true)"
-    [ -n "$shims" ] && kill -KILL $shims 2> /dev/null || true
+    # dockerd stops its containerd; killed, it leaves its containerd, and a shim of a container
+    # it could not stop would outlive it: both run under our exec root
+    local left
+    left="$(pgrep -f "containerd.*$DIR/exec" || true)"
+    [ -n "$left" ] && kill -TERM $left 2> /dev/null && sleep 2
+    left="$(pgrep -f "containerd.*$DIR/exec" || true)"
+    [ -n "$left" ] && kill -KILL $left 2> /dev/null || true
     rm -f "$PIDFILE"
 }
 

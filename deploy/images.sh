@@ -91,6 +91,9 @@ base_image trixie "$BASE_TRIXIE"
 
 step "wheelhouse ($WHEELS, the host's pip)"
 mkdir -p "$WHEELS"
+# the image runs Debian bookworm's Python 3.11: wheels of another Python would not install there
+"$PYTHON" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' \
+    || die "the wheelhouse is built with $PYTHON ($("$PYTHON" -V 2>&1)), and the image runs Python 3.11: set PYTHON to a Python 3.11 (PYTHON=python3.11 make images)"
 # async-timeout by name: redis-py needs it below Python 3.11.3 (Debian bookworm has 3.11.2),
 # a host on a later 3.11 does not resolve it. setuptools and wheel build the app inside.
 # SOURCE_DATE_EPOCH: wheels built from sdists come out byte for byte the same in every checkout,
@@ -100,11 +103,14 @@ SOURCE_DATE_EPOCH=315532800 "$PYTHON" -m pip wheel --quiet --disable-pip-version
     | { grep -v -e "is ignored: it is neither" -e "Running pip as the 'root' user" || true; } >&2
 rm -f "$WHEELS"/memworker-*.whl  # the image builds the app from its sources
 
+BUILT_BY=org.memworker.built-by=make-images
+
 build() {
     local name="$1" context="$2" base="$3" dockerfile="${4:-$2/Dockerfile}" target="${5:-}"
     local started=$SECONDS
     local log="build/$(echo "$name" | tr '/:' '__').log"
     if ! DOCKER_BUILDKIT=0 docker build --network host ${target:+--target "$target"} --build-arg "BASE=$base" \
+            --label "$BUILT_BY" \
             -f "$dockerfile" -t "$name" "$context" > "$log" 2>&1; then
         tail -30 "$log" >&2
         die "docker build of $name failed (whole log: $log)"
@@ -120,6 +126,7 @@ build "$POSTGRES_IMAGE" deploy/postgres "$BASE_TRIXIE"
 # previous version, and any other untagged image, is pruned: one build stage on disk, never more.
 build "$BUILD_CACHE_IMAGE" . "$BASE_BOOKWORM" deploy/Dockerfile build
 build "$APP_IMAGE" . "$BASE_BOOKWORM" deploy/Dockerfile
-docker image prune --force --filter "dangling=true" > /dev/null
+# only what these builds left untagged (their label): never another project's images
+docker image prune --force --filter "dangling=true" --filter "label=$BUILT_BY" > /dev/null
 docker image ls --format '{{.Repository}}:{{.Tag}}  {{.Size}}' \
     | grep -E "^($APP_IMAGE|$REDIS_IMAGE|$POSTGRES_IMAGE|$BASE_BOOKWORM|$BASE_TRIXIE|$BUILD_CACHE_IMAGE) " || true
