@@ -30,6 +30,7 @@ from sqlalchemy import (
     ColumnElement,
     Float,
     Integer,
+    Select,
     Text,
     bindparam,
     cast,
@@ -90,6 +91,32 @@ class Nearest:
     exact: bool = False
 
 
+class BoundedCounts:
+    """How many rows a scope has, counted up to ``bound + 1`` (so the count stays cheap however
+    large the scope) and kept ``ttl_s`` seconds per key: the vector search's and the words
+    search's "is this scope small?"."""
+
+    def __init__(self, engine: AsyncEngine, bound: int, ttl_s: float) -> None:
+        self.engine = engine
+        self.bound = bound
+        self.ttl_s = ttl_s
+        self._counts: dict[Hashable, tuple[float, int]] = {}
+
+    async def count(self, key: Hashable, rows: Select[Any]) -> int:
+        """The rows of ``rows`` (a select of the scope's rows), at most ``bound + 1``."""
+        now = time.monotonic()
+        cached = self._counts.get(key)
+        if cached is not None and cached[0] > now:
+            return cached[1]
+        bounded = rows.limit(self.bound + 1).subquery()
+        async with self.engine.connect() as conn:
+            size = int((await conn.execute(select(func.count()).select_from(bounded))).scalar_one())
+        if len(self._counts) > 10_000:
+            self._counts.clear()
+        self._counts[key] = (now + self.ttl_s, size)
+        return size
+
+
 class VectorSearch:
     """Embeds queries with ``embedder`` and searches ``episode_embeddings`` of its model."""
 
@@ -105,7 +132,7 @@ class VectorSearch:
         self.embedder = embedder
         self.exact_below = exact_below
         self.count_ttl_s = count_ttl_s
-        self._counts: dict[Hashable, tuple[float, int]] = {}
+        self._counts = BoundedCounts(engine, exact_below, count_ttl_s)
         self._table: bool | None = None
         self._warned: set[str] = set()
 
@@ -146,25 +173,13 @@ class VectorSearch:
         self, project_id: str, filters: list[ColumnElement[bool]], scope: Hashable
     ) -> int:
         """How many vectors of the model the scope has, up to ``exact_below + 1`` (cached)."""
-        key = (scope, self.embedder.name if self.embedder else "")
-        now = time.monotonic()
-        cached = self._counts.get(key)
-        if cached is not None and cached[0] > now:
-            return cached[1]
         v = _vectors()
         rows = (
             select(literal(1))
             .select_from(v.join(Episode, Episode.id == v.c.episode_id))
             .where(v.c.project_id == project_id, *self._mine(v), *filters)
-            .limit(self.exact_below + 1)
-            .subquery()
         )
-        async with self.engine.connect() as conn:
-            size = int((await conn.execute(select(func.count()).select_from(rows))).scalar_one())
-        if len(self._counts) > 10_000:
-            self._counts.clear()
-        self._counts[key] = (now + self.count_ttl_s, size)
-        return size
+        return await self._counts.count((scope, self.embedder.name if self.embedder else ""), rows)
 
     async def nearest(
         self,
