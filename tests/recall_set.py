@@ -120,3 +120,14 @@ async def add_filler(
                 "spread": 1 / (0.2887 * dimension**0.5),
             },
         )
+
+
+class Unused:
+    """An embedder that must not be called: recall without vectors (no pgvector, or mode
+    ``text``) embeds no query."""
+
+    name = "unused"
+    dimension = 3
+
+    async def embed(self, texts: object) -> list[list[float]]:
+        raise AssertionError("recall embedded a query although it cannot use vectors")

@@ -11,23 +11,13 @@ import structlog
 from redis.asyncio import Redis
 from sqlalchemy import text
 
-from tests.recall_set import load_recall_set, remember_all
+from tests.recall_set import Unused, load_recall_set, remember_all
 from worker.db.engine import create_database_engine
 from worker.db.migrate import head_revision, migrate_reporting
 from worker.db.vectors import VECTOR_TABLE, missing_pgvector
 from worker.episodes.embedding import Embedder
 from worker.episodes.store import EpisodeStore
 from worker.settings import Settings
-
-
-class Unused:
-    """An embedder that must not be called: without pgvector no query is embedded."""
-
-    name = "unused"
-    dimension = 3
-
-    async def embed(self, texts: object) -> list[list[float]]:
-        raise AssertionError("recall embedded a query although it cannot use vectors")
 
 
 async def test_without_pgvector_recall_falls_back_to_full_text_and_warns_once(

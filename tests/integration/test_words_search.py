@@ -5,21 +5,11 @@ from __future__ import annotations
 
 from redis.asyncio import Redis
 
-from tests.recall_set import load_recall_set, remember_all
+from tests.recall_set import Unused, load_recall_set, remember_all
 from worker.db.engine import create_database_engine
 from worker.db.migrate import migrate_reporting
 from worker.episodes.store import EpisodeStore
 from worker.settings import Settings
-
-
-class Unused:
-    """Mode ``text`` embeds nothing."""
-
-    name = "unused"
-    dimension = 3
-
-    async def embed(self, texts: object) -> list[list[float]]:
-        raise AssertionError("a words-only recall embedded its query")
 
 
 async def test_a_capped_words_search_answers_a_pasted_log_of_hundreds_of_words(
