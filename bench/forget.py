@@ -25,7 +25,7 @@ from worker.connections import redis_client
 from worker.consolidation.consolidator import Consolidator
 from worker.consumers.groups import ensure_group
 from worker.db.engine import create_database_engine
-from worker.episodes.forgetting import forget_everywhere
+from worker.erasure.forget import forget_everywhere
 from worker.keys import CONSOLIDATION_GROUP, StreamKeys
 from worker.logs import configure_logging
 from worker.settings import Settings

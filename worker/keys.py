@@ -85,14 +85,14 @@ def all_changes_streams(prefix: str, shards: int) -> list[str]:
 
 
 def erased_key(prefix: str) -> str:
-    """The hash of erasures (``worker.erased``): ``project``, ``project/session`` (``@user``) → the
-    cutoff (ms) of its latest ``forget``. Ids and times only; kept for good."""
+    """The hash of erasures (``worker.erasure.erased``): ``project``, ``project/session``
+    (``@user``) → the cutoff (ms) of its latest ``forget``. Ids and times only; kept for good."""
     return f"{prefix}:erased"
 
 
 def erased_users_key(prefix: str, shard: int) -> str:
-    """The shard's hash of forgotten users (``worker.erased``): ``project@user`` → the cutoff
-    in ms; in the shard's slot, for the apply function."""
+    """The shard's hash of forgotten users (``worker.erasure.erased``): ``project@user`` → the
+    cutoff in ms; in the shard's slot, for the apply function."""
     return f"{prefix}:{tag(shard)}:erased_users"
 
 

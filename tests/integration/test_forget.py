@@ -33,7 +33,7 @@ from worker.db.engine import create_database_engine
 from worker.db.migrate import migrate
 from worker.episodes.indexer import Indexer, indexer_dlq
 from worker.episodes.store import EpisodeStore
-from worker.erased import load_erased
+from worker.erasure.erased import load_erased
 from worker.keys import StreamKeys, episodes_stream, erased_key, shard_of
 from worker.lifecycle.client import LifecycleClient
 from worker.lifecycle.replay import replay_lifecycle

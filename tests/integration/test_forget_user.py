@@ -29,7 +29,7 @@ from worker.consolidation.replay import (
 from worker.consumers.dead_letters import redrive, write_dead_letters
 from worker.db.engine import create_database_engine
 from worker.episodes.store import EpisodeStore
-from worker.erased import load_erased
+from worker.erasure.erased import load_erased
 from worker.keys import StreamKeys, episodes_stream, erased_users_key, shard_of
 from worker.lifecycle.client import LifecycleClient
 from worker.lifecycle.replay import replay_lifecycle

@@ -105,7 +105,7 @@ def dlq_redrive(
 
     async def go(redis: Redis) -> int:
         from worker.consumers.dead_letters import redrive
-        from worker.erased import load_erased
+        from worker.erasure.erased import load_erased
 
         erased = await load_erased(redis, settings.stream_prefix)  # forgotten: never redriven
         return sum([await redrive(redis, s, entry_ids or None, erased) for s in streams])

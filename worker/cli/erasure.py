@@ -2,7 +2,7 @@
 
 Both take the same selectors (``--project``, narrowed by ``--user``, ``--session`` and
 ``--before``) and run the same code as the Python API (``EpisodeStore.forget``/``export``:
-``worker.episodes.forgetting``, ``worker.episodes.erasure``).
+``worker.erasure.forget``, ``worker.erasure.export``).
 """
 
 from __future__ import annotations
@@ -85,7 +85,7 @@ def forget(
     ttl_ms = 1000 * max(settings.tombstone_ttl_seconds, settings.dedupe_ttl_seconds)
 
     async def go(redis: Redis) -> object:
-        from worker.episodes.forgetting import forget_everywhere
+        from worker.erasure.forget import forget_everywhere
 
         async with database_engine(settings) as engine:
             return await forget_everywhere(
@@ -101,7 +101,7 @@ def forget(
                 user_id=user,
             )
 
-    from worker.episodes.forget_scope import ForgetReceipt
+    from worker.erasure.scope import ForgetReceipt
 
     receipt = run_async(with_redis(settings, go))
     assert isinstance(receipt, ForgetReceipt)
@@ -138,7 +138,7 @@ def export(
     async def go(redis: Redis) -> bytes:
         from rich.progress import Progress, TaskID, TextColumn, TimeElapsedColumn
 
-        from worker.episodes.erasure import export_project
+        from worker.erasure.export import export_project
 
         # On a terminal, a line per part counting up (stderr: stdout may be the document).
         with Progress(

@@ -68,7 +68,7 @@ from worker.db.erasures import covered, erasure_cutoffs, lock_projects
 from worker.db.outages import first_line, is_connection_error, storage_error
 from worker.episodes.announcements import Announcement, Announcer
 from worker.episodes.changes import publish_owed
-from worker.erased import record_erased
+from worker.erasure.erased import record_erased
 from worker.keys import CONSOLIDATION_GROUP, StreamKeys, all_changes_streams, episodes_stream
 from worker.logs import get_logger
 from worker.metrics import (

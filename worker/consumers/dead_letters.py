@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 from redis.asyncio import Redis
@@ -17,8 +17,13 @@ from redis.asyncio.cluster import ClusterPipeline, RedisCluster
 
 from worker.codec import text
 from worker.consumers.entries import StreamEntry
-from worker.erased import ErasedIndex
 from worker.metrics import DEAD_LETTERS
+
+
+class ErasureCheck(Protocol):
+    """What a redrive asks of the erasure record (``worker.erasure.erased.ErasedIndex``)."""
+
+    def covers_entry(self, entry_id: str | bytes, fields: Mapping[Any, Any]) -> bool: ...
 
 
 def entry_fields_json(fields: Mapping[Any, Any]) -> str:
@@ -122,13 +127,13 @@ async def redrive(
     redis: Redis,
     stream: str,
     entry_ids: list[str] | None = None,
-    erased: ErasedIndex | None = None,
+    erased: ErasureCheck | None = None,
 ) -> int:
     """Publish dead letters' original entries back to their source streams, then drop them.
 
     Each entry is re-added and deleted in one MULTI/EXEC, so a redrive is never lost or
     doubled. Without ``entry_ids`` every dead letter of the stream is redriven. A dead letter
-    a ``memworker forget`` covered (``erased``, ``worker.erased``) is dropped, never
+    a ``memworker forget`` covered (``erased``, ``worker.erasure.erased``) is dropped, never
     republished.
     """
     rows: Any

@@ -234,7 +234,7 @@ class Episode(Base):
 
 
 class Erasure(Base):
-    """One ``forget`` (``worker.episodes.forgetting``): ids and times only, never content.
+    """One ``forget`` (``worker.erasure.forget``): ids and times only, never content.
 
     What it covers: the project's (or its one session's; of its ``user_id`` only, when it names
     one: ``''`` for the data of no user) data that occurred before ``cutoff``

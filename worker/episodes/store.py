@@ -1,7 +1,7 @@
 """The long-term memory API: episodes and lifecycle history in Postgres, per project.
 
 Every call takes a ``project_id`` and every query filters on it: nothing here can read or remove
-another project's rows. Forgetting and exporting (erasure) are ``worker.episodes.erasure``'s.
+another project's rows. Forgetting and exporting (erasure) are ``worker.erasure.export``'s.
 """
 
 from __future__ import annotations
@@ -27,8 +27,6 @@ from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker
 
 from worker.db.models import SEARCH_CONFIG, Episode, LifecycleEvent
 from worker.episodes.embedding import Embedder
-from worker.episodes.erasure import ForgetResult, ProjectExport, export_project, forget_project
-from worker.episodes.forgetting import DEFAULT_MARKER_TTL_MS
 from worker.episodes.ranking import DEFAULT_WEIGHTS, Candidate, RecallWeights, fuse
 from worker.episodes.text_search import BY_INDEX, TEXT_CAP, ranked_matches
 from worker.episodes.vector_search import (
@@ -38,6 +36,8 @@ from worker.episodes.vector_search import (
     Nearest,
     VectorSearch,
 )
+from worker.erasure.export import ForgetResult, ProjectExport, export_project, forget_project
+from worker.erasure.forget import DEFAULT_MARKER_TTL_MS
 from worker.ids import validate_id
 from worker.logs import get_logger
 
@@ -386,7 +386,7 @@ class EpisodeStore:
             )
         )
 
-    # -- forgetting and exporting: ``worker.episodes.erasure`` ----------------------------------
+    # -- forgetting and exporting: ``worker.erasure.export`` ----------------------------------
 
     async def forget(
         self,

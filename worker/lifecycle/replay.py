@@ -12,7 +12,7 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from worker.erased import load_erased
+from worker.erasure.erased import load_erased
 from worker.keys import LIFECYCLE_GROUP, StreamKeys
 from worker.lifecycle.apply import CommandApplier
 from worker.settings import Settings

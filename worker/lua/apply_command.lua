@@ -197,7 +197,7 @@ end
 
 -- Whether this spawn names a user `memworker forget --user` forgot, and was published before
 -- that forget's cutoff (in flight while it ran): the shard's hash of forgotten users, in the
--- meta key's slot (its name up to the shard's tag), field project@user (worker.erased).
+-- meta key's slot (its name up to the shard's tag), field project@user (worker.erasure.erased).
 local function spawn_user_forgotten()
   local user_id = args[o + tonumber(args[o]) - 1]
   if user_id == '' then return false end

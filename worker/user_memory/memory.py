@@ -31,8 +31,8 @@ from worker.db.vectors import VECTOR_TABLE, has_vector_table
 from worker.episodes.announcements import Announcement
 from worker.episodes.changes import change_event, owe, publish_owed
 from worker.episodes.embedding import Embedder, EmbeddingError, embedder_from_settings
-from worker.episodes.erasure import forget_project
 from worker.episodes.vector_search import VectorSearch
+from worker.erasure.export import forget_project
 from worker.ids import validate_id
 from worker.keys import episodes_stream
 from worker.logs import get_logger
@@ -407,7 +407,7 @@ class Memory:
     ) -> int:
         """Forget the user's episodes (of one session, or older than ``before``) everywhere
         memworker keeps them, vectors and stream entries included, through the code
-        ``memworker forget --user`` runs (``worker.episodes.erasure.forget_project``: an
+        ``memworker forget --user`` runs (``worker.erasure.export.forget_project``: an
         erasure record keeps every replay from bringing them back); without ``session_id``
         the user's facts and blocks too. ``user_id=None`` is the anonymous bucket. How many
         episodes, facts and blocks went (LoomFlow's count). Raises

@@ -6,7 +6,7 @@ memory from Redis, matching keys with an escaped glob and then checking each nam
 (``worker.keys.working_memory_key_re``), so an id that contains ``:`` or a prefix that contains
 glob characters can never widen what is deleted. ``export_project`` returns what
 ``forget_project`` with the same arguments would remove: rows, working memory, and the stream
-entries that carry the scope. The forgetting itself is ``worker.episodes.forgetting``.
+entries that carry the scope. The forgetting itself is ``worker.erasure.forget``.
 """
 
 from __future__ import annotations
@@ -24,15 +24,15 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 from worker import codec
 from worker.db.models import Episode, LifecycleEvent
 from worker.db.vectors import VECTOR_TABLE, has_vector_table, parse_vector
-from worker.episodes.forget_scope import ForgetReceipt, row_scope, user_key
-from worker.episodes.forget_user import (
+from worker.erasure.forget import DEFAULT_MARKER_TTL_MS, forget_everywhere
+from worker.erasure.scope import ForgetReceipt, row_scope, user_key
+from worker.erasure.streams import UserScope, scope_entries
+from worker.erasure.users import (
     USER_TABLES,
     export_user_tables,
     live_user_sessions,
     user_sessions,
 )
-from worker.episodes.forgetting import DEFAULT_MARKER_TTL_MS, forget_everywhere
-from worker.episodes.scrubbing import UserScope, scope_entries
 from worker.ids import validate_id
 from worker.keys import FORGOTTEN_STATE, working_memory_key_re, working_memory_pattern
 
@@ -42,7 +42,7 @@ SCAN_COUNT = 1_000
 @dataclass(frozen=True, slots=True)
 class ForgetResult:
     """How many rows and keys ``forget_project`` actually removed; ``receipt`` says everything
-    it removed, where (``worker.episodes.forgetting.ForgetReceipt``)."""
+    it removed, where (``worker.erasure.forget.ForgetReceipt``)."""
 
     episodes: int = 0
     lifecycle_events: int = 0
@@ -153,7 +153,7 @@ async def forget_project(
     anonymous_user: bool = False,
 ) -> ForgetResult:
     """Forget the project (one session's, the history older than ``before``, when given)
-    everywhere memworker keeps it: ``worker.episodes.forgetting.forget_everywhere``, the code
+    everywhere memworker keeps it: ``worker.erasure.forget.forget_everywhere``, the code
     ``memworker forget`` runs. Without ``redis`` and ``prefix`` only Postgres is cleared.
 
     ``user_id``: only that user's data in the project (or session): sessions, turns, facts,

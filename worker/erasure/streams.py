@@ -1,5 +1,5 @@
 """Stream entries of a forgotten scope: found (``scope_entries``, for export) and deleted
-(``scrub_streams``, for forget: ``worker.episodes.forgetting``).
+(``scrub_streams``, for forget: ``worker.erasure.forget``).
 
 Every stream under the prefix is read: commands, results, ``P:episodes``, every DLQ, and any
 stream a replay published to. An entry is the scope's when its ``data`` (a dead letter: its
@@ -9,7 +9,7 @@ deleted, in one MULTI, so no group keeps it pending; trimming (``MINID``) and re
 (``XRANGE``) step over the gaps. ``memory.forgotten`` events and ``forgotten`` rejections name
 the project with ids only, and are kept.
 
-With a user (``worker.episodes.forget_user``), an entry is the scope's when it is that user's
+With a user (``worker.erasure.users``), an entry is the scope's when it is that user's
 data: it carries the user (a spawn, every result of the user's sessions, the change feed's
 events), or it is of one of the user's sessions (a session's later commands carry no user:
 the sessions are found first, in Postgres, in live ``meta`` hashes and in these entries), or
@@ -26,7 +26,7 @@ from typing import Any
 from redis.asyncio import Redis
 
 from worker import codec
-from worker.erased import entry_body, entry_ms, entry_scope, user_of
+from worker.erasure.erased import entry_body, entry_ms, entry_scope, user_of
 from worker.keys import escape_glob
 
 SCAN_COUNT = 1_000

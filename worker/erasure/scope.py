@@ -1,5 +1,5 @@
 """What a forget covers (``row_scope``, ``user_key``) and what it says it removed
-(``ForgetReceipt``): ``worker.episodes.forgetting``."""
+(``ForgetReceipt``): ``worker.erasure.forget``."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 from sqlalchemy import ColumnElement
 
 from worker.db.models import Episode, LifecycleEvent
-from worker.episodes.forget_user import episode_user, event_user
+from worker.erasure.users import episode_user, event_user
 from worker.ids import validate_id
 
 

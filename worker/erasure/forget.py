@@ -16,7 +16,7 @@ what could not be). In this order, so that nothing forgotten can come back:
    the lock is held and Redis's (stream ids), or ``before``: the consolidator stores no result
    of the scope that occurred before it. (Clocks of the worker's hosts are assumed within
    milliseconds of these; a result stamped by a clock running behind is still covered.)
-3. **``P:erased``** (``worker.erased``) gets the same cutoff, for the replay of commands and
+3. **``P:erased``** (``worker.erasure.erased``) gets the same cutoff, for the replay of commands and
    the DLQ's redrive.
 4. **Every stream under the prefix** (commands, results, ``P:episodes``, every DLQ, anything a
    replay published there): each entry that carries the scope and is older than the cutoff is
@@ -33,7 +33,7 @@ With ``before``, only history older than it goes (rows and stream entries): live
 their keys are live state, never "older". ``dry_run`` counts and changes nothing.
 
 With ``user_id``, only that user's data in the project (or session) goes
-(``worker.episodes.forget_user``): the user's sessions (live ones by their ``meta``, finished
+(``worker.erasure.users``): the user's sessions (live ones by their ``meta``, finished
 ones by their episodes, results and stream entries) and everything of them as above, the
 user's turns, facts, blocks and change-feed rows and entries; the erasure record names the
 user, so it covers the user's data only. ``''`` is the anonymous bucket (data of no user).
@@ -58,14 +58,14 @@ from worker import codec
 from worker.db.erasures import lock_project
 from worker.db.models import Episode, Erasure, LifecycleEvent
 from worker.db.vectors import VECTOR_TABLE, has_vector_table
-from worker.episodes.forget_scope import ForgetReceipt, row_scope, user_key
-from worker.episodes.forget_user import (
+from worker.erasure.erased import record_erased
+from worker.erasure.scope import ForgetReceipt, row_scope, user_key
+from worker.erasure.streams import FORGOTTEN_EVENT, UserScope, scrub_streams
+from worker.erasure.users import (
     forget_user_tables,
     live_user_sessions,
     user_sessions,
 )
-from worker.episodes.scrubbing import FORGOTTEN_EVENT, UserScope, scrub_streams
-from worker.erased import record_erased
 from worker.errors import one_line
 from worker.ids import validate_id
 from worker.keys import (
@@ -383,7 +383,7 @@ async def _store_counts(engine: AsyncEngine, receipt: ForgetReceipt) -> None:
         )
 
 
-# -- 4: streams (``worker.episodes.scrubbing``) ---------------------------------------------------
+# -- 4: streams (``worker.erasure.streams``) ---------------------------------------------------
 
 
 async def _scrub_streams(

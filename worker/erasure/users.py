@@ -1,11 +1,11 @@
-"""A user's part of a forget (``memworker forget --user``): ``worker.episodes.forgetting``.
+"""A user's part of a forget (``memworker forget --user``): ``worker.erasure.forget``.
 
 A user's data in a project: the episodes of the sessions whose spawn named the user and the
 user's turns (``episodes.user_id``), the results of those sessions (``lifecycle_events``: each
 result carries the session's ``user_id``), facts (``facts.user_id``), pinned blocks
 (``memory_blocks.user_key``), the change feed's outbox rows (``memory_changes.payload``), the
 working memory of the user's live sessions (their ``meta`` hash holds the spawn's
-``user_id``), and the stream entries that carry any of it (``worker.episodes.scrubbing``).
+``user_id``), and the stream entries that carry any of it (``worker.erasure.streams``).
 
 The user ``''`` is the anonymous bucket: data of no user (``user_id`` null); named users' ids
 are never empty (``worker.ids.validate_id``). A session's own erasure and a project's are not
