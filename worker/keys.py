@@ -90,6 +90,12 @@ def erased_key(prefix: str) -> str:
     return f"{prefix}:erased"
 
 
+def owed_forgets_key(prefix: str) -> str:
+    """The hash of forgets still owed that Postgres could not record (``worker.erasure.owed``):
+    erasure id → the forget's scope and cutoff as JSON (ids and times only), until finished."""
+    return f"{prefix}:erasure:owed"
+
+
 def erased_users_key(prefix: str, shard: int) -> str:
     """The shard's hash of forgotten users (``worker.erasure.erased``): ``project@user`` → the
     cutoff in ms; in the shard's slot, for the apply function."""

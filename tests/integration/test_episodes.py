@@ -24,7 +24,7 @@ from worker.agents.manager import AgentLifecycleManager
 from worker.consolidation.consolidator import Consolidator
 from worker.db.models import episode_id_for
 from worker.episodes.store import EpisodeStore
-from worker.erasure.export import ForgetResult
+from worker.erasure.forget import ForgetResult
 from worker.keys import SessionKeys
 from worker.lifecycle.client import LifecycleClient
 from worker.settings import Settings

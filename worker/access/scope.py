@@ -17,6 +17,7 @@ from sqlalchemy import text
 
 from worker.connections import AnyRedis, client_for
 from worker.db.engine import create_database_engine
+from worker.erasure.forget import ForgetIncompleteError
 from worker.errors import ActionableError, one_line
 from worker.ids import validate_id
 from worker.keys import SessionKeys
@@ -128,8 +129,8 @@ def failure(exc: BaseException) -> tuple[int, str]:
         return 404, _first(exc)
     if isinstance(exc, SessionTerminatedError | SessionPausedError | EpisodeConflictError):
         return 409, _first(exc)
-    if isinstance(exc, RedisUnavailableError):
-        return 503, one_line(exc)
+    if isinstance(exc, RedisUnavailableError | ForgetIncompleteError):
+        return 503, one_line(exc)  # a forget left owed: a retry finishes it
     if isinstance(exc, ValueError | TypeError | KeyError) and not _from_a_server(exc):
         return 400, _first(exc)
     message = one_line(exc)

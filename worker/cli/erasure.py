@@ -2,7 +2,8 @@
 
 Both take the same selectors (``--project``, narrowed by ``--user``, ``--session`` and
 ``--before``) and run the same code as the Python API (``EpisodeStore.forget``/``export``:
-``worker.erasure.forget``, ``worker.erasure.export``).
+``worker.erasure.forget``, ``worker.erasure.export``). Every selector is checked before
+anything is touched: a bad one exits 2 naming it.
 """
 
 from __future__ import annotations
@@ -53,11 +54,13 @@ def _before(raw: str | None) -> datetime | None:
     if raw is None:
         return None
     from worker.consolidation.replay import parse_instant
+    from worker.erasure.scope import check_before
 
     try:
-        return parse_instant(raw)
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--before") from exc
+        return check_before(parse_instant(raw))
+    except (ValueError, OverflowError) as exc:  # a time ago too long for a calendar
+        message = str(exc) if isinstance(exc, ValueError) else f"{raw!r} is too long ago"
+        raise typer.BadParameter(message, param_hint="--before") from exc
 
 
 def _narrowing(user: str | None, session: str | None) -> dict[str, str]:
@@ -101,7 +104,7 @@ def forget(
                 user_id=user,
             )
 
-    from worker.erasure.scope import ForgetReceipt
+    from worker.erasure.receipt import ForgetReceipt
 
     receipt = run_async(with_redis(settings, go))
     assert isinstance(receipt, ForgetReceipt)

@@ -69,6 +69,7 @@ from worker.db.outages import first_line, is_connection_error, storage_error
 from worker.episodes.announcements import Announcement, Announcer
 from worker.episodes.changes import publish_owed
 from worker.erasure.erased import record_erased
+from worker.erasure.forget import finish_owed
 from worker.keys import CONSOLIDATION_GROUP, StreamKeys, all_changes_streams, episodes_stream
 from worker.logs import get_logger
 from worker.metrics import (
@@ -223,9 +224,31 @@ class Consolidator(GroupService):
             )
         return len(cutoffs)
 
+    async def finish_owed_forgets(self) -> int:
+        """Finish the forgets still owed (``worker.erasure.owed``: recorded at least
+        ``OWED_GRACE_S`` ago), each to exactly its recorded scope and cutoff; how many were
+        finished (one that fails again stays owed, and is logged)."""
+        settings = self.settings
+        receipts = await finish_owed(
+            self.engine,
+            self.redis,  # type: ignore[arg-type]
+            settings.stream_prefix,
+            marker_ttl_ms=1000 * max(settings.tombstone_ttl_seconds, settings.dedupe_ttl_seconds),
+            shards=settings.shards,
+        )
+        for receipt in receipts:
+            if not receipt.ok:
+                self.log.warning(
+                    "owed forget still incomplete, will retry",
+                    erasure_id=receipt.erasure_id,
+                    error="; ".join(receipt.errors),
+                )
+        return sum(1 for r in receipts if r.ok)
+
     async def tick(self) -> None:
         """The group loop's ``tick``: the announcement relay when due, then retention of
-        ``P:episodes`` and the copy of the erasure record (``sync_erased``) every
+        ``P:episodes``, the copy of the erasure record (``sync_erased``) and the forgets still
+        owed (``finish_owed_forgets``) every
         ``MEMWORKER_RETENTION_INTERVAL_SECONDS``, and every ``LESSONS_INTERVAL_S`` the lessons
         of stored sessions as facts (``lessons_once``). Never raises but for
         cancellation: a trim that fails is logged and tried at the next interval."""
@@ -249,6 +272,12 @@ class Consolidator(GroupService):
             raise
         except Exception as exc:  # Redis unavailable: the loop meets it too; trim next time
             self.log.warning("episodes stream not trimmed, will retry", error=first_line(exc))
+        try:
+            await self.finish_owed_forgets()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a server unavailable: the next interval tries again
+            self.log.warning("owed forgets not finished, will retry", error=first_line(exc))
 
     async def replay(self, entries: Sequence[StreamEntry]) -> ConsolidationOutcome:
         """Store ``entries`` again (a replay): idempotent; junk is skipped, not dead-lettered,

@@ -240,7 +240,8 @@ class Erasure(Base):
     one: ``''`` for the data of no user) data that occurred before ``cutoff``
     (when the forget ran, or its ``--before`` if earlier). The consolidator, every replay and
     the indexer skip what a row covers, so no replay brings it back. Kept for good: one small
-    row per forget; delete a row only to let its data be stored again.
+    row per forget; delete a row only to let its data be stored again. A row covers what it
+    names from the moment it is written; ``completed_at`` says when the forget was done.
     """
 
     __tablename__ = "erasures"
@@ -253,8 +254,14 @@ class Erasure(Base):
     forgotten_at: Mapped[datetime] = mapped_column(server_default=func.now())
     counts: Mapped[dict[str, Any]] = mapped_column(server_default=text("'{}'::jsonb"))
     user_id: Mapped[str | None] = mapped_column(doc="The user the forget named (null: none).")
+    completed_at: Mapped[datetime | None] = mapped_column(
+        doc="When every place was cleared; null: the forget is owed (``worker.erasure.owed``)."
+    )
 
-    __table_args__ = (Index(None, "project_id", "session_id"),)
+    __table_args__ = (
+        Index(None, "project_id", "session_id"),
+        Index("ix_erasures_owed", "forgotten_at", postgresql_where=text("completed_at IS NULL")),
+    )
 
 
 class MemoryBlockRow(Base):

@@ -36,8 +36,8 @@ from worker.episodes.vector_search import (
     Nearest,
     VectorSearch,
 )
-from worker.erasure.export import ForgetResult, ProjectExport, export_project, forget_project
-from worker.erasure.forget import DEFAULT_MARKER_TTL_MS
+from worker.erasure.export import ProjectExport, export_project
+from worker.erasure.forget import DEFAULT_MARKER_TTL_MS, ForgetResult, forget_project
 from worker.ids import validate_id
 from worker.logs import get_logger
 

@@ -1,12 +1,12 @@
-"""Forgetting and exporting a project (or one session of it): ``EpisodeStore.forget``/``export``.
+"""Exporting a project (or one session of it, one user's data, its history before a time):
+``export_project``, ``EpisodeStore.export`` and ``memworker export``.
 
-Every query filters on the ``project_id`` (validated before it reaches SQL): nothing here can
-read or remove another project's rows. ``forget_project`` also removes the project's working
-memory from Redis, matching keys with an escaped glob and then checking each name exactly
-(``worker.keys.working_memory_key_re``), so an id that contains ``:`` or a prefix that contains
-glob characters can never widen what is deleted. ``export_project`` returns what
-``forget_project`` with the same arguments would remove: rows, working memory, and the stream
-entries that carry the scope. The forgetting itself is ``worker.erasure.forget``.
+It returns what ``worker.erasure.forget.forget_project`` with the same arguments would remove:
+rows, working memory, and the stream entries that carry the scope. Every query filters on the
+``project_id`` (the selector is checked whole first: ``worker.erasure.scope``): nothing here
+can read another project's rows. Working-memory keys are matched with an escaped glob and then
+each name is checked exactly (``worker.keys.working_memory_key_re``), so an id that contains
+``:`` or a prefix that contains glob characters can never widen what is read.
 """
 
 from __future__ import annotations
@@ -24,8 +24,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 from worker import codec
 from worker.db.models import Episode, LifecycleEvent
 from worker.db.vectors import VECTOR_TABLE, has_vector_table, parse_vector
-from worker.erasure.forget import DEFAULT_MARKER_TTL_MS, forget_everywhere
-from worker.erasure.scope import ForgetReceipt, row_scope, user_key
+from worker.erasure.scope import ForgetScope, row_scope
 from worker.erasure.streams import UserScope, scope_entries
 from worker.erasure.users import (
     USER_TABLES,
@@ -37,17 +36,6 @@ from worker.ids import validate_id
 from worker.keys import FORGOTTEN_STATE, working_memory_key_re, working_memory_pattern
 
 SCAN_COUNT = 1_000
-
-
-@dataclass(frozen=True, slots=True)
-class ForgetResult:
-    """How many rows and keys ``forget_project`` actually removed; ``receipt`` says everything
-    it removed, where (``worker.erasure.forget.ForgetReceipt``)."""
-
-    episodes: int = 0
-    lifecycle_events: int = 0
-    redis_keys: int = 0
-    receipt: ForgetReceipt | None = field(default=None, compare=False)
 
 
 @dataclass(slots=True)
@@ -138,67 +126,6 @@ def _scope(
     return row_scope(model, project_id, session_id, before, user, sessions)
 
 
-async def forget_project(
-    engine: AsyncEngine,
-    project_id: str,
-    *,
-    session_id: str | None = None,
-    before: datetime | None = None,
-    redis: Redis | None = None,
-    prefix: str | None = None,
-    dry_run: bool = False,
-    marker_ttl_ms: int = DEFAULT_MARKER_TTL_MS,
-    shards: int | None = None,
-    user_id: str | None = None,
-    anonymous_user: bool = False,
-) -> ForgetResult:
-    """Forget the project (one session's, the history older than ``before``, when given)
-    everywhere memworker keeps it: ``worker.erasure.forget.forget_everywhere``, the code
-    ``memworker forget`` runs. Without ``redis`` and ``prefix`` only Postgres is cleared.
-
-    ``user_id``: only that user's data in the project (or session): sessions, turns, facts,
-    blocks, change-feed rows and entries. ``user_id=None`` is no user selector (the whole
-    project); the anonymous bucket (data of no user) is forgotten only with
-    ``anonymous_user=True`` (``Memory.forget(user_id=None)``'s meaning).
-
-    ``before`` narrows only the history: working memory is live state, never "older".
-    Raises ``ForgetIncompleteError`` (with the receipt) when anything could not be removed.
-    """
-    receipt = await forget_everywhere(
-        engine,
-        redis,
-        prefix,
-        project_id,
-        session_id=session_id,
-        before=before,
-        dry_run=dry_run,
-        marker_ttl_ms=marker_ttl_ms,
-        shards=shards,
-        user_id=user_id,
-        anonymous_user=anonymous_user,
-    )
-    if not receipt.ok:
-        raise ForgetIncompleteError(receipt)
-    return ForgetResult(
-        receipt.postgres.get("episodes", 0),
-        receipt.postgres.get("lifecycle_events", 0),
-        receipt.redis.get("working_memory_keys", 0),
-        receipt,
-    )
-
-
-class ForgetIncompleteError(RuntimeError):
-    """A forget that could not remove everything: ``receipt`` says what went and what not."""
-
-    def __init__(self, receipt: ForgetReceipt) -> None:
-        self.receipt = receipt
-        super().__init__(
-            f"forget of project {receipt.project_id} is incomplete: "
-            + "; ".join(receipt.errors)
-            + " (run it again: what was removed stays removed)"
-        )
-
-
 async def export_project(
     engine: AsyncEngine,
     project_id: str,
@@ -214,7 +141,8 @@ async def export_project(
     """Everything ``forget_project`` with the same arguments would remove, as JSON-ready data.
     ``progress(part, n)`` is told as each part grows (``memworker export``'s progress bar)."""
     tell = progress or (lambda _part, _n: None)
-    user = user_key(user_id, anonymous_user)
+    checked = ForgetScope.checked(project_id, session_id, before, user_id, anonymous_user)
+    user, before = checked.user, checked.before
     sessions: set[str] = set()
     live: dict[str, int] = {}
     export = ProjectExport(project_id, session_id, user_id=user)

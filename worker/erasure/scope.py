@@ -1,78 +1,75 @@
-"""What a forget covers (``row_scope``, ``user_key``) and what it says it removed
-(``ForgetReceipt``): ``worker.erasure.forget``."""
+"""What a forget covers: the selector (``ForgetScope``), checked whole before anything is
+touched, and the rows it selects (``row_scope``, ``user_key``): ``worker.erasure.forget``.
+
+A selector is a project, narrowed by a session, a user (``''``: the anonymous bucket, data of
+no user) and a time (``before``: only what occurred before it). Every part is checked first:
+an id that breaks the id rule, a user named twice, a time Postgres and the streams cannot hold
+(before year 1 in UTC, as ``0001-01-01T00:00:00+14:00`` is, or not a time at all) is refused
+with an ``InvalidForgetError`` naming the field, and nothing is touched.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Collection
-from dataclasses import dataclass, field
-from datetime import datetime
-from typing import Any
+from dataclasses import dataclass
+from datetime import UTC, datetime
 
 from sqlalchemy import ColumnElement
 
 from worker.db.models import Episode, LifecycleEvent
 from worker.erasure.users import episode_user, event_user
-from worker.ids import validate_id
+from worker.ids import InvalidIdError, validate_id
 
 
-@dataclass(slots=True)
-class ForgetReceipt:
-    """What one forget removed, where, and how many; ``errors``: what it could not remove."""
+class InvalidForgetError(ValueError):
+    """A forget's selector that cannot be honoured exactly: nothing was touched."""
+
+
+def check_before(before: datetime | None) -> datetime | None:
+    """``before`` as an aware UTC time every store can hold (a naive time is read as UTC), or
+    ``InvalidForgetError`` naming ``before``."""
+    if before is None:
+        return None
+    if not isinstance(before, datetime):
+        raise InvalidForgetError(f"before must be a time (RFC 3339); got {before!r:.80}")
+    try:
+        utc = (before if before.tzinfo else before.replace(tzinfo=UTC)).astimezone(UTC)
+        utc.timestamp()
+    except (OverflowError, ValueError):
+        raise InvalidForgetError(
+            f"before must be a time between years 1 and 9999 in UTC; got {before.isoformat()}"
+        ) from None
+    return utc
+
+
+@dataclass(frozen=True, slots=True)
+class ForgetScope:
+    """What one forget covers, checked: ``project_id`` (and ``session_id``), of ``user`` only
+    (``''``: the data of no user; None: no user selector), what occurred before ``before``."""
 
     project_id: str
     session_id: str | None = None
+    user: str | None = None
     before: datetime | None = None
-    dry_run: bool = False
-    user_id: str | None = None
-    """The user forgotten (``''``: the anonymous bucket); None: no user selector."""
-    erasure_id: str | None = None
-    cutoff: datetime | None = None
-    postgres: dict[str, int] = field(default_factory=dict)
-    redis: dict[str, int] = field(default_factory=dict)
-    streams: dict[str, int] = field(default_factory=dict)
-    errors: list[str] = field(default_factory=list)
 
-    @property
-    def ok(self) -> bool:
-        return not self.errors
-
-    def counts(self) -> dict[str, Any]:
-        return {
-            "postgres": dict(self.postgres),
-            "redis": dict(self.redis),
-            "streams": dict(self.streams),
-        }
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "project_id": self.project_id,
-            "session_id": self.session_id,
-            "user_id": self.user_id,
-            "before": self.before.isoformat() if self.before else None,
-            "dry_run": self.dry_run,
-            "erasure_id": self.erasure_id,
-            "cutoff": self.cutoff.isoformat() if self.cutoff else None,
-            **self.counts(),
-            "errors": list(self.errors),
-        }
-
-    def lines(self) -> list[str]:
-        """The receipt as a person reads it: one line per place."""
-        scope = f"project {self.project_id}"
-        if self.user_id is not None:
-            scope += f", user {self.user_id}" if self.user_id else ", the anonymous user"
-        if self.session_id:
-            scope += f", session {self.session_id}"
-        if self.before:
-            scope += f", history before {self.before.isoformat()}"
-        head = "would forget" if self.dry_run else "forgot"
-        out = [f"{head} {scope}" + (f" (erasure {self.erasure_id})" if self.erasure_id else "")]
-        for where, counts in (("postgres", self.postgres), ("redis", self.redis)):
-            for what, n in counts.items():
-                out.append(f"  {where} {what}: {n}")
-        for stream, n in sorted(self.streams.items()):
-            out.append(f"  stream {stream}: {n} entries")
-        return out
+    @classmethod
+    def checked(
+        cls,
+        project_id: str,
+        session_id: str | None = None,
+        before: datetime | None = None,
+        user_id: str | None = None,
+        anonymous_user: bool = False,
+    ) -> ForgetScope:
+        """The selector, every part checked (``InvalidForgetError`` naming the field)."""
+        try:
+            validate_id(project_id, "project_id")
+            if session_id is not None:
+                validate_id(session_id, "session_id")
+            user = user_key(user_id, anonymous_user)
+        except InvalidIdError as exc:
+            raise InvalidForgetError(str(exc)) from None
+        return cls(project_id, session_id, user, check_before(before))
 
 
 def row_scope(
@@ -100,6 +97,6 @@ def user_key(user_id: str | None, anonymous_user: bool) -> str | None:
     ``anonymous_user``), or None (no selector: the whole project or session)."""
     if anonymous_user:
         if user_id is not None:
-            raise ValueError("user_id and anonymous_user: choose one")
+            raise InvalidForgetError("user_id and anonymous_user: choose one")
         return ""
     return None if user_id is None else validate_id(user_id, "user_id")

@@ -32,7 +32,7 @@ from worker.episodes.announcements import Announcement
 from worker.episodes.changes import change_event, owe, publish_owed
 from worker.episodes.embedding import Embedder, EmbeddingError, embedder_from_settings
 from worker.episodes.vector_search import VectorSearch
-from worker.erasure.export import forget_project
+from worker.erasure.forget import forget_project
 from worker.ids import validate_id
 from worker.keys import episodes_stream
 from worker.logs import get_logger

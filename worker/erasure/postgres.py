@@ -1,0 +1,164 @@
+"""A forget's Postgres step (``worker.erasure.forget``, step 2): the erasure record and the
+rows it covers, in one transaction under the project's advisory lock (the consolidator holds
+it shared while it writes), and the record made complete once every place is cleared.
+
+The cutoff is decided here, once the lock is held: the later of Postgres's clock and Redis's
+(stream ids), or ``before`` when earlier; a forget still owed (``worker.erasure.owed``) keeps
+the cutoff it was given, and then removes only what occurred before it.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+
+from sqlalchemy import ColumnElement, column, delete, func, select, table, update
+from sqlalchemy.dialects.postgresql import UUID as PG_UUID
+from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from worker.db.erasures import lock_project
+from worker.db.models import Episode, Erasure, LifecycleEvent
+from worker.db.vectors import VECTOR_TABLE, has_vector_table
+from worker.erasure.receipt import ForgetReceipt, Found
+from worker.erasure.scope import row_scope
+from worker.erasure.users import forget_user_tables, user_sessions
+
+
+async def forget_rows(
+    engine: AsyncEngine,
+    receipt: ForgetReceipt,
+    found: Found,
+    redis_now: datetime | None,
+    fixed_cutoff: datetime | None = None,
+) -> None:
+    """Write the erasure record (not yet complete) and delete the rows it covers; with
+    ``fixed_cutoff`` (an owed forget finished), only rows that occurred before it."""
+    project, session, user = receipt.project_id, receipt.session_id, receipt.user_id
+    before = receipt.before
+    if fixed_cutoff is not None:
+        before = fixed_cutoff if before is None else min(before, fixed_cutoff)
+    async with engine.begin() as conn:
+        await lock_project(conn, project)
+        if user is not None:  # the user's sessions: their results go, their keys are marked
+            found.sessions.update(await user_sessions(conn, project, session, before, user))
+        episodes = row_scope(Episode, project, session, before, user)
+        events = row_scope(LifecycleEvent, project, session, before, user, found.sessions)
+        if fixed_cutoff is None:
+            # After the lock: every row a writer committed before it is older than the cutoff.
+            now: datetime = (await conn.execute(select(func.clock_timestamp()))).scalar_one()
+            if redis_now is not None:
+                now = max(now, redis_now)
+            receipt.cutoff = min(now, receipt.before) if receipt.before is not None else now
+        else:
+            receipt.cutoff = fixed_cutoff
+        vectors = await _count_vectors(conn, episodes)
+        if receipt.dry_run:
+            found.sessions.update(
+                s
+                for s in await conn.scalars(
+                    select(Episode.session_id).where(*episodes, Episode.turn_id.is_(None))
+                )
+            )
+            found.sessions.update(
+                s
+                for s in await conn.scalars(select(LifecycleEvent.session_id).where(*events))
+                if s is not None
+            )
+            n_episodes = await _count(conn, Episode, episodes)
+            n_events = await _count(conn, LifecycleEvent, events)
+        else:
+            await write_record(conn, receipt)
+            gone = (
+                await conn.execute(
+                    delete(Episode)
+                    .where(*episodes)
+                    .returning(Episode.session_id, Episode.turn_id, Episode.id)
+                )
+            ).all()
+            n_episodes = len(gone)
+            found.sessions.update(s for s, turn, _id in gone if turn is None)
+            found.episode_ids.update(str(i) for _s, _turn, i in gone)
+            gone_events = await conn.scalars(
+                delete(LifecycleEvent).where(*events).returning(LifecycleEvent.session_id)
+            )
+            event_sessions = list(gone_events)
+            n_events = len(event_sessions)
+            found.sessions.update(s for s in event_sessions if s is not None)
+        if user is not None and session is None:  # facts, blocks, the feed's outbox: a
+            # user's, of no session (a session's forget leaves them, as LoomFlow's does)
+            tables = await forget_user_tables(conn, project, user, before, dry_run=receipt.dry_run)
+    receipt.postgres.update(
+        episodes=n_episodes, lifecycle_events=n_events, episode_embeddings=vectors
+    )
+    if user is not None and session is None:
+        receipt.postgres.update(tables)
+
+
+async def write_record(conn: AsyncConnection, receipt: ForgetReceipt) -> None:
+    """The erasure's row, not complete (``completed_at`` null: owed) until ``complete``; a
+    row already written (an owed forget finished) is kept as it is."""
+    assert receipt.erasure_id is not None and receipt.cutoff is not None
+    await conn.execute(
+        insert(Erasure)
+        .values(
+            id=uuid.UUID(receipt.erasure_id),
+            project_id=receipt.project_id,
+            session_id=receipt.session_id,
+            before=receipt.before,
+            cutoff=receipt.cutoff,
+            user_id=receipt.user_id,
+            completed_at=None,
+        )
+        .on_conflict_do_nothing(index_elements=["id"])
+    )
+
+
+async def store_counts(engine: AsyncEngine, receipt: ForgetReceipt) -> int:
+    """The erasure's counts on its row; when every place was cleared (``receipt.ok``) the
+    row complete, and every owed erasure of the same scope whose cutoff it reaches complete
+    too (this forget removed all they owed): how many owed ones it settled."""
+    if receipt.erasure_id is None or receipt.cutoff is None:
+        return 0
+    async with engine.begin() as conn:
+        done = {"completed_at": func.now()} if receipt.ok else {}
+        await conn.execute(
+            update(Erasure)
+            .where(Erasure.id == uuid.UUID(receipt.erasure_id))
+            .values(counts=receipt.counts(), **done)
+        )
+        if not receipt.ok:
+            return 0
+        settled = await conn.execute(
+            update(Erasure)
+            .where(
+                Erasure.completed_at.is_(None),
+                Erasure.project_id == receipt.project_id,
+                Erasure.session_id.is_not_distinct_from(receipt.session_id),
+                Erasure.user_id.is_not_distinct_from(receipt.user_id),
+                Erasure.cutoff <= receipt.cutoff,
+            )
+            .values(completed_at=func.now())
+            .returning(Erasure.id)
+        )
+        return len(settled.all())
+
+
+async def _count(
+    conn: AsyncConnection,
+    model: type[Episode] | type[LifecycleEvent],
+    where: list[ColumnElement[bool]],
+) -> int:
+    return int(
+        (await conn.execute(select(func.count()).select_from(model).where(*where))).scalar_one()
+    )
+
+
+async def _count_vectors(conn: AsyncConnection, where: list[ColumnElement[bool]]) -> int:
+    if not await has_vector_table(conn):
+        return 0
+    vectors = table(VECTOR_TABLE, column("episode_id", PG_UUID(as_uuid=True)))
+    joined = vectors.join(Episode, Episode.id == vectors.c.episode_id)
+    return int(
+        (await conn.execute(select(func.count()).select_from(joined).where(*where))).scalar_one()
+    )

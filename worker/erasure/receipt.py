@@ -1,0 +1,89 @@
+"""What a forget says it removed (``ForgetReceipt``: where, how many, what it could not) and
+what it met on the way (``Found``): ``worker.erasure.forget``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+
+@dataclass(slots=True)
+class ForgetReceipt:
+    """What one forget removed, where, and how many; ``errors``: what it could not remove."""
+
+    project_id: str
+    session_id: str | None = None
+    before: datetime | None = None
+    dry_run: bool = False
+    user_id: str | None = None
+    """The user forgotten (``''``: the anonymous bucket); None: no user selector."""
+    erasure_id: str | None = None
+    cutoff: datetime | None = None
+    postgres: dict[str, int] = field(default_factory=dict)
+    redis: dict[str, int] = field(default_factory=dict)
+    streams: dict[str, int] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
+    owed: str | None = None
+    """Where the record of this forget, still owed, is kept (``postgres`` or ``redis``:
+    ``worker.erasure.owed``); None: complete, or not recorded."""
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+    def counts(self) -> dict[str, Any]:
+        return {
+            "postgres": dict(self.postgres),
+            "redis": dict(self.redis),
+            "streams": dict(self.streams),
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "project_id": self.project_id,
+            "session_id": self.session_id,
+            "user_id": self.user_id,
+            "before": self.before.isoformat() if self.before else None,
+            "dry_run": self.dry_run,
+            "erasure_id": self.erasure_id,
+            "cutoff": self.cutoff.isoformat() if self.cutoff else None,
+            **self.counts(),
+            "errors": list(self.errors),
+            "owed": self.owed,
+        }
+
+    def lines(self) -> list[str]:
+        """The receipt as a person reads it: one line per place."""
+        scope = f"project {self.project_id}"
+        if self.user_id is not None:
+            scope += f", user {self.user_id}" if self.user_id else ", the anonymous user"
+        if self.session_id:
+            scope += f", session {self.session_id}"
+        if self.before:
+            scope += f", history before {self.before.isoformat()}"
+        head = "would forget" if self.dry_run else "forgot"
+        out = [f"{head} {scope}" + (f" (erasure {self.erasure_id})" if self.erasure_id else "")]
+        for where, counts in (("postgres", self.postgres), ("redis", self.redis)):
+            for what, n in counts.items():
+                out.append(f"  {where} {what}: {n}")
+        for stream, n in sorted(self.streams.items()):
+            out.append(f"  stream {stream}: {n} entries")
+        if self.owed:
+            out.append(f"  owed (recorded in {self.owed}): a retry finishes it to this scope")
+        return out
+
+
+@dataclass(slots=True)
+class Found:
+    """Sessions of the scope seen anywhere, those marked, and the ids of deleted results and
+    episodes (their dedupe records and announcements go too)."""
+
+    sessions: set[str] = field(default_factory=set)
+    marked: set[str] = field(default_factory=set)
+    result_ids: set[str] = field(default_factory=set)
+    episode_ids: set[str] = field(default_factory=set)
+
+
+def add(counts: dict[str, int], name: str, n: int) -> None:
+    counts[name] = counts.get(name, 0) + n
