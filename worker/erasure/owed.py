@@ -123,8 +123,16 @@ async def load_owed(
             if owed.recorded_at <= limit:
                 found[owed.erasure_id] = owed
     async with engine.connect() as conn:
-        rows = await conn.scalars(
-            select(Erasure).where(Erasure.completed_at.is_(None), Erasure.forgotten_at <= limit)
+        rows = await conn.execute(
+            select(
+                Erasure.id,
+                Erasure.project_id,
+                Erasure.session_id,
+                Erasure.user_id,
+                Erasure.before,
+                Erasure.cutoff,
+                Erasure.forgotten_at,
+            ).where(Erasure.completed_at.is_(None), Erasure.forgotten_at <= limit)
         )
         for row in rows:
             found[str(row.id)] = Owed(
