@@ -43,13 +43,15 @@ async def streams(redis: Redis, prefix: str) -> dict[str, list[str]]:
     out = {}
     async for raw in redis.scan_iter(match=f"{escape_glob(prefix)}:*", _type="stream"):
         name = as_text(raw)
-        out[name] = [as_text(i) for i, _ in await redis.xrange(name)]
+        rows: Any = await redis.xrange(name)
+        out[name] = [as_text(i) for i, _ in rows]
     return out
 
 
 async def forgotten_events(redis: Redis, prefix: str) -> list[dict[str, Any]]:
     events = []
-    for _id, fields in await redis.xrange(episodes_stream(prefix)):
+    rows: Any = await redis.xrange(episodes_stream(prefix))
+    for _id, fields in rows:
         body = orjson.loads(fields[b"data"])
         if body.get("type") == "memory.forgotten":
             events.append(body)
@@ -256,10 +258,10 @@ async def test_forgetting_a_user_or_a_session_removes_its_publishers_keys_all_an
         assert mallory.ok, mallory.errors
         assert await seq_keys() == {f"{PROJECT}/s1", f"{PROJECT}/s1/pub"}
         assert mallory.redis["seq_keys"] == 4
-        session = await forget_everywhere(engine, redis, prefix, PROJECT, session_id="s1", shards=2)
-        assert session.ok, session.errors
+        s1 = await forget_everywhere(engine, redis, prefix, PROJECT, session_id="s1", shards=2)
+        assert s1.ok, s1.errors
         assert await seq_keys() == set()
-        assert session.redis["seq_keys"] == 2
+        assert s1.redis["seq_keys"] == 2
     finally:
         await client.close()
         await engine.dispose()
