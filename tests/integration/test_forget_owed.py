@@ -25,6 +25,7 @@ from tests.integration.test_access import PROJECT as API_PROJECT
 from tests.integration.test_client_and_cli import memworker
 from tests.integration.test_forget import live
 from worker.codec import text as as_text
+from worker.consolidation.consolidator import Consolidator
 from worker.db.engine import create_database_engine
 from worker.erasure.forget import forget_everywhere
 from worker.keys import episodes_stream, erased_key, escape_glob
@@ -175,8 +176,20 @@ async def test_a_forget_whose_postgres_step_fails_half_way_is_owed_and_finished_
 
         # zoe goes on after the failed forget: new data, outside what was asked.
         await memory.remember(Episode(session_id="z-later", user_id="zoe", input="q", output="a"))
-        [done] = await finish_owed(engine, redis, prefix, shards=2, grace_seconds=0)
-        assert done.ok and done.erasure_id == receipt.erasure_id and done.cutoff == cutoff
+        # The consolidator's pass (at its start, then every interval) finishes what has been
+        # owed for over OWED_GRACE_S: here, a forget recorded an hour ago.
+        async with engine.begin() as conn:
+            await conn.execute(text("UPDATE erasures SET forgotten_at = now() - interval '1h'"))
+        consolidator = Consolidator.from_settings(live)
+        try:
+            assert await consolidator.finish_owed_forgets() == 1
+        finally:
+            await consolidator.close()
+        events = await forgotten_events(redis, prefix)
+        assert [(e["event_id"], e["complete"], e["cutoff"]) for e in events] == [
+            (receipt.erasure_id, False, cutoff.isoformat()),
+            (receipt.erasure_id, True, cutoff.isoformat()),
+        ]
         assert await sessions_of(engine, "zoe") == {"z-new", "z-later"}
         assert await sessions_of(engine, "bob") == {"b"}
         [row] = await owed_rows(engine)
