@@ -3,9 +3,10 @@ touched, and the rows it selects (``row_scope``, ``user_key``): ``worker.erasure
 
 A selector is a project, narrowed by a session, a user (``''``: the anonymous bucket, data of
 no user) and a time (``before``: only what occurred before it). Every part is checked first:
-an id that breaks the id rule, a user named twice, a time Postgres and the streams cannot hold
-(before year 1 in UTC, as ``0001-01-01T00:00:00+14:00`` is, or not a time at all) is refused
-with an ``InvalidForgetError`` naming the field, and nothing is touched.
+an id that breaks the id rule (``InvalidIdError``), a user named twice, a time Postgres and the
+streams cannot hold (before year 1 in UTC, as ``0001-01-01T00:00:00+14:00`` is, or not a time
+at all: ``InvalidForgetError``) is refused with a ``ValueError`` naming the field, and nothing
+is touched.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from sqlalchemy import ColumnElement
 
 from worker.db.models import Episode, LifecycleEvent
 from worker.erasure.users import episode_user, event_user
-from worker.ids import InvalidIdError, validate_id
+from worker.ids import validate_id
 
 
 class InvalidForgetError(ValueError):
@@ -61,14 +62,12 @@ class ForgetScope:
         user_id: str | None = None,
         anonymous_user: bool = False,
     ) -> ForgetScope:
-        """The selector, every part checked (``InvalidForgetError`` naming the field)."""
-        try:
-            validate_id(project_id, "project_id")
-            if session_id is not None:
-                validate_id(session_id, "session_id")
-            user = user_key(user_id, anonymous_user)
-        except InvalidIdError as exc:
-            raise InvalidForgetError(str(exc)) from None
+        """The selector, every part checked: an ``InvalidIdError`` or ``InvalidForgetError``
+        (both ``ValueError``) naming the field."""
+        validate_id(project_id, "project_id")  # an InvalidIdError (a ValueError) names it
+        if session_id is not None:
+            validate_id(session_id, "session_id")
+        user = user_key(user_id, anonymous_user)
         return cls(project_id, session_id, user, check_before(before))
 
 

@@ -33,6 +33,7 @@ from worker.episodes.changes import change_event, owe, publish_owed
 from worker.episodes.embedding import Embedder, EmbeddingError, embedder_from_settings
 from worker.episodes.vector_search import VectorSearch
 from worker.erasure.forget import forget_project
+from worker.erasure.scope import check_before
 from worker.ids import validate_id
 from worker.keys import episodes_stream
 from worker.logs import get_logger
@@ -407,7 +408,7 @@ class Memory:
     ) -> int:
         """Forget the user's episodes (of one session, or older than ``before``) everywhere
         memworker keeps them, vectors and stream entries included, through the code
-        ``memworker forget --user`` runs (``worker.erasure.export.forget_project``: an
+        ``memworker forget --user`` runs (``worker.erasure.forget.forget_project``: an
         erasure record keeps every replay from bringing them back); without ``session_id``
         the user's facts and blocks too. ``user_id=None`` is the anonymous bucket. How many
         episodes, facts and blocks went (LoomFlow's count). Raises
@@ -416,6 +417,7 @@ class Memory:
         In a LoomFlow program, the fact extractions its ``AutoExtractMemory`` still runs on
         what this forgets are stopped first (LoomFlow's rule), so none writes a fact back."""
         check_user_id(user_id)
+        before = check_before(before)  # refused before anything is stopped or touched
         extractions = sys.modules.get("loomflow.memory._extractions")
         if extractions is not None:
             await extractions.stop_extractions(
