@@ -432,3 +432,4 @@ async def test_forget_dry_run_export_and_an_incomplete_forget_through_the_cli(
     assert failed.returncode == 1
     [line] = failed.stderr.strip().splitlines()
     assert line.startswith("memworker: error: forget is incomplete: postgres:")
+    assert "it is owed (recorded in redis)" in line  # Postgres could not keep the record

@@ -115,9 +115,11 @@ def forget(
         for line in receipt.lines():
             out.print(line, highlight=False, markup=False)
     if not receipt.ok:
+        owed = f"; it is owed (recorded in {receipt.owed})" if receipt.owed else ""
         fail(
             "forget is incomplete: "
             + "; ".join(receipt.errors)
+            + owed
             + " (run it again: what was removed stays removed)"
         )
 
