@@ -11,7 +11,8 @@
 --                      extractor's mark), a vector's model/dimension/embedding/embedded_at
 --                      (the indexer's upsert), a block's content/pinned_order/updated_at, a
 --                      fact's validity, sources and vector; SELECT and INSERT on erasures
---                      (forget's record; UPDATE of its counts), SELECT on alembic_version.
+--                      (forget's record; UPDATE of its counts and completed_at: an owed
+--                      forget finished), SELECT on alembic_version.
 --                      It cannot CREATE, ALTER, DROP or TRUNCATE anything.
 --
 -- It also creates the `vector` extension (pgvector) in schema memworker when the server has it:
@@ -119,7 +120,7 @@ BEGIN
   IF to_regclass('memworker.erasures') IS NOT NULL THEN
     REVOKE ALL ON memworker.erasures FROM memworker_runtime;
     GRANT SELECT, INSERT ON memworker.erasures TO memworker_runtime;
-    GRANT UPDATE (counts) ON memworker.erasures TO memworker_runtime;
+    GRANT UPDATE (counts, completed_at) ON memworker.erasures TO memworker_runtime;
   END IF;
   IF to_regclass('memworker.alembic_version') IS NOT NULL THEN
     REVOKE ALL ON memworker.alembic_version FROM memworker_runtime;

@@ -278,3 +278,37 @@ async def test_forgetting_a_user_or_a_session_removes_its_publishers_keys_all_an
     finally:
         await client.close()
         await engine.dispose()
+
+
+async def test_an_operator_finishes_an_owed_forget_through_the_cli_to_its_cutoff(
+    redis: Redis, live: Settings
+) -> None:
+    """A whole user's forget (no ``before``) without Postgres: its cutoff is when it ran, and
+    ``memworker forget --finish-owed`` later removes what zoe had then, not what she wrote
+    after."""
+    prefix = live.stream_prefix
+    engine = create_database_engine(live.database_url)
+    unreachable = create_async_engine(f"postgresql+asyncpg://x:y@127.0.0.1:{closed_port()}/x")
+    memory = Memory(PROJECT, settings=live, engine=engine, redis=redis)
+    try:
+        await seed_zoe(memory, datetime.now(UTC))
+        receipt = await forget_everywhere(
+            unreachable, redis, prefix, PROJECT, user_id="zoe", shards=2
+        )
+        assert receipt.owed == "redis" and receipt.cutoff is not None
+        await memory.remember(Episode(session_id="z-later", user_id="zoe", input="q", output="a"))
+
+        mixed = memworker(live, "forget", "-p", PROJECT, "--user", "zoe", "--finish-owed")
+        assert mixed.returncode == 2 and "--finish-owed" in mixed.stderr
+        done = memworker(live, "forget", "-p", PROJECT, "--finish-owed")
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.startswith(f"forgot project {PROJECT}, user zoe")
+        assert await sessions_of(engine, "zoe") == {"z-later"}
+        assert await sessions_of(engine, "bob") == {"b"}
+        assert await redis.hgetall(f"{prefix}:erasure:owed") == {}
+        again = memworker(live, "forget", "-p", PROJECT, "--finish-owed")
+        assert again.stdout.strip() == f"no forget of project {PROJECT} is owed"
+    finally:
+        await memory.close()
+        await unreachable.dispose()
+        await engine.dispose()

@@ -27,6 +27,7 @@ from worker.cli.common import (
     settings_from_env,
     with_redis,
 )
+from worker.erasure.receipt import ForgetReceipt
 
 ProjectOption = Annotated[str, typer.Option("--project", "-p", help="The project.")]
 SessionOption = Annotated[
@@ -77,6 +78,14 @@ def forget(
         bool, typer.Option("--dry-run", help="Print what would be removed; remove nothing.")
     ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the receipt as JSON.")] = False,
+    finish_owed: Annotated[
+        bool,
+        typer.Option(
+            "--finish-owed",
+            help="Instead: finish the project's forgets that are still owed (one that could "
+            "not clear every place), each to exactly the scope and cutoff it recorded.",
+        ),
+    ] = False,
 ) -> None:
     """Forget a project (or one user's data, one session, or its history before a time)
     everywhere memworker keeps it: working memory, Postgres rows and vectors, every stream
@@ -84,36 +93,64 @@ def forget(
     receipt."""
     check_ids(project_id=project, **_narrowing(user, session))
     when = _before(before)
+    if finish_owed and (user or session or when or dry_run):
+        raise typer.BadParameter(
+            "finishes what each owed forget recorded: give only --project",
+            param_hint="--finish-owed",
+        )
     settings = settings_from_env()
     ttl_ms = 1000 * max(settings.tombstone_ttl_seconds, settings.dedupe_ttl_seconds)
 
     async def go(redis: Redis) -> object:
-        from worker.erasure.forget import forget_everywhere
+        from worker.erasure import forget as forgetting
 
         async with database_engine(settings) as engine:
-            return await forget_everywhere(
-                engine,
-                redis,
-                settings.stream_prefix,
-                project,
-                session_id=session,
-                before=when,
-                dry_run=dry_run,
-                marker_ttl_ms=ttl_ms,
-                shards=settings.shards,
-                user_id=user,
-            )
+            if finish_owed:
+                return await forgetting.finish_owed(
+                    engine,
+                    redis,
+                    settings.stream_prefix,
+                    marker_ttl_ms=ttl_ms,
+                    shards=settings.shards,
+                    grace_seconds=0,
+                    project_id=project,
+                )
+            return [
+                await forgetting.forget_everywhere(
+                    engine,
+                    redis,
+                    settings.stream_prefix,
+                    project,
+                    session_id=session,
+                    before=when,
+                    dry_run=dry_run,
+                    marker_ttl_ms=ttl_ms,
+                    shards=settings.shards,
+                    user_id=user,
+                )
+            ]
 
-    from worker.erasure.receipt import ForgetReceipt
+    receipts = run_async(with_redis(settings, go))
+    assert isinstance(receipts, list)
+    for receipt in receipts:
+        assert isinstance(receipt, ForgetReceipt)
+        _print_receipt(receipt, as_json)
+    if finish_owed and not receipts:
+        out.print(f"no forget of project {project} is owed", highlight=False, markup=False)
+    for receipt in receipts:
+        _fail_if_incomplete(receipt)
 
-    receipt = run_async(with_redis(settings, go))
-    assert isinstance(receipt, ForgetReceipt)
+
+def _print_receipt(receipt: ForgetReceipt, as_json: bool) -> None:
     if as_json:
         sys.stdout.write(orjson.dumps(receipt.to_dict(), option=orjson.OPT_INDENT_2).decode())
         sys.stdout.write("\n")
     else:
         for line in receipt.lines():
             out.print(line, highlight=False, markup=False)
+
+
+def _fail_if_incomplete(receipt: ForgetReceipt) -> None:
     if not receipt.ok:
         owed = f"; it is owed (recorded in {receipt.owed})" if receipt.owed else ""
         fail(

@@ -18,8 +18,8 @@ what could not be). In this order, so that nothing forgotten can come back:
    never widens the erasure): the consolidator stores no result of the scope that occurred
    before it (``worker.erasure.postgres``). (Clocks of the worker's hosts are assumed within
    milliseconds of these; a result stamped by a clock running behind is still covered.)
-3. **``P:erased``** (``worker.erasure.erased``) gets the same cutoff, for the replay of commands and
-   the DLQ's redrive.
+3. **``P:erased``** (``worker.erasure.erased``) gets the same cutoff, for the replay of
+   commands and the DLQ's redrive.
 4. **Every stream under the prefix** (commands, results, ``P:episodes``, every DLQ, anything a
    replay published there): each entry that carries the scope and is older than the cutoff is
    acknowledged in every group of its stream and deleted (XACK and XDEL in one MULTI), so no
@@ -27,17 +27,18 @@ what could not be). In this order, so that nothing forgotten can come back:
    (``XRANGE``) skip them, and a deleted entry a consumer still held comes back without fields
    and is only acknowledged. The ``memory.forgotten`` events and the ``forgotten`` rejections
    (ids only) are kept.
-5. Sessions seen only in Postgres or the streams are marked too (as in 1); the project's
-   (session's) ``seq`` counters and its dedupe records of refused commands are deleted.
+5. Sessions seen only in Postgres or the streams are marked too (as in 1); the scope's
+   sessions' ``seq`` counters and ``/pub`` records, all of them and no other session's, and
+   its dedupe records of refused commands are deleted (``worker.erasure.sessions``).
 6. **``memory.forgotten``** on ``P:episodes``: the receipt's counts, no content.
 
 With ``before``, only history older than it goes (rows and stream entries): live sessions and
 their keys are live state, never "older". ``dry_run`` counts and changes nothing.
 
 Every argument is checked before anything is touched (``worker.erasure.scope``): a bad one is
-an ``InvalidForgetError`` naming it. A forget that cannot clear every place is recorded as owed
-(``worker.erasure.owed``) with its exact scope and cutoff, and ``finish_owed`` (a retry, or the
-consolidator's next pass) finishes it to exactly that.
+a ``ValueError`` naming it. A forget that cannot clear every place is recorded as owed
+(``worker.erasure.owed``) with its exact scope and cutoff; the same forget run again settles
+it, and ``finish_owed`` (the consolidator's pass) finishes it to exactly that scope and cutoff.
 
 With ``user_id``, only that user's data in the project (or session) goes
 (``worker.erasure.users``): the user's sessions (live ones by their ``meta``, finished
@@ -255,11 +256,13 @@ async def finish_owed(
     marker_ttl_ms: int = DEFAULT_MARKER_TTL_MS,
     shards: int | None = None,
     grace_seconds: float = OWED_GRACE_S,
+    project_id: str | None = None,
 ) -> list[ForgetReceipt]:
-    """Finish every forget still owed (recorded at least ``grace_seconds`` ago), each to
-    exactly its recorded scope and cutoff: a receipt each (one that fails again stays owed)."""
+    """Finish every forget still owed (recorded at least ``grace_seconds`` ago; of
+    ``project_id`` only, when given), each to exactly its recorded scope and cutoff: a receipt
+    each (one that fails again stays owed)."""
     receipts = []
-    for owed in await load_owed(engine, redis, prefix, grace_seconds):
+    for owed in await load_owed(engine, redis, prefix, grace_seconds, project_id):
         receipts.append(
             await forget_everywhere(
                 engine,

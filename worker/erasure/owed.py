@@ -1,7 +1,8 @@
 """Forgets still owed: a forget that could not clear every place is recorded, with its exact
 scope and cutoff, and finished later to exactly that: by a retry of the same forget (it settles
 the owed one), or by ``worker.erasure.forget.finish_owed``, which the consolidator runs at its
-start and every ``MEMWORKER_RETENTION_INTERVAL_SECONDS``.
+start and every ``MEMWORKER_RETENTION_INTERVAL_SECONDS`` (where its Redis user may forget), and
+``memworker forget --finish-owed`` runs for an operator.
 
 The record is durable: the erasure's row in Postgres (``erasures.completed_at`` null), or,
 when Postgres cannot take it (unreachable), a field of the hash ``P:erasure:owed``
@@ -20,7 +21,7 @@ from typing import Any
 
 import orjson
 from redis.asyncio import Redis
-from sqlalchemy import select
+from sqlalchemy import select, true
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from worker import codec
@@ -112,15 +113,17 @@ async def load_owed(
     redis: Redis | None,
     prefix: str | None,
     grace_seconds: float = OWED_GRACE_S,
+    project_id: str | None = None,
 ) -> list[Owed]:
-    """The owed forgets recorded at least ``grace_seconds`` ago, oldest first."""
+    """The owed forgets recorded at least ``grace_seconds`` ago (of ``project_id`` only, when
+    given), oldest first."""
     limit = datetime.now(UTC) - timedelta(seconds=grace_seconds)
     found: dict[str, Owed] = {}
     if redis is not None and prefix is not None:
         raw: Any = await redis.hgetall(owed_forgets_key(prefix))
         for key, value in raw.items():
             owed = Owed.from_json(codec.text(key), value)
-            if owed.recorded_at <= limit:
+            if owed.recorded_at <= limit and project_id in (None, owed.project_id):
                 found[owed.erasure_id] = owed
     async with engine.connect() as conn:
         rows = await conn.execute(
@@ -132,7 +135,11 @@ async def load_owed(
                 Erasure.before,
                 Erasure.cutoff,
                 Erasure.forgotten_at,
-            ).where(Erasure.completed_at.is_(None), Erasure.forgotten_at <= limit)
+            ).where(
+                Erasure.completed_at.is_(None),
+                Erasure.forgotten_at <= limit,
+                Erasure.project_id == project_id if project_id is not None else true(),
+            )
         )
         for row in rows:
             found[str(row.id)] = Owed(
