@@ -94,6 +94,11 @@ class Settings(BaseSettings):
     """A batch whose replies take longer drops its connection and is retried."""
     seq_gap_timeout_seconds: float = Field(default=60.0, gt=0)
     seq_retry_ms: int = Field(default=200, ge=10)
+    spawn_wait_seconds: float = Field(default=10.0, ge=0)
+    """How long a pause, resume or terminate with a ``seq`` above 1, for a session that does
+    not exist and with no spawn of it in the stream, waits for one to be published (counted
+    from its own publish) before it is answered ``unknown_session``; at most
+    ``seq_gap_timeout_seconds`` (a longer one counts as that)."""
 
     retention_seconds: float = Field(default=600.0, ge=0)
     """Age of the lifecycle/results entries kept for replay once every group is done."""

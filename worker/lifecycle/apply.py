@@ -140,8 +140,8 @@ class CommandApplier:
     def settings_arg(self) -> str:
         """The worker's settings, the first lines of every apply call's context (see
         ``context_arg``): group, default session TTL, dedupe TTL, tombstone TTL (in ms), max
-        checkpoints and whether Redis is under memory pressure (1: delete the command's entry
-        once applied), one per line."""
+        checkpoints, memory pressure (1: delete a command's entry once applied) and the spawn
+        wait (ms, at most the seq-gap window), one per line."""
         cached = self._settings_arg
         if cached is None or cached[0] is not self.settings or cached[1] != self.pressure:
             s = self.settings
@@ -153,6 +153,7 @@ class CommandApplier:
                 max(s.tombstone_ttl_seconds, s.dedupe_ttl_seconds) * 1000,
                 s.max_checkpoints_per_session,
                 1 if self.pressure else 0,
+                int(min(s.spawn_wait_seconds, s.seq_gap_timeout_seconds) * 1000),
             )
             text = "\n".join(str(v) for v in values)
             cached = self._settings_arg = (s, self.pressure, text)
