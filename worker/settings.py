@@ -103,6 +103,11 @@ class Settings(BaseSettings):
     retention_seconds: float = Field(default=600.0, ge=0)
     """Age of the lifecycle/results entries kept for replay once every group is done."""
     retention_interval_seconds: float = Field(default=60.0, gt=0)
+    dlq_max_entries: int = Field(default=100_000, ge=0)
+    """Dead letters kept per DLQ stream at most, the oldest trimmed first (0: no cap); with the
+    other streams, every ``retention_interval_seconds``."""
+    dlq_retention_seconds: float = Field(default=7 * 86_400, ge=0)
+    """Age past which dead letters are trimmed (0: no limit)."""
     admission_reserve: float = Field(default=0.1, ge=0, lt=1)
     """Fraction of ``maxmemory`` kept for applying commands already accepted: past
     maxmemory × (1 − this), ``LifecycleClient`` and ``memworker publish`` are refused (0: off).
