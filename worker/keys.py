@@ -71,6 +71,11 @@ def episodes_dlq(prefix: str) -> str:
     return f"{prefix}:{DLQ}:{EPISODES}"
 
 
+def changes_dlq(prefix: str) -> str:
+    """The change feed's followers' DLQ (``P:dlq:changes``)."""
+    return f"{prefix}:{DLQ}:changes"
+
+
 CHANGES = "changes"
 
 

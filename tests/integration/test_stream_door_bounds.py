@@ -203,3 +203,23 @@ async def test_stats_shows_the_dead_letters_bytes_and_entries(
     table = await asyncio.to_thread(memworker, settings, "stats", "--rate-seconds", "0")
     assert table.returncode == 0, table.stderr
     assert "dead letters: 4 (" in table.stdout
+
+
+async def test_the_consolidator_trims_the_indexers_and_the_change_feeds_dlqs(
+    redis: Redis, settings: Settings, database_url: str
+) -> None:
+    from tests.integration.results_factory import migrated_engine
+    from worker.consolidation.consolidator import Consolidator
+    from worker.keys import changes_dlq, episodes_dlq
+
+    quick = settings.model_copy(update={"dlq_max_entries": 2, "database_url": database_url})
+    dlqs = [episodes_dlq(quick.stream_prefix), changes_dlq(quick.stream_prefix)]
+    for dlq in dlqs:
+        await redis.xadd(dlq, {"data": "{}", "reason": "old"}, id="1000-0")  # past 7 days
+        for n in range(4):
+            await redis.xadd(dlq, {"data": "{}", "reason": f"r{n}"})
+    async with migrated_engine(database_url) as engine:
+        assert await Consolidator(quick, redis, engine).trim_once() >= 6
+    for dlq in dlqs:
+        rows: Any = await redis.xrange(dlq)
+        assert [f[b"reason"] for _i, f in rows] == [b"r2", b"r3"]
