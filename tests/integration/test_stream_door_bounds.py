@@ -223,3 +223,15 @@ async def test_the_consolidator_trims_the_indexers_and_the_change_feeds_dlqs(
     for dlq in dlqs:
         rows: Any = await redis.xrange(dlq)
         assert [f[b"reason"] for _i, f in rows] == [b"r2", b"r3"]
+
+
+async def test_the_client_refuses_a_traceparent_over_the_bound_and_publishes_nothing(
+    redis: Redis, settings: Settings
+) -> None:
+    from worker.client import LifecycleClient
+
+    client = LifecycleClient(redis, settings)
+    spawn = command("spawn", "traced", session="s1")
+    with pytest.raises(ValueError, match="traceparent is 600 bytes"):
+        await client.publish(spawn, traceparent="0" * 600)
+    assert int(await redis.xlen(StreamKeys(settings.stream_prefix, 0).lifecycle)) == 0
