@@ -11,6 +11,7 @@ from typing import Any
 
 import orjson
 import pytest
+from prometheus_client import REGISTRY
 from redis.asyncio import Redis
 
 from schemas.commands import MAX_SESSION_TTL_SECONDS, MAX_TRACEPARENT_BYTES
@@ -194,8 +195,11 @@ async def test_stats_shows_the_dead_letters_bytes_and_entries(
 ) -> None:
     for n in range(4):
         await xadd(redis, settings, {"data": f"junk {n}".encode()})
-    async with running_worker(settings):
+    async with running_worker(settings) as worker:
         await stream_len_at_least(redis, StreamKeys(settings.stream_prefix, 0).dlq, 4)
+        await worker.probe_lag()  # the capacity gauges
+    assert REGISTRY.get_sample_value("memworker_redis_dead_letters") == 4
+    assert (REGISTRY.get_sample_value("memworker_redis_dead_letter_bytes") or 0) > 0
     capacity = await measure_capacity(redis, settings, rate_seconds=0)
     assert capacity.dead_letter_entries == 4
     used = int(await redis.memory_usage(StreamKeys(settings.stream_prefix, 0).dlq) or 0)

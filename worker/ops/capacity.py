@@ -382,6 +382,8 @@ def publish_gauges(capacity: Capacity) -> None:
     ):
         if value is not None:
             gauge.set(value)
+    metrics.DEAD_LETTERS_KEPT.set(capacity.dead_letter_entries)
+    metrics.DEAD_LETTER_BYTES.set(capacity.dead_letter_bytes)
     for stream in capacity.streams:
         if stream.bytes_per_entry is not None:
             metrics.BYTES_PER_STREAM_ENTRY.labels(stream.stream).set(stream.bytes_per_entry)
