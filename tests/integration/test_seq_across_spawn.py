@@ -9,6 +9,7 @@ commands.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from typing import Any
 
@@ -59,15 +60,18 @@ async def _every_dead_letter(redis: Redis, settings: Settings) -> list[dict[str,
     return out
 
 
+@pytest.mark.parametrize("workers", [1, 2])
 async def test_commands_published_ahead_of_their_spawn_apply_once_in_seq_order(
-    redis: Redis, quick: Settings
+    redis: Redis, quick: Settings, workers: int
 ) -> None:
     """300 sessions on 4 shards, each published terminate (4), pause (2), spawn (1), resume (3)
-    while the worker reads: the pause is often read before its spawn is published. Every one of
-    the 1,200 commands applies exactly once, in seq order; none is rejected unknown_session and
-    none is dead-lettered seq_gap."""
+    while the worker (or two, sharing the group) reads: the pause is often read before its spawn
+    is published. Every one of the 1,200 commands applies exactly once, in seq order; none is
+    rejected unknown_session and none is dead-lettered seq_gap."""
     sessions = [_session_commands(n) for n in range(SESSIONS)]
-    async with running_worker(quick):
+    async with contextlib.AsyncExitStack() as running:
+        for n in range(workers):
+            await running.enter_async_context(running_worker(quick, consumer=f"w{n}"))
         # In waves, so the worker reads each wave's terminate and pause before its spawn and
         # resume are published (the race the orchestrator hit, every time).
         for start in range(0, SESSIONS, 50):
