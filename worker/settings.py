@@ -13,6 +13,7 @@ from typing import Literal
 from pydantic import AliasChoices, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from schemas.commands import MAX_SESSION_TTL_SECONDS
 from schemas.ids import Id
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -61,7 +62,8 @@ class Settings(BaseSettings):
     shards: int = Field(default=1, ge=1, le=1024)
 
     # Working memory.
-    session_ttl_seconds: int = Field(default=86_400, ge=1)
+    session_ttl_seconds: int = Field(default=86_400, ge=1, le=MAX_SESSION_TTL_SECONDS)
+    """A spawn's idle expiry when it names no ``ttl_seconds``; at most the spawn's maximum."""
     default_key_ttl_seconds: int | None = Field(default=None, ge=1)
     max_keys_per_session: int = Field(default=10_000, ge=1)
     max_value_bytes: int = Field(default=1_048_576, ge=1)
