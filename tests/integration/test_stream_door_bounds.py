@@ -25,7 +25,7 @@ from tests.helpers import (
     wait_until,
 )
 from tests.integration.test_client_and_cli import memworker
-from worker.consumers.dead_letters import EXCERPT_BYTES
+from worker.consumers.dead_letters import EXCERPT_BYTES, redrive
 from worker.keys import SessionKeys, StreamKeys
 from worker.ops.capacity import measure_capacity
 from worker.settings import Settings
@@ -58,6 +58,10 @@ async def test_ten_megabytes_of_garbage_become_a_bounded_dead_letter(
     used = int(await redis.memory_usage(streams.dlq) or 0)
     assert used < 8 * EXCERPT_BYTES, f"the DLQ holds {used} bytes for one dead letter"
     assert [r["causation_id"] for r in await results(redis, settings)] == ["after-garbage"]
+    # Its excerpt is no entry to publish again: a redrive leaves it where it is.
+    assert await redrive(redis, streams.dlq) == 0
+    assert int(await redis.xlen(streams.dlq)) == 1
+    assert int(await redis.xlen(streams.lifecycle)) == 2
 
 
 async def test_an_entry_within_the_bound_is_dead_lettered_whole(
