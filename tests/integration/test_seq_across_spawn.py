@@ -157,3 +157,31 @@ async def test_a_rejection_before_the_spawn_does_not_strand_the_later_commands(
         (4, "agent.terminated", None),
     ]
     assert await _every_dead_letter(redis, quick) == []
+
+
+@pytest.mark.parametrize("order", [(1, 2, 3), (1, 3, 2)])
+async def test_a_command_for_an_earlier_life_does_not_strand_the_session_at_its_seq(
+    redis: Redis, quick: Settings, order: tuple[int, ...]
+) -> None:
+    """A command of an earlier life of the session id took seq 2 from the shared counter: it is
+    rejected stale_session, and the terminate at seq 3 still applies, whichever comes first."""
+    bodies = {
+        1: command("spawn", "life2-1", session="reused", seq=1),
+        2: command("pause", "life1-late", session="reused", seq=2, spawn_event_id="life1-spawn"),
+        3: command("terminate", "life2-3", session="reused", seq=3),
+    }
+    async with running_worker(quick):
+        for seq in order:
+            await publish(redis, quick, bodies[seq])
+
+        async def answered() -> bool:
+            return len(await all_results(redis, quick)) >= 3
+
+        await wait_until(answered, timeout=quick.seq_gap_timeout_seconds)
+    out = {r["seq"]: (r["type"], r.get("reason")) for r in await all_results(redis, quick)}
+    assert out == {
+        1: ("agent.spawned", None),
+        2: ("command.rejected", "stale_session"),
+        3: ("agent.terminated", None),
+    }
+    assert await _every_dead_letter(redis, quick) == []

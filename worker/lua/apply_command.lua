@@ -48,10 +48,10 @@ local PACKED = '@'
 local PACKED_MAX = 64
 
 -- The field of a meta hash listing the seqs of commands answered while the session did not
--- exist (rejected unknown_session, or refused before this function), ',2,5,': a spawn that
--- comes later starts the session below them, and its commands after them skip them rather
--- than wait for seqs that were used up (a rejection never strands a session's later
--- commands). Written and read only on those rare paths (never by a command in order); kept to
+-- exist (rejected unknown_session, or refused before this function), or answered ahead of
+-- their turn (rejected stale_session), ',2,5,': a spawn that comes later starts the session
+-- below them, and its commands after them skip them rather than wait for seqs that were used
+-- up (a rejection never strands a session's later commands). Written and read only on those rare paths (never by a command in order); kept to
 -- the last ANSWERED_MAX bytes.
 local ANSWERED = 'answered_seqs'
 local ANSWERED_MAX = 256
@@ -537,6 +537,12 @@ local function apply_one()
   -- A command for an earlier life of a reused session id (retried, replayed, or published
   -- before the id was spawned again) never touches the new one.
   if life ~= '' and state and op ~= 'spawn' and meta[life_at] and meta[life_at] ~= life then
+    -- Its seq is used up all the same (one counter across a session id's lives): at the next
+    -- expected one it advances it, ahead of it it is skipped (see ANSWERED).
+    if seq then
+      local last_seq = tonumber(meta[2]) or 0
+      if seq == last_seq + 1 then advance_seq() elseif seq > last_seq + 1 then note_answered() end
+    end
     return reject('stale_session', 'this command is for an earlier life of the session id (its '
       .. 'spawn_event_id names another spawn than the one that started the session now); '
       .. 'nothing was applied')
