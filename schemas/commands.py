@@ -19,6 +19,24 @@ from pydantic import (
 from schemas.ids import Id
 from schemas.limits import MAX_CORRELATION_ID_CHARS, MAX_TASK_DESCRIPTION_CHARS
 
+# -- Bounds at the stream door (docs/contract.md "Commands": each field's bound) -------------
+# Every field of a command, and of the stream entry that carries it, has one; a command over
+# one is rejected (``invalid_event`` naming the field, or ``limit_exceeded``), never stored.
+
+MAX_SAFE_INT = 2**53 - 1
+"""The largest ``seq``, ``tokens_used`` and ``schema_version``: the largest integer a double
+holds exactly (Lua in Redis, JavaScript), within Postgres' bigint."""
+MAX_SESSION_TTL_SECONDS = 30 * 86_400
+"""A spawn's ``ttl_seconds`` at most (30 days of idleness; a paused session never expires)."""
+MAX_LESSONS = 100
+"""Entries of a terminate's ``lessons_learned`` at most, each of at most
+``MAX_TASK_DESCRIPTION_CHARS`` characters."""
+MAX_TRACEPARENT_BYTES = 512
+"""A stream entry's ``traceparent`` field at most (a W3C traceparent is 55 bytes)."""
+MAX_ENVELOPE_EXTRA_BYTES = 4_096
+"""What a stream entry may carry besides its command's JSON (``MEMWORKER_MAX_EVENT_BYTES``):
+field names, ``traceparent``, FastStream's envelope headers, fields the worker ignores."""
+
 Outcome = Literal["success", "failure", "partial", "abandoned"]
 CommandType = Literal["spawn", "pause", "resume", "terminate"]
 COMMAND_TYPES: tuple[str, ...] = ("spawn", "pause", "resume", "terminate")
@@ -38,7 +56,7 @@ class CommandBase(BaseModel):
     session_id: Id
     agent_instance_id: Id
     agent_type_id: Id | None = None
-    seq: Annotated[StrictInt, Field(ge=1)] | None = Field(
+    seq: Annotated[StrictInt, Field(ge=1, le=MAX_SAFE_INT)] | None = Field(
         default=None,
         description="Per-session order; 1 for the spawn of a new session id (a spawn starts "
         "a session at its seq).",
@@ -53,7 +71,7 @@ class CommandBase(BaseModel):
     correlation_id: Annotated[str, Field(max_length=MAX_CORRELATION_ID_CHARS)] | None = None
     occurred_at: datetime | None = None
     metadata: dict[str, Any] | None = None
-    schema_version: StrictInt = 1
+    schema_version: Annotated[StrictInt, Field(ge=-MAX_SAFE_INT, le=MAX_SAFE_INT)] = 1
 
 
 class SpawnCommand(CommandBase):
@@ -66,8 +84,9 @@ class SpawnCommand(CommandBase):
         "(EpisodeStore.recall(user_id=...)), and every result of the session carries it.",
     )
     initial_state: dict[str, Any] = Field(default_factory=dict)
-    ttl_seconds: Annotated[StrictInt, Field(ge=1)] | None = Field(
-        default=None, description="Idle expiry of the session's working memory."
+    ttl_seconds: Annotated[StrictInt, Field(ge=1, le=MAX_SESSION_TTL_SECONDS)] | None = Field(
+        default=None,
+        description="Idle expiry of the session's working memory (at most 30 days).",
     )
 
     @field_validator("initial_state")
@@ -105,8 +124,11 @@ class TerminateCommand(CommandBase):
     type: Literal["terminate"] = "terminate"
     outcome: Outcome = "success"
     task_description: Annotated[str, Field(max_length=MAX_TASK_DESCRIPTION_CHARS)] | None = None
-    lessons_learned: list[str] = Field(default_factory=list)
-    tokens_used: Annotated[StrictInt, Field(ge=0)] | None = None
+    lessons_learned: Annotated[
+        list[Annotated[str, Field(max_length=MAX_TASK_DESCRIPTION_CHARS)]],
+        Field(max_length=MAX_LESSONS),
+    ] = Field(default_factory=list)
+    tokens_used: Annotated[StrictInt, Field(ge=0, le=MAX_SAFE_INT)] | None = None
     importance: Annotated[float, Field(ge=0, le=1)] = 0.6
     consolidate: StrictBool = True
     cleanup: StrictBool = True

@@ -66,6 +66,16 @@ def episodes_stream(prefix: str) -> str:
     return f"{prefix}:{EPISODES}"
 
 
+def episodes_dlq(prefix: str) -> str:
+    """The indexer's DLQ (``P:dlq:episodes``: ``P:episodes`` is not sharded)."""
+    return f"{prefix}:{DLQ}:{EPISODES}"
+
+
+def changes_dlq(prefix: str) -> str:
+    """The change feed's followers' DLQ (``P:dlq:changes``)."""
+    return f"{prefix}:{DLQ}:changes"
+
+
 CHANGES = "changes"
 
 

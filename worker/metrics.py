@@ -171,6 +171,15 @@ BYTES_PER_STREAM_ENTRY = Gauge(
     "MEMORY USAGE of a stream divided by its length.",
     ["stream"],
 )
+DEAD_LETTERS_KEPT = Gauge(
+    "memworker_redis_dead_letters",
+    "Dead letters in every DLQ (each shard's, the indexer's, the change feed's), kept at most "
+    "MEMWORKER_DLQ_MAX_ENTRIES each and MEMWORKER_DLQ_RETENTION_SECONDS.",
+)
+DEAD_LETTER_BYTES = Gauge(
+    "memworker_redis_dead_letter_bytes",
+    "MEMORY USAGE of every DLQ stream together.",
+)
 SECONDS_UNTIL_FULL = Gauge(
     "memworker_redis_seconds_until_full",
     "Seconds until used_memory reaches maxmemory at the current command rate; +Inf when it "

@@ -13,6 +13,7 @@ from typing import Literal
 from pydantic import AliasChoices, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from schemas.commands import MAX_SESSION_TTL_SECONDS
 from schemas.ids import Id
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -61,7 +62,8 @@ class Settings(BaseSettings):
     shards: int = Field(default=1, ge=1, le=1024)
 
     # Working memory.
-    session_ttl_seconds: int = Field(default=86_400, ge=1)
+    session_ttl_seconds: int = Field(default=86_400, ge=1, le=MAX_SESSION_TTL_SECONDS)
+    """A spawn's idle expiry when it names no ``ttl_seconds``; at most the spawn's maximum."""
     default_key_ttl_seconds: int | None = Field(default=None, ge=1)
     max_keys_per_session: int = Field(default=10_000, ge=1)
     max_value_bytes: int = Field(default=1_048_576, ge=1)
@@ -94,10 +96,20 @@ class Settings(BaseSettings):
     """A batch whose replies take longer drops its connection and is retried."""
     seq_gap_timeout_seconds: float = Field(default=60.0, gt=0)
     seq_retry_ms: int = Field(default=200, ge=10)
+    spawn_wait_seconds: float = Field(default=10.0, ge=0)
+    """How long a pause, resume or terminate with a ``seq`` above 1, for a session that does
+    not exist and with no spawn of it in the stream, waits for one to be published (counted
+    from its own publish) before it is answered ``unknown_session``; at most
+    ``seq_gap_timeout_seconds`` (a longer one counts as that)."""
 
     retention_seconds: float = Field(default=600.0, ge=0)
     """Age of the lifecycle/results entries kept for replay once every group is done."""
     retention_interval_seconds: float = Field(default=60.0, gt=0)
+    dlq_max_entries: int = Field(default=100_000, ge=0)
+    """Dead letters kept per DLQ stream at most, the oldest trimmed first (0: no cap); with the
+    other streams, every ``retention_interval_seconds``."""
+    dlq_retention_seconds: float = Field(default=7 * 86_400, ge=0)
+    """Age past which dead letters are trimmed (0: no limit)."""
     admission_reserve: float = Field(default=0.1, ge=0, lt=1)
     """Fraction of ``maxmemory`` kept for applying commands already accepted: past
     maxmemory × (1 − this), ``LifecycleClient`` and ``memworker publish`` are refused (0: off).

@@ -642,14 +642,15 @@ async def test_a_server_that_lost_the_apply_function_gets_it_back_and_applies_no
         server.stop()
 
 
-async def test_a_command_ahead_for_a_session_never_spawned_is_answered_at_once(
+async def test_a_command_ahead_for_a_session_never_spawned_is_answered_within_the_spawn_wait(
     redis: Redis, settings: Settings
 ) -> None:
-    # Nothing will ever fill the gap: no spawn of p1/ghost is in the stream. Answered now,
-    # not dead-lettered seq_gap after MEMWORKER_SEQ_GAP_TIMEOUT_SECONDS (60 s here).
+    # Nothing will ever fill the gap: no spawn of p1/ghost is in the stream. Answered once the
+    # spawn wait (0.5 s here) is over, not dead-lettered seq_gap after
+    # MEMWORKER_SEQ_GAP_TIMEOUT_SECONDS (60 s here).
     out = await run_commands(
         redis,
-        settings,
+        settings.model_copy(update={"spawn_wait_seconds": 0.5, "seq_retry_ms": 20}),
         [command("pause", "gh2", session="ghost", seq=2), command("terminate", "gh3", seq=3)],
         expect_results=2,
     )

@@ -99,7 +99,9 @@ def dlq_redrive(
     entry_ids: Annotated[list[str] | None, typer.Argument(help="Ids (default: all).")] = None,
     shard: ShardOption = None,
 ) -> None:
-    """Publish dead letters back to their source stream and remove them from the DLQ."""
+    """Publish dead letters back to their source stream and remove them from the DLQ.
+
+    A truncated one (an excerpt of an entry over the stream door's bound) stays: purge it."""
     settings = settings_from_env()
     streams = _dlq_streams(settings, shard)
 

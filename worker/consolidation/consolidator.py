@@ -60,7 +60,7 @@ from worker.consumers.loop import (
     StorageUnavailableError,
     StreamEntry,
 )
-from worker.consumers.retention import trim_stream
+from worker.consumers.retention import trim_dead_letters, trim_stream
 from worker.consumers.service import GroupService
 from worker.db.batch import insert_batch
 from worker.db.engine import create_database_engine
@@ -70,7 +70,14 @@ from worker.episodes.announcements import Announcement, Announcer
 from worker.episodes.changes import publish_owed
 from worker.erasure.erased import record_erased
 from worker.erasure.forget import finish_owed
-from worker.keys import CONSOLIDATION_GROUP, StreamKeys, all_changes_streams, episodes_stream
+from worker.keys import (
+    CONSOLIDATION_GROUP,
+    StreamKeys,
+    all_changes_streams,
+    changes_dlq,
+    episodes_dlq,
+    episodes_stream,
+)
 from worker.logs import get_logger
 from worker.metrics import (
     CONSOLIDATION_SECONDS,
@@ -184,11 +191,17 @@ class Consolidator(GroupService):
         """Trim ``P:episodes`` (which this consolidator writes) and the change feed
         (``P:changes:{i}``) below what every group reading them has acknowledged, keeping
         ``keep_seconds`` of them (default: the retention setting, as for the lifecycle and
-        results streams); how many entries were removed."""
-        keep = self.settings.retention_seconds if keep_seconds is None else keep_seconds
+        results streams), and the indexer's and the change feed's DLQs to ``dlq_max_entries``
+        and ``dlq_retention_seconds``; how many entries were removed."""
+        settings = self.settings
+        keep = settings.retention_seconds if keep_seconds is None else keep_seconds
         removed = await trim_stream(self.redis, self.announcer.stream, keep)
-        for stream in all_changes_streams(self.settings.stream_prefix, self.settings.shards):
+        for stream in all_changes_streams(settings.stream_prefix, settings.shards):
             removed += await trim_stream(self.redis, stream, keep)
+        for dlq in (episodes_dlq(settings.stream_prefix), changes_dlq(settings.stream_prefix)):
+            removed += await trim_dead_letters(
+                self.redis, dlq, settings.dlq_max_entries, settings.dlq_retention_seconds
+            )
         return removed
 
     async def lessons_once(self, batch: int = 500) -> int:

@@ -19,6 +19,11 @@ from worker.codec import text
 from worker.consumers.entries import StreamEntry
 from worker.metrics import DEAD_LETTERS
 
+EXCERPT_BYTES = 4_096
+"""What a dead letter keeps of an entry too large to keep whole: the first bytes of its first
+fields (names included), this many in all."""
+EXCERPT_FIELDS = 16
+
 
 class ErasureCheck(Protocol):
     """What a redrive asks of the erasure record (``worker.erasure.erased.ErasedIndex``)."""
@@ -32,6 +37,26 @@ def entry_fields_json(fields: Mapping[Any, Any]) -> str:
     return orjson.dumps({text(k): text(v) for k, v in items}).decode()
 
 
+def entry_size(fields: Mapping[Any, Any]) -> int:
+    """An entry's size: its field names and values, in bytes (characters, for text)."""
+    return sum(len(k) + len(v) for k, v in fields.items())
+
+
+def entry_excerpt_json(fields: Mapping[Any, Any]) -> str:
+    """The first ``EXCERPT_BYTES`` of an entry's first ``EXCERPT_FIELDS`` fields, as
+    ``entry_fields_json`` shows a whole one."""
+    out: dict[str, str] = {}
+    room = EXCERPT_BYTES
+    for name, value in list(fields.items())[:EXCERPT_FIELDS]:
+        if room <= 0:
+            break
+        name = name[: min(room, 128)]
+        room -= len(name)
+        out[text(name)] = text(value[: max(room, 0)])
+        room -= len(value)
+    return orjson.dumps(out).decode()
+
+
 def dead_letter(
     *,
     fields: Mapping[Any, Any],
@@ -41,10 +66,17 @@ def dead_letter(
     reason: str,
     error: str,
     deliveries: int,
+    keep_bytes: int | None = None,
 ) -> dict[str, str]:
-    """The fields of a DLQ entry, all strings as a stream entry needs."""
+    """The fields of a DLQ entry, all strings as a stream entry needs. An entry over
+    ``keep_bytes`` (the stream door's bound: ``worker.lifecycle.apply``) is kept as an excerpt
+    (``entry_excerpt_json``), ``truncated`` true; ``original_bytes`` is its whole size."""
+    size = entry_size(fields)
+    truncated = keep_bytes is not None and size > keep_bytes
     return {
-        "data": entry_fields_json(fields),
+        "data": entry_excerpt_json(fields) if truncated else entry_fields_json(fields),
+        "original_bytes": str(size),
+        "truncated": "true" if truncated else "false",
         "source_stream": source_stream,
         "source_id": source_id,
         "group": group,
@@ -134,7 +166,8 @@ async def redrive(
     Each entry is re-added and deleted in one MULTI/EXEC, so a redrive is never lost or
     doubled. Without ``entry_ids`` every dead letter of the stream is redriven. A dead letter
     a ``memworker forget`` covered (``erased``, ``worker.erasure.erased``) is dropped, never
-    republished.
+    republished. A truncated one (an excerpt of an entry over the bound: ``dead_letter``) is
+    left in place: its entry is not kept whole, and it would be refused again.
     """
     rows: Any
     if entry_ids is None:
@@ -147,6 +180,8 @@ async def redrive(
     for entry_id, fields in rows:
         if erased is not None and erased.covers_entry(entry_id, fields):
             await redis.xdel(stream, entry_id)
+            continue
+        if fields.get(b"truncated") == b"true":
             continue
         original = orjson.loads(fields[b"data"])
         source = fields[b"source_stream"].decode()

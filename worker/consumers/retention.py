@@ -3,7 +3,8 @@
 A blind ``MAXLEN`` can delete entries a group has not read or not acknowledged. Here a stream
 is trimmed with ``MINID`` at the lowest of: each group's oldest pending entry, each group's
 last-delivered id (+1), and now minus the retention period (kept for replay). A stream that no
-group reads is trimmed by age only.
+group reads is trimmed by age only. A DLQ, which no group reads, is trimmed by age and length
+(``trim_dead_letters``).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any
 
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
-from redis.exceptions import ResponseError
+from redis.exceptions import NoPermissionError, ResponseError
 
 
 def _parse(entry_id: bytes | str) -> tuple[int, int]:
@@ -41,6 +42,25 @@ async def safe_trim_id(redis: Redis | RedisCluster, stream: str, keep_seconds: f
     if bound <= (0, 0):
         return None
     return f"{bound[0]}-{bound[1]}"
+
+
+async def trim_dead_letters(
+    redis: Redis | RedisCluster, stream: str, max_entries: int, keep_seconds: float
+) -> int:
+    """Trim a DLQ stream to dead letters younger than ``keep_seconds`` and to its newest
+    ``max_entries`` (0: either not at all); returns how many were removed. A user its ACL
+    does not let trim the stream (``NOPERM``) leaves it, as ``safe_trim_id`` leaves a stream it
+    may not inspect."""
+    removed = 0
+    try:
+        if keep_seconds > 0:
+            min_id = f"{int(time.time() * 1000 - keep_seconds * 1000)}-0"
+            removed += int(await redis.xtrim(stream, minid=min_id, approximate=False))
+        if max_entries > 0:
+            removed += int(await redis.xtrim(stream, maxlen=max_entries, approximate=False))
+    except NoPermissionError:
+        return removed
+    return removed
 
 
 async def trim_stream(redis: Redis | RedisCluster, stream: str, keep_seconds: float) -> int:

@@ -66,7 +66,7 @@ from worker.episodes.vectorising import (
     texts_of,
     unindexed,
 )
-from worker.keys import all_changes_streams, episodes_stream
+from worker.keys import all_changes_streams, episodes_dlq, episodes_stream
 from worker.logs import get_logger
 from worker.metrics import EPISODES_INDEXED, INDEX_SECONDS
 from worker.settings import Settings
@@ -77,7 +77,7 @@ INDEXER_GROUP = "indexer"
 
 
 def indexer_dlq(prefix: str) -> str:
-    return f"{prefix}:dlq:episodes"
+    return episodes_dlq(prefix)
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,6 +20,7 @@ from redis.exceptions import ResponseError
 
 from schemas.commands import (
     COMMAND_TYPES,
+    MAX_ENVELOPE_EXTRA_BYTES,
     PauseCommand,
     ResumeCommand,
     SpawnCommand,
@@ -27,10 +28,9 @@ from schemas.commands import (
 )
 from worker.connections import AnyRedis, shard_urls
 from worker.consumers.dead_letters import dead_letter
-from worker.ids import is_valid_id
 from worker.keys import LIFECYCLE_GROUP, SessionKeys, StreamKeys, shard_of
 from worker.lifecycle.channel import ScriptChannel
-from worker.lifecycle.intake import Accepted, Refused, Unusable, fits_in_result, parse_entry
+from worker.lifecycle.intake import Accepted, Refused, Unusable, copied_fields, parse_entry
 from worker.lifecycle.result_ids import (
     default_checkpoint_id,
     life_of,
@@ -85,22 +85,6 @@ class Outcome:
     event_id: str | None = None
 
 
-def _copied(raw: Mapping[str, Any], *, keep_metadata: bool) -> dict[str, Any]:
-    """Fields a rejection copies from a command that failed validation, where usable."""
-    out: dict[str, Any] = {}
-    for name in ("project_id", "session_id", "agent_instance_id", "agent_type_id"):
-        value = raw.get(name)
-        out[name] = value if is_valid_id(value) else None
-    seq = raw.get("seq")
-    out["seq"] = seq if isinstance(seq, int) and not isinstance(seq, bool) and seq >= 1 else None
-    corr = raw.get("correlation_id")
-    out["correlation_id"] = corr if isinstance(corr, str) and len(corr) <= 128 else None
-    meta = raw.get("metadata")
-    usable = keep_metadata and isinstance(meta, dict) and fits_in_result(meta)
-    out["metadata"] = meta if usable else None
-    return out
-
-
 def _prefix(
     result_id: str,
     event_id: str,
@@ -140,8 +124,8 @@ class CommandApplier:
     def settings_arg(self) -> str:
         """The worker's settings, the first lines of every apply call's context (see
         ``context_arg``): group, default session TTL, dedupe TTL, tombstone TTL (in ms), max
-        checkpoints and whether Redis is under memory pressure (1: delete the command's entry
-        once applied), one per line."""
+        checkpoints, memory pressure (1: delete a command's entry once applied) and the spawn
+        wait (ms, at most the seq-gap window), one per line."""
         cached = self._settings_arg
         if cached is None or cached[0] is not self.settings or cached[1] != self.pressure:
             s = self.settings
@@ -153,6 +137,7 @@ class CommandApplier:
                 max(s.tombstone_ttl_seconds, s.dedupe_ttl_seconds) * 1000,
                 s.max_checkpoints_per_session,
                 1 if self.pressure else 0,
+                int(min(s.spawn_wait_seconds, s.seq_gap_timeout_seconds) * 1000),
             )
             text = "\n".join(str(v) for v in values)
             cached = self._settings_arg = (s, self.pressure, text)
@@ -217,6 +202,23 @@ class CommandApplier:
     ) -> str:
         """Move one entry to the DLQ now, acknowledging it at its source."""
         streams = StreamKeys(self.settings.stream_prefix, shard)
+        args = self.letter_args(streams, entry_id, fields, reason, error, deliveries)
+        result = await DEAD_LETTER(self.redis, [streams.dlq, streams.lifecycle], args)
+        if result is None:  # no longer pending: someone else handled it
+            return ""
+        return result.decode() if isinstance(result, bytes) else str(result)
+
+    def letter_args(
+        self,
+        streams: StreamKeys,
+        entry_id: str,
+        fields: Mapping[bytes, bytes],
+        reason: str,
+        error: str,
+        deliveries: int,
+    ) -> list[str | bytes | int]:
+        """The dead-letter script's arguments for one entry: an entry over what the stream
+        door accepts is kept as an excerpt (``worker.consumers.dead_letters.dead_letter``)."""
         letter = dead_letter(
             fields=fields,
             source_stream=streams.lifecycle,
@@ -225,14 +227,12 @@ class CommandApplier:
             reason=reason,
             error=error,
             deliveries=deliveries,
+            keep_bytes=self.settings.max_event_bytes + MAX_ENVELOPE_EXTRA_BYTES,
         )
-        args: list[str] = [self.group, entry_id]
+        args: list[str | bytes | int] = [self.group, entry_id]
         for k, v in letter.items():
             args += [k, v]
-        result = await DEAD_LETTER(self.redis, [streams.dlq, streams.lifecycle], args)
-        if result is None:  # no longer pending: someone else handled it
-            return ""
-        return result.decode() if isinstance(result, bytes) else str(result)
+        return args
 
     def plan(
         self,
@@ -277,18 +277,9 @@ class CommandApplier:
             if isinstance(intake, Unusable):
                 plan.outcomes.append(Outcome(entry_id, "dead", intake.error, reason="unparseable"))
                 if dead_letters:
-                    letter = dead_letter(
-                        fields=fields,
-                        source_stream=streams.lifecycle,
-                        source_id=entry_id,
-                        group=self.group,
-                        reason="unparseable",
-                        error=intake.error,
-                        deliveries=1,
+                    args = self.letter_args(
+                        streams, entry_id, fields, "unparseable", intake.error, 1
                     )
-                    args: list[str | bytes | int] = [self.group, entry_id]
-                    for k, v in letter.items():
-                        args += [k, v]
                     plan.slots.append((len(plan.commands), -1))
                     plan.commands.append(
                         DEAD_LETTER.command([streams.dlq, streams.lifecycle], args)
@@ -418,7 +409,7 @@ class CommandApplier:
         else:
             raw = intake.raw
             event_id = intake.event_id
-            copied = _copied(raw, keep_metadata=intake.reason != "limit_exceeded")
+            copied = copied_fields(raw, keep_metadata=intake.reason != "limit_exceeded")
             project_id = copied["project_id"]
             session_id = copied["session_id"]
             kind = raw.get("type")

@@ -17,7 +17,7 @@ import orjson
 from redis.asyncio import Redis
 from redis.exceptions import NoPermissionError, ResponseError
 
-from schemas.commands import COMMAND_TYPES
+from schemas.commands import COMMAND_TYPES, MAX_TRACEPARENT_BYTES
 from schemas.results import RESULT_ADAPTER, Result
 from schemas.streams import EpisodeRecorded
 from worker.codec import json_bytes
@@ -102,6 +102,11 @@ class LifecycleClient:
         session_id = validate_id(body.get("session_id", ""), "session_id")
         event_id = body.setdefault("event_id", str(uuid.uuid4()))
         validate_id(event_id, "event_id")
+        if traceparent is not None and len(traceparent.encode()) > MAX_TRACEPARENT_BYTES:
+            raise ValueError(
+                f"traceparent is {len(traceparent.encode())} bytes, over the limit of "
+                f"{MAX_TRACEPARENT_BYTES}"
+            )
         life = (project_id, session_id)
         if kind == "spawn":  # known again once wait() sees it applied (it may be rejected)
             self._lives.pop(life, None)

@@ -14,7 +14,15 @@ from typing import Any
 import orjson
 from pydantic import ValidationError
 
-from schemas.commands import COMMAND_ADAPTER, COMMAND_TYPES, Command, SpawnCommand
+from schemas.commands import (
+    COMMAND_ADAPTER,
+    COMMAND_TYPES,
+    MAX_ENVELOPE_EXTRA_BYTES,
+    MAX_SAFE_INT,
+    MAX_TRACEPARENT_BYTES,
+    Command,
+    SpawnCommand,
+)
 from schemas.limits import SCHEMA_VERSION
 from worker.codec import entry_data
 from worker.ids import is_valid_id
@@ -58,6 +66,23 @@ def fits_in_result(value: Any) -> bool:
     except TypeError:
         return False
     return True
+
+
+def copied_fields(raw: Mapping[str, Any], *, keep_metadata: bool) -> dict[str, Any]:
+    """Fields a rejection copies from a command that failed validation, where usable."""
+    out: dict[str, Any] = {}
+    for name in ("project_id", "session_id", "agent_instance_id", "agent_type_id"):
+        value = raw.get(name)
+        out[name] = value if is_valid_id(value) else None
+    seq = raw.get("seq")
+    usable_seq = isinstance(seq, int) and not isinstance(seq, bool) and 1 <= seq <= MAX_SAFE_INT
+    out["seq"] = seq if usable_seq else None
+    corr = raw.get("correlation_id")
+    out["correlation_id"] = corr if isinstance(corr, str) and len(corr) <= 128 else None
+    meta = raw.get("metadata")
+    usable = keep_metadata and isinstance(meta, dict) and fits_in_result(meta)
+    out["metadata"] = meta if usable else None
+    return out
 
 
 _DEPTH_IN_RESULT = 4
@@ -117,6 +142,22 @@ def parse_entry(fields: Mapping[bytes, bytes], shard: int, settings: Settings) -
             f"event is {len(payload)} bytes, over the limit of {settings.max_event_bytes} "
             "(MEMWORKER_MAX_EVENT_BYTES); keep large state out of commands",
         )
+    if len(fields) > 1:  # more than the command: bounded too (never copied when over)
+        if trace and len(trace) > MAX_TRACEPARENT_BYTES:
+            return Refused(
+                raw,
+                event_id,
+                "limit_exceeded",
+                f"traceparent is {len(trace)} bytes, over the limit of {MAX_TRACEPARENT_BYTES}",
+                None,
+            )
+        size = sum(len(k) + len(v) for k, v in fields.items())
+        if size > settings.max_event_bytes + MAX_ENVELOPE_EXTRA_BYTES:
+            return refuse(
+                "limit_exceeded",
+                f"stream entry is {size} bytes, over the limit of {settings.max_event_bytes} "
+                f"(MEMWORKER_MAX_EVENT_BYTES) + {MAX_ENVELOPE_EXTRA_BYTES} for its other fields",
+            )
     version = raw.get("schema_version", 1)
     if isinstance(version, int) and not isinstance(version, bool) and version > SCHEMA_VERSION:
         return refuse(

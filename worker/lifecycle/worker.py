@@ -33,7 +33,7 @@ from worker.consumers.groups import (
 )
 from worker.consumers.loop import GroupConsumer
 from worker.consumers.periodic import run_every
-from worker.consumers.retention import trim_stream
+from worker.consumers.retention import trim_dead_letters, trim_stream
 from worker.consumers.service import run_until_stopped
 from worker.keys import CONSOLIDATION_GROUP, LIFECYCLE_GROUP, StreamKeys
 from worker.lifecycle.admission import Admission
@@ -316,13 +316,18 @@ class LifecycleWorker:
 
     async def trim_once(self, keep_seconds: float | None = None) -> int:
         """Trim lifecycle and results streams below what every group has acknowledged, keeping
-        ``keep_seconds`` of it for replay (default: the retention setting)."""
-        keep = self.settings.retention_seconds if keep_seconds is None else keep_seconds
+        ``keep_seconds`` of it for replay (default: the retention setting), and each shard's
+        DLQ to ``dlq_max_entries`` and ``dlq_retention_seconds``."""
+        settings = self.settings
+        keep = settings.retention_seconds if keep_seconds is None else keep_seconds
         removed = 0
-        for shard in range(self.settings.shards):
+        for shard in range(settings.shards):
             streams = self.streams_of(shard)
             for stream in (streams.lifecycle, streams.results):
                 removed += await trim_stream(self.redis, stream, keep)
+            removed += await trim_dead_letters(
+                self.redis, streams.dlq, settings.dlq_max_entries, settings.dlq_retention_seconds
+            )
         return removed
 
     async def probe_lag(self) -> None:

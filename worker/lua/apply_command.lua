@@ -47,6 +47,15 @@
 local PACKED = '@'
 local PACKED_MAX = 64
 
+-- The field of a meta hash listing the seqs of commands answered while the session did not
+-- exist (rejected unknown_session, or refused before this function), or answered ahead of
+-- their turn (rejected stale_session), ',2,5,': a spawn that comes later starts the session
+-- below them, and its commands after them skip them rather than wait for seqs that were used
+-- up (a rejection never strands a session's later commands). Written and read only on those rare paths (never by a command in order); kept to
+-- the last ANSWERED_MAX bytes.
+local ANSWERED = 'answered_seqs'
+local ANSWERED_MAX = 256
+
 -- This command's keys and arguments (bound by apply).
 local K_DEDUPE, K_RESULTS, K_SOURCE
 local args, o  -- the call's ARGV; o: this command's offset (args[o] is its argument count)
@@ -54,7 +63,7 @@ local op, entry_id, group, prefix
 local settings  -- the worker's settings and the batch's clock (ARGV[1], split)
 -- Numbers go back to Redis as the strings they came in as: a Lua number passed to redis.call
 -- or concatenated is formatted with printf (~0.3 µs each); arithmetic on a string converts it.
-local seq_text, seq, now, now_iso, default_ttl, dedupe_ttl, tombstone_ttl
+local seq_text, seq, now, now_iso, default_ttl, dedupe_ttl, tombstone_ttl, spawn_wait
 local record, traceparent
 -- The life (16 hex digits of the SHA-1 of the spawn's event_id) this command is for ('' when
 -- it does not say), its argument last; and where the session's own is in meta.
@@ -163,7 +172,27 @@ local function advance_seq()
   if seq and state then update('last_seq', seq_text) end
 end
 
+-- Note this command's seq as answered while its session does not exist (see ANSWERED).
+local function note_answered()
+  local seen = (call('HGET', K_META, ANSWERED) or ',') .. seq_text .. ','
+  if #seen > ANSWERED_MAX then
+    seen = ',' .. string.match(string.sub(seen, -ANSWERED_MAX), ',(.*)$')
+  end
+  update(ANSWERED, seen)
+end
+
+-- The session's last seq (last_seq, known to be below seq - 1) advanced over the seqs after
+-- it that were answered before the session existed (see ANSWERED): the seq the session waits
+-- for is the one after it.
+local function answered_up_to(last_seq)
+  local seen = call('HGET', K_META, ANSWERED)
+  if not seen then return last_seq end
+  while string.find(seen, ',' .. (last_seq + 1) .. ',', 1, true) do last_seq = last_seq + 1 end
+  return last_seq
+end
+
 local function reject(reason, detail)
+  if seq and not state then note_answered() end
   local out = finish('rejected', ',"type":"command.rejected","reason":' .. cjson.encode(reason)
     .. ',"detail":' .. cjson.encode(detail))
   out[3] = reason
@@ -383,10 +412,11 @@ end
 
 -- Is a spawn of this session (K_META) in the stream and not yet applied: published before
 -- this entry and still pending (in this or another consumer's hands), or published after it?
--- Only asked for a command with a seq ahead on a session that does not exist: it waits for
--- such a spawn, and is rejected unknown_session when there is none. Looks at up to 100
--- earlier pending entries and the next 100 entries; past either bound it waits (and asks
--- again at its next retry), as every command ahead did before this check.
+-- Only asked for a command with a seq ahead on a session that does not exist, once its spawn
+-- wait is over (spawn_awaited): it waits for such a spawn, and is rejected unknown_session
+-- when there is none. Looks at up to 100 earlier pending entries and the next 100 entries;
+-- past either bound it waits (and asks again at its next retry), as every command ahead did
+-- before this check.
 local function spawn_of(fields, project_session, session)
   for i = 1, #fields - 1, 2 do
     local data = fields[i + 1]
@@ -418,6 +448,22 @@ local function spawn_in_flight()
     if spawn_of(entry[2], project_session, session) then return true end
   end
   return false
+end
+
+-- Does this command (a pause, resume or terminate with a seq above 1, for a session that does
+-- not exist) wait for a spawn? Within the spawn wait from its own publish (its entry id's
+-- time), yes: the orchestrator may publish the spawn after it (out of order), and a pause
+-- read before its spawn was published must not be rejected for it. After it, only while a
+-- spawn is in the stream (spawn_in_flight). At once, not after the wait, when the command
+-- just before it (seq - 1) was itself answered while the session did not exist (a rejected
+-- spawn): its session is not coming from what was published.
+local function spawn_awaited()
+  local published = tonumber(string.match(entry_id, '^%d+'))
+  if published and now - published < spawn_wait then
+    local seen = call('HGET', K_META, ANSWERED)
+    if not (seen and string.find(seen, ',' .. (seq - 1) .. ',', 1, true)) then return true end
+  end
+  return spawn_in_flight()
 end
 
 -- Apply the command at args[o..] to the session bound (bind_session_of); returns its reply.
@@ -456,6 +502,7 @@ local function apply_one()
     -- next seq is that one once its turn comes, or its later commands would wait for it.
     if seq and state and state ~= 'terminated' and state ~= 'forgotten' then
       local last_seq = tonumber(meta[2]) or 0
+      if seq > last_seq + 1 then last_seq = answered_up_to(last_seq) end
       if seq > last_seq + 1 then return {'wait', tostring(last_seq + 1)} end
       if seq == last_seq + 1 then call('HSET', K_META, 'last_seq', seq_text) end
     end
@@ -490,6 +537,12 @@ local function apply_one()
   -- A command for an earlier life of a reused session id (retried, replayed, or published
   -- before the id was spawned again) never touches the new one.
   if life ~= '' and state and op ~= 'spawn' and meta[life_at] and meta[life_at] ~= life then
+    -- Its seq is used up all the same (one counter across a session id's lives): at the next
+    -- expected one it advances it, ahead of it it is skipped (see ANSWERED).
+    if seq then
+      local last_seq = tonumber(meta[2]) or 0
+      if seq == last_seq + 1 then advance_seq() elseif seq > last_seq + 1 then note_answered() end
+    end
     return reject('stale_session', 'this command is for an earlier life of the session id (its '
       .. 'spawn_event_id names another spawn than the one that started the session now); '
       .. 'nothing was applied')
@@ -503,15 +556,18 @@ local function apply_one()
         .. last_seq .. '); publish the command with seq ' .. (last_seq + 1) .. ' or omit seq')
     end
     if seq > last_seq + 1 then
-      return {'wait', tostring(last_seq + 1)}
+      -- Seqs used up before the session existed (see ANSWERED) are not waited for.
+      last_seq = answered_up_to(last_seq)
+      if seq > last_seq + 1 then return {'wait', tostring(last_seq + 1)} end
     end
-  elseif seq and seq > 1 and op ~= 'spawn' and op ~= 'reject' and spawn_in_flight() then
-    -- No session yet, but its spawn is in the stream, still to be applied: wait for it. With
-    -- none, the seq it waits for can never come from what was published: it is answered
-    -- unknown_session below, now, not dead-lettered seq_gap after the gap timeout. A spawn
-    -- (or a command refused before this function) of a session that does not exist is
-    -- answered whatever its seq: a spawn starts the session at it (LifecycleClient's counter
-    -- goes on across a session id's lives while it is kept: a spawn may be its 5th).
+  elseif seq and seq > 1 and op ~= 'spawn' and op ~= 'reject' and spawn_awaited() then
+    -- No session yet, but its spawn may still be published (within the spawn wait), or is in
+    -- the stream, still to be applied: wait for it. With neither, the seq it waits for can
+    -- never come from what was published: it is answered unknown_session below, within the
+    -- spawn wait, not dead-lettered seq_gap after the gap timeout. A spawn (or a command
+    -- refused before this function) of a session that does not exist is answered whatever
+    -- its seq: a spawn starts the session at it (LifecycleClient's counter goes on across a
+    -- session id's lives while it is kept: a spawn may be its 5th).
     return {'wait', '1'}
   end
 
@@ -523,7 +579,8 @@ local function apply_one()
   if not state then
     return reject('unknown_session', 'no session with this project_id and session_id exists '
       .. '(never spawned, its spawn was rejected, or it expired after its idle TTL) and no '
-      .. 'spawn of it waits to be applied; spawn it first')
+      .. 'spawn of it was published within MEMWORKER_SPAWN_WAIT_SECONDS of this command or '
+      .. 'waits to be applied; spawn it first')
   end
   if op == 'pause' then return pause() end
   if op == 'resume' then return resume() end
@@ -535,11 +592,13 @@ local function apply(keys, argv)
   bind_globals()
   K_RESULTS, K_SOURCE = keys[1], keys[2]
   -- The batch's context: group, default session TTL ms, dedupe TTL ms, tombstone TTL ms, max
-  -- checkpoints, memory pressure 1|0 (see below), now ms, now RFC 3339, one per line.
+  -- checkpoints, memory pressure 1|0 (see below), spawn wait ms (see spawn_awaited), now ms,
+  -- now RFC 3339, one per line.
   settings = {}
   for part in string.gmatch(argv[1], '[^\n]+') do settings[#settings + 1] = part end
   group, default_ttl, dedupe_ttl, tombstone_ttl = settings[1], settings[2], settings[3], settings[4]
-  now, now_iso = settings[7], settings[8]
+  spawn_wait = tonumber(settings[7])
+  now, now_iso = settings[8], settings[9]
   args = argv
   n_acks, n_forgotten = 0, 0
   local replies, n = {}, 0

@@ -31,6 +31,7 @@ from worker.ops.capacity_sampling import (
     KeySample,
     RateMeter,
     StreamUsage,
+    dead_letter_streams,
     lifecycle_entries_added,
     lifecycle_streams,
     memworker_streams,
@@ -86,6 +87,10 @@ class Capacity:
     episodes_per_command: float | None = None
     """Entries ever added to ``P:episodes`` ÷ entries ever added to the lifecycle streams
     (``XINFO STREAM`` entries-added): a command's share of an episode announcement."""
+    dead_letter_entries: int = 0
+    """Dead letters in every DLQ (each shard's and the indexer's), kept at most
+    ``dlq_max_entries`` each and ``dlq_retention_seconds``: not a command's share."""
+    dead_letter_bytes: int = 0
 
     @property
     def commands_per_second_per_gb(self) -> float | None:
@@ -131,6 +136,7 @@ def assess(
     lifecycle = [s for s in streams if s.stream in lifecycle_names]
     results = [s for s in streams if s.stream in result_names]
     episodes = [s for s in streams if s.stream == episodes_stream(settings.stream_prefix)]
+    dlqs = [s for s in streams if s.stream in dead_letter_streams(settings)]
     live = sample.estimate("live", dbsize)
     finished = sample.estimate("finished", dbsize)
     dedupes = sample.estimate(DEDUPE_KIND, dbsize)
@@ -229,6 +235,8 @@ def assess(
         streams=streams,
         bytes_per_episodes_entry=per_episode,
         episodes_per_command=episodes_per_command,
+        dead_letter_entries=sum(s.length for s in dlqs),
+        dead_letter_bytes=sum(s.bytes for s in dlqs),
     )
 
 
@@ -374,6 +382,8 @@ def publish_gauges(capacity: Capacity) -> None:
     ):
         if value is not None:
             gauge.set(value)
+    metrics.DEAD_LETTERS_KEPT.set(capacity.dead_letter_entries)
+    metrics.DEAD_LETTER_BYTES.set(capacity.dead_letter_bytes)
     for stream in capacity.streams:
         if stream.bytes_per_entry is not None:
             metrics.BYTES_PER_STREAM_ENTRY.labels(stream.stream).set(stream.bytes_per_entry)
@@ -414,6 +424,8 @@ def render_capacity(c: Capacity, settings: Settings) -> str:
         "  tombstone and seq counter shares "
         f"{max(settings.tombstone_ttl_seconds, settings.dedupe_ttl_seconds)} s",
         "1 GB sustains " + ("-" if per_gb is None else f"{per_gb:,.1f}") + " commands/s",
+        f"dead letters: {c.dead_letter_entries:,} ({_mb(c.dead_letter_bytes)}; kept "
+        f"{settings.dlq_max_entries:,} a DLQ, {settings.dlq_retention_seconds:g} s)",
         f"rate: {rate} commands/s ({c.rate_source})",
         c.verdict,
     ]

@@ -39,6 +39,8 @@ from worker.keys import (
     STATE_FIELD,
     KeyKinds,
     StreamKeys,
+    changes_dlq,
+    episodes_dlq,
     episodes_stream,
 )
 from worker.settings import Settings
@@ -196,7 +198,14 @@ def memworker_streams(settings: Settings) -> list[str]:
         keys = StreamKeys(settings.stream_prefix, shard)
         names += [keys.lifecycle, keys.results, keys.dlq]
     names.append(episodes_stream(settings.stream_prefix))
+    names += [episodes_dlq(settings.stream_prefix), changes_dlq(settings.stream_prefix)]
     return names
+
+
+def dead_letter_streams(settings: Settings) -> set[str]:
+    """Every DLQ: each shard's, the indexer's and the change feed's."""
+    names = {StreamKeys(settings.stream_prefix, s).dlq for s in range(settings.shards)}
+    return names | {episodes_dlq(settings.stream_prefix), changes_dlq(settings.stream_prefix)}
 
 
 async def stream_usage(redis: Redis, streams: Iterable[str]) -> list[StreamUsage]:

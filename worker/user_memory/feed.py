@@ -38,7 +38,7 @@ from worker.consumers.loop import (
     default_consumer_name,
 )
 from worker.ids import validate_id
-from worker.keys import all_changes_streams
+from worker.keys import all_changes_streams, changes_dlq
 from worker.logs import get_logger
 from worker.settings import Settings
 
@@ -50,7 +50,7 @@ RESERVED = frozenset({"indexer"})
 
 
 def feed_dlq(prefix: str) -> str:
-    return f"{prefix}:dlq:changes"
+    return changes_dlq(prefix)
 
 
 class _FeedHandler:
