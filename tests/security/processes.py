@@ -23,14 +23,22 @@ def free_port() -> int:
 
 
 def clean_env(**given: str) -> dict[str, str]:
-    """The environment without any memworker setting or server URL of the caller's, plus
-    ``given`` (JSON logs, so every line is one line)."""
+    """The environment without any memworker setting of the caller's, Redis and Postgres
+    URLs naming ports nothing listens on (never the machine's servers), plus ``given`` (JSON
+    logs, so every line is one line)."""
     env = {
         k: v
         for k, v in os.environ.items()
         if not k.startswith("MEMWORKER_") and k not in ("REDIS_URL", "DATABASE_URL")
     }
-    env.update({"MEMWORKER_LOG_JSON": "true", **given})
+    env.update(
+        {
+            "REDIS_URL": f"redis://127.0.0.1:{free_port()}/0",
+            "DATABASE_URL": f"postgresql://memworker@127.0.0.1:{free_port()}/memworker",
+            "MEMWORKER_LOG_JSON": "true",
+            **given,
+        }
+    )
     return env
 
 
