@@ -63,9 +63,10 @@ def _is_address(name: str) -> bool:
 
 
 class Guard:
-    """Refuse a request naming a ``Host`` not served (421; ``allowed_hosts`` None: any),
-    without ``Authorization: Bearer <token>`` (401; when ``token`` is set) or with a body over
-    ``max_bytes`` (413), before the app reads it."""
+    """Refuse a request naming a ``Host`` not served (421; ``allowed_hosts`` None: any), sent
+    by a page of another site (its ``Origin``: 403), without ``Authorization: Bearer <token>``
+    (401; when ``token`` is set) or with a body over ``max_bytes`` (413), before the app
+    reads it."""
 
     def __init__(
         self,
