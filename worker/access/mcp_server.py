@@ -125,4 +125,54 @@ def http_app(
         transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False),
         custom_starlette_routes=probe_routes(lambda request: scope()),
     )
-    return server, Guard(app, token=token, max_bytes=max_bytes, allowed_hosts=allowed_hosts)
+    capped = SessionCapMessage(app, max_sessions)
+    return server, Guard(capped, token=token, max_bytes=max_bytes, allowed_hosts=allowed_hosts)
+
+
+class SessionCapMessage:
+    """The SDK's refusal of a session past the cap (503 ``Too many open sessions``), said with
+    the limit, the setting and what to do; every other response passes untouched."""
+
+    def __init__(self, app: Any, limit: int) -> None:
+        self.app = app
+        self.message = (
+            f"Too many open sessions: {limit} are open (MEMWORKER_MCP_MAX_SESSIONS); close "
+            "yours when done (DELETE /mcp), or retry once an idle one is closed "
+            "(MEMWORKER_MCP_SESSION_IDLE_SECONDS)"
+        )
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        opening = (
+            scope["type"] == "http"
+            and scope["path"] == "/mcp"
+            and not any(name == b"mcp-session-id" for name, _ in scope.get("headers") or [])
+        )
+        if not opening:
+            await self.app(scope, receive, send)
+            return
+        refused: list[Any] = []
+
+        async def rewrite(message: Any) -> None:
+            if message["type"] == "http.response.start" and message["status"] == 503:
+                refused.append(message)
+                return
+            if refused and message["type"] == "http.response.body":
+                if message.get("more_body"):
+                    return
+                body = orjson.dumps(
+                    {
+                        "jsonrpc": "2.0",
+                        "id": None,
+                        "error": {"code": -32603, "message": self.message},
+                    }
+                )
+                headers = [
+                    (k, v) for k, v in refused[0]["headers"] if k.lower() != b"content-length"
+                ]
+                headers.append((b"content-length", str(len(body)).encode()))
+                await send({**refused[0], "headers": headers})
+                await send({"type": "http.response.body", "body": body})
+                return
+            await send(message)
+
+        await self.app(scope, receive, rewrite)
