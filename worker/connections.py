@@ -29,7 +29,7 @@ policy of ours there raced redis-py, closing a connection under a call still con
 from __future__ import annotations
 
 from typing import Any
-from urllib.parse import quote, urlsplit, urlunsplit
+from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 from redis.asyncio import BlockingConnectionPool, Connection, Redis
 from redis.asyncio.cluster import RedisCluster
@@ -74,9 +74,21 @@ def redis_client(url: str, **kwargs: Any) -> Redis:
 
 
 def _sentinel(settings: Settings) -> Sentinel:
-    parts = urlsplit(settings.redis_url)
-    hosts = [(h.rsplit(":", 1)[0], int(h.rsplit(":", 1)[1])) for h in parts.netloc.split(",")]
+    """The Sentinels a ``redis://[user:password@]h1:26379,h2:26379/0`` URL names (the
+    credentials are the master's: ``_sentinel_credentials``)."""
+    netloc = urlsplit(settings.redis_url).netloc.rsplit("@", 1)[-1]
+    hosts = [(h.rsplit(":", 1)[0], int(h.rsplit(":", 1)[1])) for h in netloc.split(",")]
     return Sentinel(hosts)  # type: ignore[no-untyped-call]
+
+
+def _sentinel_credentials(settings: Settings) -> dict[str, str]:
+    """The user and password of a Sentinel URL, for the master's connections."""
+    netloc = urlsplit(settings.redis_url).netloc
+    if "@" not in netloc:
+        return {}
+    user, _, password = netloc.rsplit("@", 1)[0].partition(":")
+    given = {"username": unquote(user), "password": unquote(password)}
+    return {k: v for k, v in given.items() if v}
 
 
 class PoolExhaustedError(MaxConnectionsError):
@@ -145,6 +157,8 @@ def client_for(
         )
     kwargs.update(retry=retry, retry_on_error=errors if seconds > 0 else [])
     if settings.redis_sentinel_service:
+        for name, value in _sentinel_credentials(settings).items():
+            kwargs.setdefault(name, value)
         master: Redis = _sentinel(settings).master_for(
             settings.redis_sentinel_service,
             connection_pool_class=WaitingSentinelPool,

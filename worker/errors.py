@@ -17,6 +17,8 @@ from pydantic import ValidationError
 from redis.exceptions import AuthenticationError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
 
+from worker.credentials import ShippedSecretError, mask
+
 
 class ActionableError(Exception):
     """A failure whose message already is the one line to show (what is wrong, what to do)."""
@@ -104,8 +106,12 @@ def _redis(exc: BaseException) -> str | None:
             )
         return f"Redis refused the command: {text}"
     if isinstance(exc, RedisConnectionError):
-        url = os.environ.get("REDIS_URL", "the default redis://127.0.0.1:6379/0")
-        return f"cannot reach Redis at {url}: {_first_line(str(exc))}"
+        url = (
+            os.environ.get("REDIS_URL")
+            or os.environ.get("MEMWORKER_REDIS_URL")
+            or "the default redis://127.0.0.1:6379/0"
+        )
+        return f"cannot reach Redis at {mask(url)}: {_first_line(str(exc))}"
     return None
 
 
@@ -160,8 +166,12 @@ KNOWN: list[Callable[[BaseException], str | None]] = [
 
 
 def one_line(exc: BaseException) -> str:
-    """What went wrong and what to do, on one line."""
-    if isinstance(exc, ActionableError):
+    """What went wrong and what to do, on one line, every password in it ``***``."""
+    return mask(_one_line(exc))
+
+
+def _one_line(exc: BaseException) -> str:
+    if isinstance(exc, ActionableError | ShippedSecretError):
         return _first_line(str(exc))
     for current in _chain(exc):
         for translate in KNOWN:

@@ -1,4 +1,5 @@
-"""Logging: structlog, JSON when not on a terminal, readable on one.
+"""Logging: structlog, JSON when not on a terminal, readable on one; every line (ours and the
+libraries', tracebacks included) passes ``worker.credentials.mask``, so no password shows.
 
 Bind ``project_id``, ``session_id`` and ``event_id`` with ``log.bind(...)`` where a line is
 about one command, so an operator can grep one session's story out of many workers' logs.
@@ -8,8 +9,11 @@ from __future__ import annotations
 
 import logging
 import sys
+from typing import Any
 
 import structlog
+
+from worker.credentials import mask
 
 
 def configure_logging(level: str = "INFO", json: bool | None = None) -> None:
@@ -24,10 +28,13 @@ def configure_logging(level: str = "INFO", json: bool | None = None) -> None:
         structlog.processors.TimeStamper(fmt="iso", utc=True),
         structlog.processors.StackInfoRenderer(),
     ]
+    renderer: structlog.types.Processor
     if as_json:
-        processors += [structlog.processors.format_exc_info, structlog.processors.JSONRenderer()]
+        processors.append(structlog.processors.format_exc_info)
+        renderer = structlog.processors.JSONRenderer()
     else:
-        processors.append(structlog.dev.ConsoleRenderer())
+        renderer = structlog.dev.ConsoleRenderer()
+    processors.append(_masked(renderer))
     structlog.configure(
         processors=processors,
         wrapper_class=structlog.make_filtering_bound_logger(numeric),
@@ -35,6 +42,30 @@ def configure_logging(level: str = "INFO", json: bool | None = None) -> None:
         cache_logger_on_first_use=True,
     )
     logging.basicConfig(level=max(numeric, logging.WARNING), stream=sys.stderr, force=True)
+    for handler in logging.getLogger().handlers:
+        handler.setFormatter(MaskingFormatter(handler.formatter))
+
+
+def _masked(renderer: structlog.types.Processor) -> structlog.types.Processor:
+    """``renderer`` whose output (the whole line, tracebacks too) shows no password."""
+
+    def render(logger: Any, name: str, event: Any) -> Any:
+        line = renderer(logger, name, event)
+        return mask(line) if isinstance(line, str) else line
+
+    return render
+
+
+class MaskingFormatter(logging.Formatter):
+    """A standard-library formatter whose lines (tracebacks too) show no password: the
+    records of libraries (uvicorn, asyncio, redis) as well as ours."""
+
+    def __init__(self, inner: logging.Formatter | None) -> None:
+        super().__init__()
+        self.inner = inner or logging.Formatter(logging.BASIC_FORMAT)
+
+    def format(self, record: logging.LogRecord) -> str:
+        return mask(self.inner.format(record))
 
 
 def get_logger(name: str) -> structlog.stdlib.BoundLogger:

@@ -6,12 +6,13 @@ can configure the worker, the consolidator and the CLI from one environment.
 
 from __future__ import annotations
 
+import json
 import re
 from functools import lru_cache
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import AliasChoices, Field, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from schemas.commands import MAX_SESSION_TTL_SECONDS
 from schemas.ids import Id
@@ -155,8 +156,21 @@ class Settings(BaseSettings):
     # Agent access: memworker mcp, memworker serve (worker.access).
     api_token: str | None = None
     """The bearer token every call to ``memworker serve`` (and ``memworker mcp --http``) must
-    send (``Authorization: Bearer …``); unset: no authentication, and the server listens on
-    127.0.0.1 only unless ``--host`` says otherwise."""
+    send (``Authorization: Bearer …``, the scheme in any case); unset or empty: no
+    authentication, and the server listens on 127.0.0.1 only unless ``--host`` says otherwise
+    (said loudly on stderr when it then listens on another address)."""
+    api_allowed_hosts: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    """Host names ``memworker serve`` and ``mcp --http`` answer besides localhost, 127.0.0.1,
+    [::1] and the address they listen on (comma-separated, or a JSON list; ``--allowed-host``
+    adds more): a request naming another ``Host`` is refused 421 (DNS rebinding)."""
+    allow_default_secrets: bool = False
+    """Let ``serve``, ``mcp --http``, ``run``, ``consolidate`` and ``index`` start with a secret
+    this repository ships (``dev-<user>-change-me``, ``change-me``): a throwaway stack only."""
+    mcp_max_sessions: int = Field(default=1_000, ge=1)
+    """Streamable-HTTP sessions ``memworker mcp --http`` keeps open at most: past them the
+    oldest idle one is closed, and a new one is refused 503 when none is idle."""
+    mcp_session_idle_seconds: float = Field(default=900.0, gt=0)
+    """A ``memworker mcp --http`` session with no request for this long is closed."""
     api_user: Id | None = None
     """Pin ``memworker mcp`` and ``memworker serve`` to this user: every call reaches this
     user's memory only (a call naming another is refused). Unset: each call names its user."""
@@ -194,6 +208,21 @@ class Settings(BaseSettings):
                 f"memworker stores in PostgreSQL: use postgresql://user:password@host:port/db "
                 f"(got {scheme!r})"
             )
+        return value
+
+    @field_validator("api_token")
+    @classmethod
+    def _empty_token_is_unset(cls, value: str | None) -> str | None:
+        """``MEMWORKER_API_TOKEN=""`` means what unset means: no authentication."""
+        return value if value else None
+
+    @field_validator("api_allowed_hosts", mode="before")
+    @classmethod
+    def _comma_separated(cls, value: object) -> object:
+        if isinstance(value, str):
+            if value.lstrip().startswith("["):
+                return json.loads(value)
+            return [name.strip() for name in value.split(",") if name.strip()]
         return value
 
     @field_validator("redis_url")

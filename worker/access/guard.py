@@ -1,12 +1,16 @@
 """``Guard``: the ASGI middleware in front of both HTTP servers (``memworker serve``,
-``memworker mcp --http``): a static bearer token on every path but the open ones, and a limit
-on the request body. Its refusals are JSON ``{"error": "<one line>"}`` like every error."""
+``memworker mcp --http``): the ``Host`` a request names (an allow-list against DNS rebinding:
+421 otherwise), a static bearer token on every path but the open ones (the scheme in any case,
+the token compared in constant time), and a limit on the request body. Its refusals are JSON
+``{"error": "<one line>"}`` like every error."""
 
 from __future__ import annotations
 
 import hmac
+import ipaddress
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
+from urllib.parse import urlsplit
 
 import orjson
 
@@ -37,9 +41,32 @@ async def send_error(send: Send, status: int, message: str, *headers: tuple[byte
     await send({"type": "http.response.body", "body": body})
 
 
+LOCAL_HOSTS = frozenset({"localhost"})
+"""Names always served; so is every IP address (a browser sends one only when the page
+itself came from that address: no rebinding)."""
+
+
+def host_name(header: bytes) -> str:
+    """The name in a ``Host`` header, without its port, lower case (``[::1]:8080`` → ``::1``)."""
+    text = header.decode("latin-1").strip().lower()
+    if text.startswith("["):
+        return text[1:].split("]", 1)[0]
+    return text.rsplit(":", 1)[0] if text.count(":") == 1 else text
+
+
+def _is_address(name: str) -> bool:
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True
+
+
 class Guard:
-    """Refuse a request without ``Authorization: Bearer <token>`` (401; when ``token`` is
-    set) or with a body over ``max_bytes`` (413), before the app reads it."""
+    """Refuse a request naming a ``Host`` not served (421; ``allowed_hosts`` None: any), sent
+    by a page of another site (its ``Origin``: 403), without ``Authorization: Bearer <token>``
+    (401; when ``token`` is set) or with a body over ``max_bytes`` (413), before the app
+    reads it."""
 
     def __init__(
         self,
@@ -48,20 +75,79 @@ class Guard:
         token: str | None,
         max_bytes: int,
         open_paths: frozenset[str] = OPEN_PATHS,
+        allowed_hosts: frozenset[str] | None = LOCAL_HOSTS,
     ) -> None:
         self.app = app
-        self.expected = None if token is None else f"Bearer {token}".encode()
+        self.expected = token.encode() if token else None
         self.max_bytes = max_bytes
         self.open_paths = open_paths
+        self.allowed_hosts = (
+            None
+            if allowed_hosts is None
+            else frozenset(h.strip().lower().strip("[]") for h in allowed_hosts) | LOCAL_HOSTS
+        )
+
+    def host_allowed(self, header: bytes | None) -> bool:
+        """Whether a request naming ``header`` as its ``Host`` is served."""
+        if self.allowed_hosts is None or header is None:  # HTTP/1.0 without Host: no browser
+            return True
+        name = host_name(header)
+        if name in self.allowed_hosts or _is_address(name) or name.endswith(".localhost"):
+            return True
+        return any(h.startswith(".") and name.endswith(h) for h in self.allowed_hosts)
+
+    def origin_allowed(self, origin: bytes, host: bytes | None) -> bool:
+        """A browser's ``Origin``: the server's own host, localhost or an allowed name (an IP
+        address is not enough here: any site can be served from one)."""
+        if self.allowed_hosts is None:
+            return True
+        try:
+            name = (urlsplit(origin.decode("latin-1")).hostname or "").lower()
+        except ValueError:
+            return False
+        if not name:  # "null": a sandboxed page, a file
+            return False
+        if host is not None and name == host_name(host):
+            return True
+        if name in self.allowed_hosts or name.endswith(".localhost"):
+            return True
+        return any(h.startswith(".") and name.endswith(h) for h in self.allowed_hosts)
+
+    def authorized(self, given: bytes) -> bool:
+        """``Authorization: Bearer <token>``, the scheme in any case (RFC 9110), the token
+        compared in constant time."""
+        assert self.expected is not None
+        scheme, _, credentials = given.strip().partition(b" ")
+        return scheme.lower() == b"bearer" and hmac.compare_digest(
+            credentials.strip(), self.expected
+        )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         headers = dict(scope.get("headers") or [])
+        if not self.host_allowed(headers.get(b"host")):
+            name = host_name(headers.get(b"host", b""))[:100]
+            await send_error(
+                send,
+                421,
+                f"misdirected request: this server does not answer for host {name!r} (DNS "
+                "rebinding); add the name with --allowed-host or MEMWORKER_API_ALLOWED_HOSTS",
+            )
+            return
+        origin = headers.get(b"origin")
+        if origin is not None and not self.origin_allowed(origin, headers.get(b"host")):
+            await send_error(
+                send,
+                403,
+                "cross-origin request refused: a page of another site may not call this "
+                "server; add its host name with --allowed-host or MEMWORKER_API_ALLOWED_HOSTS",
+            )
+            return
         if self.expected is not None and scope["path"] not in self.open_paths:
             given = headers.get(b"authorization", b"")
-            if not hmac.compare_digest(given, self.expected):
+            if not self.authorized(given):
                 what = "a wrong bearer token" if given else "no bearer token"
                 await send_error(
                     send,

@@ -16,14 +16,13 @@ from typing import Any
 
 from fastapi import Body, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 
-from worker.access.guard import Guard
+from worker.access.guard import LOCAL_HOSTS, Guard
+from worker.access.probes import probe_routes
 from worker.access.scope import Access, failure
 from worker.access.tools import TOOLS, Tool, invoke
-from worker.metrics import READY
 
 SERVER = "http"
 
@@ -69,8 +68,14 @@ def _endpoint(tool: Tool) -> Callable[..., Awaitable[Response]]:
     return endpoint
 
 
-def create_app(access: Callable[[], Access], *, token: str | None, max_bytes: int) -> Any:
-    """The ASGI app: the API behind ``Guard`` (token, body limit). ``access`` makes the
+def create_app(
+    access: Callable[[], Access],
+    *,
+    token: str | None,
+    max_bytes: int,
+    allowed_hosts: frozenset[str] | None = LOCAL_HOSTS,
+) -> Any:
+    """The ASGI app: the API behind ``Guard`` (host, token, body limit). ``access`` makes the
     server's ``Access`` when the app starts; it is closed when the app stops."""
 
     @asynccontextmanager
@@ -121,20 +126,6 @@ def create_app(access: Callable[[], Access], *, token: str | None, max_bytes: in
         status, line = failure(exc)
         return JSONResponse({"error": line}, status_code=status)
 
-    @app.get("/healthz", include_in_schema=False)
-    async def healthz() -> Response:
-        return PlainTextResponse("ok\n")
+    app.router.routes.extend(probe_routes(lambda request: request.app.state.access))
 
-    @app.get("/readyz", include_in_schema=False)
-    async def readyz(request: Request) -> Response:
-        problem = await request.app.state.access.ready()
-        READY.set(0 if problem else 1)
-        if problem:
-            return JSONResponse({"error": problem}, status_code=503)
-        return PlainTextResponse("ready\n")
-
-    @app.get("/metrics", include_in_schema=False)
-    async def metrics() -> Response:
-        return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
-
-    return Guard(app, token=token, max_bytes=max_bytes)
+    return Guard(app, token=token, max_bytes=max_bytes, allowed_hosts=allowed_hosts)

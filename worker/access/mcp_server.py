@@ -1,8 +1,9 @@
 """``memworker mcp``: the tools (``tools.TOOLS``) as an MCP server on the official SDK's
 low-level ``Server``: over stdio (what desktop assistants and agent frameworks start), or
 streamable HTTP (``--http PORT``, path ``/mcp``, behind the same ``Guard`` as
-``memworker serve``). Listing gives each tool's description and JSON Schema; a call answers
-the tool's JSON result as text, or ``{"error": "<one line>"}`` with ``isError`` set.
+``memworker serve``, with the same probes; sessions capped and closed when idle). Listing
+gives each tool's description and JSON Schema; a call answers the tool's JSON result as text,
+or ``{"error": "<one line>"}`` with ``isError`` set.
 """
 
 from __future__ import annotations
@@ -75,6 +76,7 @@ def build(access: Callable[[], Access]) -> Server[Any]:
         on_call_tool=call_tool,
     )
     server.memworker_access = made  # type: ignore[attr-defined]
+    server.memworker_scope = scope  # type: ignore[attr-defined]
     return server
 
 
@@ -97,11 +99,80 @@ async def run_stdio(access: Callable[[], Access]) -> None:
 
 
 def http_app(
-    access: Callable[[], Access], *, host: str, token: str | None, max_bytes: int
+    access: Callable[[], Access],
+    *,
+    token: str | None,
+    max_bytes: int,
+    allowed_hosts: frozenset[str] | None,
+    max_sessions: int,
+    idle_seconds: float,
 ) -> tuple[Server[Any], Any]:
-    """The streamable HTTP app (path ``/mcp``) behind ``Guard``, and its server."""
+    """The streamable HTTP app (path ``/mcp``, with ``/healthz``, ``/readyz``, ``/metrics``)
+    behind ``Guard`` (which checks ``Host`` and ``Origin`` for both doors), and its server. At
+    most ``max_sessions`` sessions are open (a new one past them is refused 503); a session
+    idle for ``idle_seconds`` is closed."""
+    from mcp.server.transport_security import TransportSecuritySettings
+
     from worker.access.guard import Guard
+    from worker.access.probes import probe_routes
 
     server = build(access)
-    app = server.streamable_http_app(host=host, max_request_body_size=max_bytes)
-    return server, Guard(app, token=token, max_bytes=max_bytes)
+    scope = server.memworker_scope  # type: ignore[attr-defined]
+    app = server.streamable_http_app(
+        max_request_body_size=max_bytes,
+        max_sessions=max_sessions,
+        session_idle_timeout=idle_seconds,
+        transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False),
+        custom_starlette_routes=probe_routes(lambda request: scope()),
+    )
+    capped = SessionCapMessage(app, max_sessions)
+    return server, Guard(capped, token=token, max_bytes=max_bytes, allowed_hosts=allowed_hosts)
+
+
+class SessionCapMessage:
+    """The SDK's refusal of a session past the cap (503 ``Too many open sessions``), said with
+    the limit, the setting and what to do; every other response passes untouched."""
+
+    def __init__(self, app: Any, limit: int) -> None:
+        self.app = app
+        self.message = (
+            f"Too many open sessions: {limit} are open (MEMWORKER_MCP_MAX_SESSIONS); close "
+            "yours when done (DELETE /mcp), or retry once an idle one is closed "
+            "(MEMWORKER_MCP_SESSION_IDLE_SECONDS)"
+        )
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        opening = (
+            scope["type"] == "http"
+            and scope["path"] == "/mcp"
+            and not any(name == b"mcp-session-id" for name, _ in scope.get("headers") or [])
+        )
+        if not opening:
+            await self.app(scope, receive, send)
+            return
+        refused: list[Any] = []
+
+        async def rewrite(message: Any) -> None:
+            if message["type"] == "http.response.start" and message["status"] == 503:
+                refused.append(message)
+                return
+            if refused and message["type"] == "http.response.body":
+                if message.get("more_body"):
+                    return
+                body = orjson.dumps(
+                    {
+                        "jsonrpc": "2.0",
+                        "id": None,
+                        "error": {"code": -32603, "message": self.message},
+                    }
+                )
+                headers = [
+                    (k, v) for k, v in refused[0]["headers"] if k.lower() != b"content-length"
+                ]
+                headers.append((b"content-length", str(len(body)).encode()))
+                await send({**refused[0], "headers": headers})
+                await send({"type": "http.response.body", "body": body})
+                return
+            await send(message)
+
+        await self.app(scope, receive, rewrite)

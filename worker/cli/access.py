@@ -33,6 +33,15 @@ UserOption = Annotated[
         "names its user).",
     ),
 ]
+AllowedHostOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--allowed-host",
+        help="A host name clients call this server by (repeatable; also "
+        "MEMWORKER_API_ALLOWED_HOSTS). localhost and IP addresses always work; a request "
+        "naming another Host is refused 421 (DNS rebinding).",
+    ),
+]
 HostOption = Annotated[
     str | None,
     typer.Option(
@@ -60,22 +69,54 @@ def _maker(settings: Settings, project_id: str, user_id: str | None) -> Any:
     return make
 
 
+LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
+TLS_PAGE = "deploy/TLS.md (README: TLS)"
+
+
 def _host(settings: Settings, host: str | None) -> str:
-    """The listening address; without a token, said in one line on stderr."""
+    """The listening address; without a token, or with one over plain HTTP past this
+    machine, said on stderr (loudly when anyone on the network can reach it)."""
     chosen = host or ("0.0.0.0" if settings.api_token else "127.0.0.1")
-    if not settings.api_token:
+    local = chosen in LOOPBACK or chosen.startswith("127.")
+    if not settings.api_token and local:
         print(
             f"memworker: MEMWORKER_API_TOKEN is not set: no authentication; listening on "
             f"{chosen} only{'' if host else ' (--host to choose)'}",
             file=sys.stderr,
         )
+    elif not settings.api_token:
+        print(
+            f"memworker: WARNING: MEMWORKER_API_TOKEN is not set and this server listens on "
+            f"{chosen}: ANYONE WHO CAN REACH IT READS AND ERASES EVERY USER'S MEMORY; set "
+            "MEMWORKER_API_TOKEN, or listen on 127.0.0.1",
+            file=sys.stderr,
+        )
+    elif not local:
+        print(
+            f"memworker: WARNING: plain HTTP on {chosen}: the bearer token and every memory "
+            f"cross the network unencrypted; put a TLS proxy in front ({TLS_PAGE})",
+            file=sys.stderr,
+        )
     return chosen
+
+
+def _allowed_hosts(settings: Settings, chosen: str, given: list[str] | None) -> frozenset[str]:
+    """Host names served: the settings', ``--allowed-host``'s and the listening address."""
+    return frozenset([*settings.api_allowed_hosts, *(given or []), chosen])
+
+
+def _check_secrets(settings: Settings) -> None:
+    from worker.credentials import refuse_shipped_secrets
+
+    refuse_shipped_secrets(settings)
 
 
 async def _serve_uvicorn(app: Any, host: str, port: int, what: str) -> None:
     import uvicorn
 
-    config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False)
+    config = uvicorn.Config(  # log_config None: its lines go through ours, which mask passwords
+        app, host=host, port=port, log_level="warning", access_log=False, log_config=None
+    )
     server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve())
     while not server.started and not task.done():
@@ -101,6 +142,7 @@ def mcp(
         ),
     ] = None,
     host: HostOption = None,
+    allowed_host: AllowedHostOption = None,
 ) -> None:
     """An MCP server for agents: remember, recall, facts, pinned blocks, profile, forget and a
     live session's working memory, on stdio (or streamable HTTP with --http PORT)."""
@@ -111,9 +153,15 @@ def mcp(
     if http is None:
         run_async(mcp_server.run_stdio(make))
         return
+    _check_secrets(settings)
     chosen = _host(settings, host)
     server, app = mcp_server.http_app(
-        make, host=chosen, token=settings.api_token, max_bytes=settings.api_max_request_bytes
+        make,
+        token=settings.api_token,
+        max_bytes=settings.api_max_request_bytes,
+        allowed_hosts=_allowed_hosts(settings, chosen, allowed_host),
+        max_sessions=settings.mcp_max_sessions,
+        idle_seconds=settings.mcp_session_idle_seconds,
     )
 
     async def go() -> None:
@@ -130,10 +178,12 @@ def serve(
     user: UserOption = None,
     port: Annotated[int, typer.Option(min=0, max=65_535, help="The port to listen on.")] = 8080,
     host: HostOption = None,
+    allowed_host: AllowedHostOption = None,
 ) -> None:
     """An HTTP API over the same tools as `memworker mcp` (POST /v1/<tool>), OpenAPI at
     /openapi.json, /healthz /readyz /metrics; bearer token MEMWORKER_API_TOKEN."""
     settings, project_id, user_id = _scope(project, user)
+    _check_secrets(settings)
     chosen = _host(settings, host)
     from worker.access.http_api import create_app
 
@@ -141,5 +191,6 @@ def serve(
         _maker(settings, project_id, user_id),
         token=settings.api_token,
         max_bytes=settings.api_max_request_bytes,
+        allowed_hosts=_allowed_hosts(settings, chosen, allowed_host),
     )
     run_async(_serve_uvicorn(app, chosen, port, f"memory API of project {project_id}"))

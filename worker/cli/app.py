@@ -15,6 +15,7 @@ import typer
 from worker.cli import access, erasure, lifecycle, memory, operations, services, user_memory
 from worker.cli.common import CliError
 from worker.cli.dead_letters import dlq_app
+from worker.credentials import mask
 from worker.errors import one_line
 from worker.redis_conditions import RedisConditionError
 
@@ -100,7 +101,7 @@ def main() -> None:
     try:
         app()
     except (CliError, RedisConditionError) as exc:
-        print(f"memworker: error: {exc}", file=sys.stderr)
+        print(f"memworker: error: {mask(str(exc))}", file=sys.stderr)
         sys.exit(1)
     except KeyboardInterrupt:
         sys.exit(130)

@@ -19,6 +19,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from rich.console import Console
 
 from worker.connections import client_for
+from worker.credentials import mask
 from worker.errors import ActionableError, one_line
 from worker.ids import InvalidIdError, validate_id
 from worker.settings import Settings
@@ -139,7 +140,7 @@ async def with_redis(settings: Settings, use: Callable[[Redis], Awaitable[T]]) -
         await redis.ping()
     except (RedisConnectionError, OSError) as exc:
         await redis.aclose()
-        raise CliError(f"cannot reach Redis at {settings.redis_url}: {exc}") from exc
+        raise CliError(f"cannot reach Redis at {mask(settings.redis_url)}: {exc}") from exc
     try:
         return await use(redis)
     finally:

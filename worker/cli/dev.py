@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from worker.consolidation.consolidator import Consolidator
+from worker.credentials import mask
 from worker.db.migrate import migrate
 from worker.episodes.indexer import Indexer
 from worker.errors import ActionableError
@@ -234,8 +235,8 @@ def _banner(
 ) -> None:
     cmd = memworker_command()
     _say("memworker dev is running.")
-    _say(f"  redis     {settings.redis_url}" + ("  (embedded)" if redis_server else ""))
-    _say(f"  postgres  {settings.database_url}" + ("  (embedded)" if pg_server else ""))
+    _say(f"  redis     {mask(settings.redis_url)}" + ("  (embedded)" if redis_server else ""))
+    _say(f"  postgres  {mask(settings.database_url)}" + ("  (embedded)" if pg_server else ""))
     _say(f"  schema    revision {revision}")
     _say(f"  data      {data_dir}")
     _say(f"  metrics   http://127.0.0.1:{metrics_port}/metrics  (/healthz, /readyz)")

@@ -14,6 +14,7 @@ import typer
 
 from worker.cli.common import run_async, settings_from_env
 from worker.cli.supervisor import run_processes
+from worker.credentials import refuse_shipped_secrets
 from worker.logs import configure_logging
 from worker.settings import Settings
 
@@ -82,6 +83,7 @@ def run(
     a minute stops them all (exit status 1).
     """
     settings = settings_from_env()
+    refuse_shipped_secrets(settings)
     configure_logging(settings.log_level, settings.log_json)
     if workers > 1:
         port = metrics_port if metrics_port is not None else settings.metrics_port
@@ -108,6 +110,7 @@ def consolidate(
 ) -> None:
     """Run the consolidator (group `consolidation`): results into Postgres, episodes out."""
     settings = settings_from_env()
+    refuse_shipped_secrets(settings)
     configure_logging(settings.log_level, settings.log_json)
 
     from worker.consolidation.consolidator import Consolidator
@@ -144,6 +147,7 @@ def index(
 ) -> None:
     """Run the indexer (group `indexer` on P:episodes): embed every new episode."""
     settings = settings_from_env()
+    refuse_shipped_secrets(settings)
     configure_logging(settings.log_level, settings.log_json)
     if settings.index_nice:
         os.nice(settings.index_nice)  # embedding yields the CPU to the hot path

@@ -28,6 +28,7 @@ from schemas.commands import (
 )
 from worker.connections import AnyRedis, shard_urls
 from worker.consumers.dead_letters import dead_letter
+from worker.credentials import mask
 from worker.keys import LIFECYCLE_GROUP, SessionKeys, StreamKeys, shard_of
 from worker.lifecycle.channel import ScriptChannel
 from worker.lifecycle.intake import Accepted, Refused, Unusable, copied_fields, parse_entry
@@ -175,7 +176,7 @@ class CommandApplier:
         for shard in {url: s for s, url in self._urls.items()}.values():
             (role,) = await self.channel_for(shard).execute([["ROLE"]])
             if isinstance(role, Exception) or role[0] != b"master":
-                raise RedisConnectionError(f"{self.url_of(shard)} is not a writable primary")
+                raise RedisConnectionError(f"{mask(self.url_of(shard))} is not a writable primary")
 
     async def ensure_scripts(self) -> None:
         if not self._resolved:

@@ -25,6 +25,8 @@ from redis.connection import parse_url
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 
+from worker.credentials import mask
+
 
 def _tls_context(opts: dict[str, Any]) -> ssl.SSLContext:
     """TLS as redis-py reads it from a ``rediss://`` URL's query: ``ssl_ca_certs``,
@@ -88,6 +90,8 @@ class ScriptChannel:
 
     def __init__(self, url: str, connect_timeout: float = 5.0, reply_timeout: float = 30.0) -> None:
         self.url = url
+        self.shown = mask(url)
+        """The URL as errors show it: its password ``***``."""
         self.connect_timeout = connect_timeout
         self.reply_timeout = reply_timeout
         self._options: dict[str, Any] = parse_url(url)  # type: ignore[no-untyped-call]
@@ -115,7 +119,7 @@ class ScriptChannel:
                 reader, writer = await asyncio.wait_for(opened, self.connect_timeout)
                 _keepalive(writer)
             except (OSError, TimeoutError) as exc:
-                raise RedisConnectionError(f"cannot connect to {self.url}: {exc}") from exc
+                raise RedisConnectionError(f"cannot connect to {self.shown}: {exc}") from exc
             conn = _Connection(reader, writer)
             conn.read_task = asyncio.create_task(self._read_loop(conn))
             self._conn = conn
@@ -131,7 +135,7 @@ class ScriptChannel:
                 for reply in await self.submit(setup):
                     if isinstance(reply, Exception):
                         self._drop(conn, RedisConnectionError(f"handshake failed: {reply}"))
-                        raise RedisConnectionError(f"handshake with {self.url} failed: {reply}")
+                        raise RedisConnectionError(f"handshake with {self.shown} failed: {reply}")
 
     def submit(self, commands: Sequence[Sequence[Any]]) -> asyncio.Future[list[Any]]:
         """Write a batch now (in call order) and return a future of its replies.
@@ -140,7 +144,7 @@ class ScriptChannel:
         """
         conn = self._conn
         if conn is None or not self.connected:
-            raise RedisConnectionError(f"not connected to {self.url}")
+            raise RedisConnectionError(f"not connected to {self.shown}")
         future: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
         if not commands:
             future.set_result([])
@@ -164,7 +168,7 @@ class ScriptChannel:
         try:
             await conn.writer.drain()
         except (OSError, ConnectionError) as exc:
-            self._drop(conn, RedisConnectionError(f"lost connection to {self.url}: {exc}"))
+            self._drop(conn, RedisConnectionError(f"lost connection to {self.shown}: {exc}"))
         try:
             return await asyncio.wait_for(asyncio.shield(future), self.reply_timeout)
         except TimeoutError:
@@ -173,7 +177,7 @@ class ScriptChannel:
 
     async def _read_loop(self, conn: _Connection) -> None:
         parser = hiredis.Reader(replyError=ResponseError)
-        error: Exception = RedisConnectionError(f"connection to {self.url} closed")
+        error: Exception = RedisConnectionError(f"connection to {self.shown} closed")
         try:
             while True:
                 data = await conn.reader.read(1 << 16)
@@ -183,9 +187,9 @@ class ScriptChannel:
                 while (reply := parser.gets()) is not False:
                     _deliver(conn, reply)
         except (OSError, ConnectionError, hiredis.ProtocolError) as exc:
-            error = RedisConnectionError(f"lost connection to {self.url}: {exc}")
+            error = RedisConnectionError(f"lost connection to {self.shown}: {exc}")
         except asyncio.CancelledError:
-            error = RedisConnectionError(f"connection to {self.url} closed")
+            error = RedisConnectionError(f"connection to {self.shown} closed")
         self._drop(conn, error)
 
     def _drop(self, conn: _Connection, error: Exception) -> None:
@@ -198,13 +202,13 @@ class ScriptChannel:
         """Drop the connection (e.g. replies overdue): every waiting batch fails, the next
         batch reconnects."""
         if self._conn is not None:
-            self._drop(self._conn, RedisConnectionError(f"{reason}; reconnecting to {self.url}"))
+            self._drop(self._conn, RedisConnectionError(f"{reason}; reconnecting to {self.shown}"))
 
     async def close(self) -> None:
         conn = self._conn
         if conn is None:
             return
-        self._drop(conn, RedisConnectionError(f"connection to {self.url} closed"))
+        self._drop(conn, RedisConnectionError(f"connection to {self.shown} closed"))
         if conn.read_task is not None:
             conn.read_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

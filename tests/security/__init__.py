@@ -1,0 +1,1 @@
+"""Every door under hostile use: authentication, tenants, hosts, secrets, input."""

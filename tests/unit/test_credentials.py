@@ -1,0 +1,49 @@
+"""``worker.credentials``: every password form a URL or a line can carry is masked, nothing
+else is touched; the secrets the repository ships are recognised, others are not."""
+
+from __future__ import annotations
+
+import pytest
+
+from worker.credentials import is_shipped, mask, shipped_secret, url_password
+from worker.settings import Settings
+
+
+@pytest.mark.parametrize(
+    ("shown", "expected"),
+    [
+        ("redis://publisher:S3cret@host:6399/0", "redis://publisher:***@host:6399/0"),
+        ("rediss://:S3cret@host:6380/0", "rediss://:***@host:6380/0"),
+        ("redis://u:p@ss@w0rd@h:1/0", "redis://u:***@h:1/0"),
+        ("redis://u:S3cret@h1:26379,h2:26379/0", "redis://u:***@h1:26379,h2:26379/0"),
+        (
+            "cannot reach Postgres at postgresql+asyncpg://app:S3cret@db:5432/m?ssl=require: x",
+            "cannot reach Postgres at postgresql+asyncpg://app:***@db:5432/m?ssl=require: x",
+        ),
+        ("redis://h:1/0?password=S3cret&db=1", "redis://h:1/0?password=***&db=1"),
+        ("unix:///run/r.sock?db=0&password=S3cret", "unix:///run/r.sock?db=0&password=***"),
+        ('{"error": "to redis://a:S3cret@h/0"}', '{"error": "to redis://a:***@h/0"}'),
+        ("host=db password=S3cret dbname=m", "host=db password=*** dbname=m"),
+        ("redis://127.0.0.1:6379/0", "redis://127.0.0.1:6379/0"),
+        ("postgresql://postgres@127.0.0.1/postgres", "postgresql://postgres@127.0.0.1/postgres"),
+        (
+            "no secret here: user ann@example.com said a=b",
+            "no secret here: user ann@example.com said a=b",
+        ),
+    ],
+)
+def test_every_password_form_is_masked_and_nothing_else(shown: str, expected: str) -> None:
+    assert mask(shown) == expected
+
+
+def test_the_secrets_the_repository_ships_are_known() -> None:
+    for shipped in ("dev-api-token-change-me", "dev-lifecycle-worker-change-me", "CHANGE-ME"):
+        assert is_shipped(shipped), shipped
+    for own in ("change-me-not", "a-real-token", "", None):
+        assert not is_shipped(own), own
+    assert url_password("redis://u:dev-u-change-me@h/0") == "dev-u-change-me"
+    assert url_password("redis://h/0?password=x%40y") == "x@y"
+    assert url_password("redis://u:p%3A@h1:1,h2:2/0") == "p:"
+    named = Settings(redis_url="redis://operator:dev-operator-change-me@h:6379/0")
+    assert shipped_secret(named) == "REDIS_URL"
+    assert shipped_secret(named.model_copy(update={"allow_default_secrets": True})) is None
