@@ -23,6 +23,8 @@ from redis.asyncio.cluster import RedisCluster
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from schemas.inputs import check_id, check_limit, check_when
+from schemas.limits import MAX_RESULTS
 from worker.connections import client_for
 from worker.db.batch import mark_announced
 from worker.db.engine import create_database_engine
@@ -40,6 +42,7 @@ from worker.settings import Settings
 from worker.user_memory import blocks, turns
 from worker.user_memory.extractors import Extractor, run_extractor
 from worker.user_memory.facts import FactStore
+from worker.user_memory.inputs import check_episode, check_query, check_recall
 from worker.user_memory.models import (
     Episode,
     EpisodeMatch,
@@ -169,7 +172,7 @@ class Memory:
 
     async def remember(self, episode: Episode | Any) -> str:
         """Store a turn (LoomFlow's ``Episode`` too), once; its id (``turns`` module doc)."""
-        episode = as_episode(episode)
+        episode = check_episode(as_episode(episode))
         row_id = turns.turn_uuid(self.project_id, episode.id)
         async with self.engine.begin() as conn:
             new, owed = await turns.insert_turn(conn, self.project_id, episode)
@@ -218,6 +221,7 @@ class Memory:
         user_id: str | None = None,
     ) -> list[Episode]:
         """The user's episodes best matching ``query`` (``recall_scored`` without scores)."""
+        check_recall(query, limit, kind, time_range)
         matches = await self._recall(query, limit, time_range, user_id, 0.5)
         return [m.episode for m in matches]
 
@@ -231,7 +235,9 @@ class Memory:
         user_id: str | None = None,
         alpha: float = 0.5,
     ) -> list[EpisodeMatch]:
-        """The user's episodes best matching ``query`` with their scores (``recall`` module)."""
+        """The user's episodes best matching ``query`` with their scores (``recall`` module).
+        Bad arguments raise ``InvalidInputError`` naming them (``user_memory.inputs``)."""
+        check_recall(query, limit, kind, time_range)
         return await self._recall(query, limit, time_range, user_id, alpha)
 
     async def _recall(
@@ -337,6 +343,10 @@ class Memory:
         user_id: str | None = None,
     ) -> list[Fact]:
         """The user's facts valid at ``valid_at`` best matching ``query``."""
+        check_query(query)
+        check_limit(limit)
+        if valid_at is not None:
+            check_when(valid_at, "valid_at")
         found = await self.facts.recall_text(query, limit=limit, valid_at=valid_at, user_id=user_id)
         return list(found)
 
@@ -344,6 +354,8 @@ class Memory:
         self, session_id: str, *, user_id: str | None = None, limit: int = 20
     ) -> list[Message]:
         """The session's last ``limit // 2`` turns as messages, oldest first."""
+        check_id(session_id, "session_id")
+        check_limit(limit, maximum=2 * MAX_RESULTS)
         async with self.engine.connect() as conn:
             recent = await turns.episodes_of(
                 conn,
