@@ -22,7 +22,7 @@ import re
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, StringConstraints
+from pydantic import AfterValidator, WithJsonSchema
 
 from schemas.ids import ID_PATTERN
 from schemas.limits import MAX_ID_CHARS, MAX_RESULTS, MAX_TTL_SECONDS
@@ -158,8 +158,20 @@ def _text_validator(max_bytes: int, empty: bool) -> AfterValidator:
     return AfterValidator(check)
 
 
-IdText = Annotated[str, StringConstraints(pattern=ID_PATTERN, min_length=1, max_length=128)]
-"""An id argument (the argument models' type)."""
+def _id(value: str) -> str:
+    if (problem := id_problem(value)) is not None:
+        raise ValueError(problem)
+    return value
+
+
+IdText = Annotated[
+    str,
+    AfterValidator(_id),
+    WithJsonSchema(
+        {"type": "string", "pattern": ID_PATTERN, "minLength": 1, "maxLength": MAX_ID_CHARS}
+    ),
+]
+"""An id argument (the argument models' type; its JSON Schema carries the pattern)."""
 
 When = Annotated[datetime, AfterValidator(_when)]
 """A time argument: a real instant in 0001..9999 UTC."""

@@ -17,7 +17,7 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 from redis.asyncio import Redis
 
 from tests.cli_process import Memworker
-from tests.helpers import worker_env
+from tests.helpers import spawn_session, worker_env
 from tests.integration.results_factory import migrated_engine
 from worker.settings import Settings
 
@@ -175,7 +175,7 @@ async def test_the_http_api_answers_bad_input_with_a_4xx_and_one_line(
                 422,
                 "user_id",
             ),
-            ("/v1/recall", {"query": "x", "user_id": "not an id"}, 400, "user_id"),
+            ("/v1/recall", {"query": "x", "user_id": "not an id"}, 422, "user_id"),
             ("/v1/forget", {}, 400, "forget needs a selector"),
             ("/v1/nothing", {}, 404, "no such path /v1/nothing"),
             (
@@ -209,9 +209,10 @@ async def test_the_http_api_answers_bad_input_with_a_4xx_and_one_line(
 
 
 async def test_the_http_api_serves_openapi_probes_metrics_and_working_memory(
-    api: tuple[str, Memworker],
+    api: tuple[str, Memworker], redis: Redis, settings: Settings
 ) -> None:
     base, _ = api
+    await spawn_session(redis, settings, PROJECT, "s1")
     async with httpx.AsyncClient(base_url=base, timeout=30) as http:
         document = (await http.get("/openapi.json")).json()
         assert {"/v1/remember", "/v1/recall", "/v1/wm_get", "/v1/forget"} <= set(document["paths"])

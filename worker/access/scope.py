@@ -96,7 +96,7 @@ class Access:
             )
         if state is None:  # never spawned (or gone): a door never creates a session
             raise AccessError(
-                f"unknown_session: session {session_id} of project {self.project_id} is not "
+                f"unknown_session: session_id {session_id} of project {self.project_id} is not "
                 "a live session (no spawn of it was applied, or it has expired); spawn it first",
                 404,
             )

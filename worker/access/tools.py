@@ -13,6 +13,7 @@ dropped, and a query nothing matches returns the newest episodes (``worker.Memor
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -27,7 +28,6 @@ from schemas.limits import (
     MAX_QUERY_BYTES,
     MAX_TTL_SECONDS,
     MAX_TURN_TEXT_BYTES,
-    MAX_VALUE_BYTES,
 )
 from worker.access.scope import Access, AccessError, failure
 from worker.logs import get_logger
@@ -51,7 +51,7 @@ SESSION = "The session id (1-128 of A-Za-z0-9._:-)."
 TurnText = Annotated[str, text_rule(MAX_TURN_TEXT_BYTES)]
 Query = Annotated[str, text_rule(MAX_QUERY_BYTES)]
 FactText = Annotated[str, text_rule(MAX_FACT_FIELD_BYTES, empty=False)]
-BlockText = Annotated[str, text_rule(MAX_VALUE_BYTES)]
+BlockText = Annotated[str, text_rule(sys.maxsize)]  # its size: MEMWORKER_MAX_VALUE_BYTES (413)
 
 
 class Arguments(BaseModel):

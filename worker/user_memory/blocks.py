@@ -60,7 +60,6 @@ class BlockTooLargeError(InvalidInputError):
 
     def __init__(self, message: str) -> None:
         super().__init__("content", message)
-        self.args = (message,)
 
 
 async def write_block(
