@@ -204,7 +204,7 @@ def http_tools() -> dict[str, dict[str, Any]]:
         assert path.startswith("/v1/"), path
         [param] = route.dependant.body_params
         model = param.field_info.annotation
-        models = [a for a in getattr(model, "__args__", (model,)) if a is not type(None)]
+        models: list[Any] = [a for a in getattr(model, "__args__", (model,)) if a is not type(None)]
         tools[path.removeprefix("/v1/")] = models[0].model_json_schema()
     return tools
 
@@ -232,8 +232,10 @@ async def snapshot(redis: Redis, prefix: str, database_url: str) -> dict[str, An
         "string": "STRLEN",
     }
     async for key in redis.scan_iter(match=f"{prefix}:*", count=1000):
-        kind = (await redis.type(key)).decode()
-        state[f"redis:{key.decode()}"] = (kind, await redis.execute_command(sizes[kind], key))
+        kind: Any = await redis.type(key)
+        kind = kind.decode() if isinstance(kind, bytes) else str(kind)
+        size = await redis.execute_command(sizes[kind], key)  # type: ignore[no-untyped-call]
+        state[f"redis:{key.decode()}"] = (kind, size)
     return state
 
 
