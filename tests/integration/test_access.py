@@ -297,3 +297,26 @@ async def test_mcp_over_streamable_http_refuses_without_the_token_then_remembers
             assert "ferry to Tangier" in json.dumps(result_of(found))
     finally:
         process.close()
+
+
+async def test_working_memory_of_a_session_never_spawned_is_refused_and_not_created(
+    api: tuple[str, Memworker], redis: Redis, settings: Settings
+) -> None:
+    """Before: an unpinned ``wm_set`` created ``ghost1`` (24 h TTL), and its later spawn
+    carried the stray key though the spawn said ``initial_items: 1``."""
+    base, _ = api
+    async with httpx.AsyncClient(base_url=base, timeout=30, headers=AUTH) as http:
+        for path, body in [
+            ("/v1/wm_set", {"session_id": "ghost1", "key": "stray", "value": 1}),
+            ("/v1/wm_get", {"session_id": "ghost1"}),
+            ("/v1/wm_get", {"session_id": "ghost1", "key": "stray"}),
+        ]:
+            got = await http.post(path, json=body)
+            assert got.status_code == 404, (path, got.text)
+            assert got.json()["error"].startswith("unknown_session: session_id ghost1")
+        assert [k async for k in redis.scan_iter(match=f"{settings.stream_prefix}:*ghost1*")] == []
+        await spawn_session(redis, settings, PROJECT, "ghost1")
+        got = await http.post("/v1/wm_get", json={"session_id": "ghost1"})
+        assert got.status_code == 200 and got.json() == {"variables": {}}, got.text
+        done = await http.post("/v1/wm_set", json={"session_id": "ghost1", "key": "k", "value": 2})
+        assert done.status_code == 200, done.text
