@@ -19,6 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from schemas.inputs import InvalidInputError
 from schemas.limits import MAX_QUERY_BYTES, MAX_TURN_TEXT_BYTES
 from tests.integration.results_factory import migrated_engine
+from tests.integration.test_cli_user_memory import run
 from worker.settings import Settings
 from worker.user_memory.memory import Memory
 from worker.user_memory.models import Episode, Fact
@@ -217,3 +218,26 @@ async def test_recall_facts_and_blocks_refuse_bad_arguments(
             await call
         assert refused.value.field == field
     assert await rows(engine) == before
+
+
+async def test_the_cli_shares_the_rule_and_says_which_argument_in_one_line(
+    redis: Redis, redis_url: str, prefix: str, database_url: str
+) -> None:
+    """Before: ``memworker memory recall '   '`` printed the most recent turns, and a fact
+    with a NUL in it a raw Postgres error."""
+    async with migrated_engine(database_url):
+        pass
+    settings = Settings(redis_url=redis_url, stream_prefix=prefix, database_url=database_url)
+    for args, stdin, field in [
+        (["recall", "   ", "-u", "ann", "-p", "demo"], None, "query"),
+        (["facts", "--add", "ann", "likes", "o" * 5000, "-u", "ann", "-p", "demo"], None, "object"),
+        (
+            ["blocks", "--set", "persona", "--content", "-", "-u", "ann", "-p", "demo"],
+            "a\x00b",
+            "content",
+        ),
+    ]:
+        done = await run(settings, *args, stdin=stdin)
+        lines = done.stderr.strip().splitlines()
+        assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr
+        assert lines[-1].startswith(f"memworker: error: {field}: "), done.stderr
