@@ -91,10 +91,11 @@ def check_episode(episode: Episode) -> Episode:
             f"input and output are {size} bytes together (UTF-8); a turn holds at most "
             f"{MAX_TURN_TEXT_BYTES}",
         )
-    _json_problem(
-        [c.model_dump(mode="json") for c in episode.tool_calls], "tool_calls", MAX_VALUE_BYTES
-    )
-    if episode.tool_transcript is not None:
+    if episode.tool_calls:
+        _json_problem(
+            [c.model_dump(mode="json") for c in episode.tool_calls], "tool_calls", MAX_VALUE_BYTES
+        )
+    if episode.tool_transcript:
         _json_problem(
             [m.model_dump(mode="json") for m in episode.tool_transcript],
             "tool_transcript",
