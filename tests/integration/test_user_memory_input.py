@@ -241,3 +241,24 @@ async def test_the_cli_shares_the_rule_and_says_which_argument_in_one_line(
         lines = done.stderr.strip().splitlines()
         assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr
         assert lines[-1].startswith(f"memworker: error: {field}: "), done.stderr
+
+
+async def test_a_data_error_postgres_still_raises_is_bad_input_at_the_doors_not_an_outage(
+    engine: AsyncEngine,
+) -> None:
+    """The doors' safety net: what the rule missed and Postgres refuses as data (SQLSTATE
+    class 22, or 54: a limit such as a tsvector past 1 MB) is a 422, never the 503 that tells
+    clients and load balancers the database is down."""
+    from worker.access.scope import failure
+
+    for statement, params in [
+        ("SELECT CAST(:v AS text)", {"v": "a\x00b"}),
+        ("SELECT to_tsvector('simple', :v)", {"v": distinct_words(1 << 20)}),
+        ("SELECT CAST(:v AS int)", {"v": "x"}),
+    ]:
+        with pytest.raises(Exception) as raised:  # noqa: PT011 - whatever the driver raises
+            async with engine.connect() as conn:
+                await conn.execute(text(statement), params)
+        status, line = failure(raised.value)
+        assert status == 422, (status, line)
+        assert line.startswith("invalid arguments: Postgres refused the data") and "\n" not in line
