@@ -18,6 +18,7 @@ Bad input is refused before anything is touched, with an error naming the field:
 from __future__ import annotations
 
 import math
+import operator
 import re
 from datetime import UTC, datetime
 from typing import Annotated, Any
@@ -125,11 +126,15 @@ def check_when(value: Any, field: str) -> datetime:
 
 def check_limit(value: Any, field: str = "limit", maximum: int = MAX_RESULTS) -> int:
     """An integer from 1 to ``maximum`` (``True`` is not a number here)."""
-    if isinstance(value, bool) or not isinstance(value, int):
+    try:
+        number = operator.index(value)  # int, numpy's integers; not 2.0, not "2"
+    except TypeError:
+        number = None
+    if isinstance(value, bool) or number is None:
         raise InvalidInputError(field, f"must be an integer, not {type(value).__name__}")
-    if not 1 <= value <= maximum:
-        raise InvalidInputError(field, f"must be from 1 to {maximum}; got {value}")
-    return value
+    if not 1 <= number <= maximum:
+        raise InvalidInputError(field, f"must be from 1 to {maximum}; got {number}")
+    return number
 
 
 def check_ttl(seconds: Any, field: str = "ttl_seconds") -> float:
