@@ -399,6 +399,10 @@ async def test_every_field_of_every_mcp_tool_refuses_hostile_values(
                 status = 422 if result.get("isError") else 200
                 if (problem := judged(tool, field, value, status, error)) is not None:
                     wrong.append(problem)
+        ghost = {"session_id": "ghost1", "key": "stray", "value": 1}
+        answer = await mcp.request("tools/call", {"name": "wm_set", "arguments": ghost})
+        assert answer["result"]["isError"], answer  # a door never creates a session
+        assert "unknown_session: session_id ghost1" in answer["result"]["content"][0]["text"]
         after = await snapshot(redis, settings.stream_prefix, settings.database_url)
         still = await mcp.request("tools/call", {"name": "recall", "arguments": {"query": "x"}})
         assert not still["result"].get("isError"), still
