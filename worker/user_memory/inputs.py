@@ -25,6 +25,7 @@ from schemas.inputs import (
 from schemas.limits import (
     MAX_FACT_FIELD_BYTES,
     MAX_QUERY_BYTES,
+    MAX_RESULTS,
     MAX_TURN_TEXT_BYTES,
     MAX_VALUE_BYTES,
 )
@@ -58,6 +59,19 @@ def check_recall(query: Any, limit: Any, kind: Any = "episodic", time_range: Any
             raise InvalidInputError("time_range", "must be a (start, end) pair of times")
         check_when(time_range[0], "time_range")
         check_when(time_range[1], "time_range")
+
+
+def check_recall_facts(query: Any, limit: Any, valid_at: Any) -> None:
+    check_query(query)
+    check_limit(limit)
+    if valid_at is not None:
+        check_when(valid_at, "valid_at")
+
+
+def check_session(session_id: Any, limit: Any) -> None:
+    """``session_messages``' arguments: a session id, a limit of messages."""
+    check_id(session_id, "session_id")
+    check_limit(limit, maximum=2 * MAX_RESULTS)
 
 
 def _json_problem(value: Any, field: str, max_bytes: int) -> None:

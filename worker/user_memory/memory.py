@@ -23,8 +23,6 @@ from redis.asyncio.cluster import RedisCluster
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from schemas.inputs import check_id, check_limit, check_when
-from schemas.limits import MAX_RESULTS
 from worker.connections import client_for
 from worker.db.batch import mark_announced
 from worker.db.engine import create_database_engine
@@ -42,7 +40,7 @@ from worker.settings import Settings
 from worker.user_memory import blocks, turns
 from worker.user_memory.extractors import Extractor, run_extractor
 from worker.user_memory.facts import FactStore
-from worker.user_memory.inputs import check_episode, check_query, check_recall
+from worker.user_memory.inputs import check_episode, check_recall, check_recall_facts, check_session
 from worker.user_memory.models import (
     Episode,
     EpisodeMatch,
@@ -235,8 +233,7 @@ class Memory:
         user_id: str | None = None,
         alpha: float = 0.5,
     ) -> list[EpisodeMatch]:
-        """The user's episodes best matching ``query`` with their scores (``recall`` module).
-        Bad arguments raise ``InvalidInputError`` naming them (``user_memory.inputs``)."""
+        """The user's episodes best matching ``query`` with their scores (``recall`` module)."""
         check_recall(query, limit, kind, time_range)
         return await self._recall(query, limit, time_range, user_id, alpha)
 
@@ -343,10 +340,7 @@ class Memory:
         user_id: str | None = None,
     ) -> list[Fact]:
         """The user's facts valid at ``valid_at`` best matching ``query``."""
-        check_query(query)
-        check_limit(limit)
-        if valid_at is not None:
-            check_when(valid_at, "valid_at")
+        check_recall_facts(query, limit, valid_at)
         found = await self.facts.recall_text(query, limit=limit, valid_at=valid_at, user_id=user_id)
         return list(found)
 
@@ -354,8 +348,7 @@ class Memory:
         self, session_id: str, *, user_id: str | None = None, limit: int = 20
     ) -> list[Message]:
         """The session's last ``limit // 2`` turns as messages, oldest first."""
-        check_id(session_id, "session_id")
-        check_limit(limit, maximum=2 * MAX_RESULTS)
+        check_session(session_id, limit)
         async with self.engine.connect() as conn:
             recent = await turns.episodes_of(
                 conn,
