@@ -11,3 +11,24 @@ MAX_VALUE_BYTES = 1_048_576
 MAX_SCRATCHPAD_ENTRIES = 1_000
 MAX_TASK_DESCRIPTION_CHARS = 2_000
 MAX_CORRELATION_ID_CHARS = 128
+
+# The input rule of every door (HTTP, MCP, Python, CLI, streams): ``schemas.inputs`` checks them.
+MAX_ID_CHARS = 128
+"""Every id (project, user, session, turn, fact, block name): 1-128 of ``[A-Za-z0-9._:-]``."""
+MAX_TURN_TEXT_BYTES = 262_144
+"""A turn's ``input`` and ``output`` together, UTF-8. Postgres indexes a turn's words in one
+``tsvector`` of at most 1 MB; a text of distinct words costs up to ~2.8 times its size there,
+so 256 KiB of text always fits (a longer text is refused, never cut)."""
+MAX_QUERY_BYTES = 32_768
+"""A recall query, UTF-8 (LoomFlow's agents recall with the user's prompt: 32 KiB is a long
+prompt; a longer one is refused with an error naming ``query``)."""
+MAX_FACT_FIELD_BYTES = 4_096
+"""A fact's ``subject``, ``predicate``, ``object`` and each of its ``sources``, UTF-8."""
+MAX_RESULTS = 10_000
+"""The largest ``limit`` a read takes in Python (the HTTP and MCP tools take up to 100, or
+1,000 messages)."""
+MAX_TTL_SECONDS = 31_536_000
+"""The longest ``ttl_seconds`` (365 days): finite, positive, at most this."""
+EARLIEST_YEAR = 1
+LATEST_YEAR = 9999
+"""A time must be a real instant in 0001-01-01..9999-12-31 UTC (in any offset)."""

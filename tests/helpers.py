@@ -144,3 +144,23 @@ def worker_process(
                 proc.wait()
         if proc.stderr:
             proc.stderr.close()
+
+
+async def spawn_session(
+    redis: Redis, settings: Settings, project: str, session: str, user_id: str | None = None
+) -> None:
+    """Spawn ``session`` the real way (a spawn command applied by a lifecycle worker running
+    for the call), so the doors that serve only live sessions serve it."""
+    from worker.keys import SessionKeys
+
+    fields: dict[str, Any] = {} if user_id is None else {"user_id": user_id}
+    meta = SessionKeys.for_session(settings.stream_prefix, settings.shards, project, session).meta
+    async with running_worker(settings):
+        await publish(
+            redis, settings, command("spawn", f"spawn-{session}", session, project, **fields)
+        )
+
+        async def live() -> bool:
+            return await redis.hget(meta, "state") is not None
+
+        await wait_until(live)

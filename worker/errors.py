@@ -17,6 +17,7 @@ from pydantic import ValidationError
 from redis.exceptions import AuthenticationError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
 
+from schemas.inputs import InvalidInputError
 from worker.credentials import ShippedSecretError, mask
 
 
@@ -49,6 +50,11 @@ def _chain(exc: BaseException) -> Iterator[BaseException]:
 
 def _first_line(text: str) -> str:
     return text.strip().splitlines()[0] if text.strip() else ""
+
+
+def _invalid_input(exc: BaseException) -> str | None:
+    """An argument the input rule refused (``schemas.inputs``): its message names it."""
+    return _first_line(str(exc)) if isinstance(exc, InvalidInputError) else None
 
 
 def _configuration(exc: BaseException) -> str | None:
@@ -156,6 +162,7 @@ def _port_in_use(exc: BaseException) -> str | None:
 
 
 KNOWN: list[Callable[[BaseException], str | None]] = [
+    _invalid_input,
     _configuration,
     _postgres,
     _redis,

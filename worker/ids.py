@@ -10,6 +10,7 @@ import re
 import uuid
 
 from schemas.ids import ID_PATTERN
+from schemas.inputs import InvalidInputError
 
 __all__ = [
     "ID_CHARS",
@@ -28,16 +29,20 @@ _ID_RE = re.compile(ID_PATTERN)
 assert f"^{ID_CHARS}$" == ID_PATTERN
 
 
-class InvalidIdError(ValueError):
-    """An id that may not enter a key name."""
+class InvalidIdError(InvalidInputError):
+    """An id that may not enter a key name (``field`` names the argument)."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__(field, problem)
+        self.args = (f"{field} {problem}",)
 
 
 def validate_id(value: str, field: str = "id") -> str:
     """Return ``value`` if it is 1–128 characters of ``[A-Za-z0-9._:-]``, else raise."""
     if not isinstance(value, str) or not _ID_RE.fullmatch(value):
         raise InvalidIdError(
-            f"{field} must be 1-128 characters of letters, digits, '.', '_', ':' or '-'; "
-            f"got {value!r:.80}"
+            field,
+            f"must be 1-128 characters of letters, digits, '.', '_', ':' or '-'; got {value!r:.80}",
         )
     return value
 

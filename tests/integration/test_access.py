@@ -17,7 +17,7 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 from redis.asyncio import Redis
 
 from tests.cli_process import Memworker
-from tests.helpers import worker_env
+from tests.helpers import spawn_session, worker_env
 from tests.integration.results_factory import migrated_engine
 from worker.settings import Settings
 
@@ -175,7 +175,7 @@ async def test_the_http_api_answers_bad_input_with_a_4xx_and_one_line(
                 422,
                 "user_id",
             ),
-            ("/v1/recall", {"query": "x", "user_id": "not an id"}, 400, "user_id"),
+            ("/v1/recall", {"query": "x", "user_id": "not an id"}, 422, "user_id"),
             ("/v1/forget", {}, 400, "forget needs a selector"),
             ("/v1/nothing", {}, 404, "no such path /v1/nothing"),
             (
@@ -209,9 +209,10 @@ async def test_the_http_api_answers_bad_input_with_a_4xx_and_one_line(
 
 
 async def test_the_http_api_serves_openapi_probes_metrics_and_working_memory(
-    api: tuple[str, Memworker],
+    api: tuple[str, Memworker], redis: Redis, settings: Settings
 ) -> None:
     base, _ = api
+    await spawn_session(redis, settings, PROJECT, "s1")
     async with httpx.AsyncClient(base_url=base, timeout=30) as http:
         document = (await http.get("/openapi.json")).json()
         assert {"/v1/remember", "/v1/recall", "/v1/wm_get", "/v1/forget"} <= set(document["paths"])
@@ -296,3 +297,26 @@ async def test_mcp_over_streamable_http_refuses_without_the_token_then_remembers
             assert "ferry to Tangier" in json.dumps(result_of(found))
     finally:
         process.close()
+
+
+async def test_working_memory_of_a_session_never_spawned_is_refused_and_not_created(
+    api: tuple[str, Memworker], redis: Redis, settings: Settings
+) -> None:
+    """Before: an unpinned ``wm_set`` created ``ghost1`` (24 h TTL), and its later spawn
+    carried the stray key though the spawn said ``initial_items: 1``."""
+    base, _ = api
+    async with httpx.AsyncClient(base_url=base, timeout=30, headers=AUTH) as http:
+        for path, body in [
+            ("/v1/wm_set", {"session_id": "ghost1", "key": "stray", "value": 1}),
+            ("/v1/wm_get", {"session_id": "ghost1"}),
+            ("/v1/wm_get", {"session_id": "ghost1", "key": "stray"}),
+        ]:
+            got = await http.post(path, json=body)
+            assert got.status_code == 404, (path, got.text)
+            assert got.json()["error"].startswith("unknown_session: session_id ghost1")
+        assert [k async for k in redis.scan_iter(match=f"{settings.stream_prefix}:*ghost1*")] == []
+        await spawn_session(redis, settings, PROJECT, "ghost1")
+        got = await http.post("/v1/wm_get", json={"session_id": "ghost1"})
+        assert got.status_code == 200 and got.json() == {"variables": {}}, got.text
+        done = await http.post("/v1/wm_set", json={"session_id": "ghost1", "key": "k", "value": 2})
+        assert done.status_code == 200, done.text

@@ -7,6 +7,7 @@ client's lifetime); everything else must behave the same on both backends.
 from __future__ import annotations
 
 import asyncio
+import math
 import socket
 import uuid
 from collections.abc import Awaitable, Callable
@@ -20,6 +21,7 @@ import pytest
 import structlog
 from redis.asyncio import Redis
 
+from schemas.inputs import InvalidInputError
 from tests.redis_process import RedisProcess
 from worker.ids import InvalidIdError
 from worker.keys import SessionKeys, escape_glob
@@ -192,9 +194,16 @@ async def test_setting_a_key_without_ttl_removes_its_earlier_expiry(
     assert await memory.get("a") == 2
 
 
-async def test_a_ttl_that_is_not_positive_is_refused(memory: WorkingMemory) -> None:
-    with pytest.raises(ValueError, match="ttl_seconds must be positive"):
-        await memory.set("a", 1, ttl_seconds=0)
+@pytest.mark.parametrize("ttl", [0, -1, math.inf, math.nan, 10**12, timedelta(days=400)], ids=repr)
+async def test_a_ttl_that_is_not_positive_finite_and_at_most_a_year_is_refused(
+    memory: WorkingMemory, ttl: Any
+) -> None:
+    """Infinity used to escape as an OverflowError (a 500 at the doors): now every bad ttl is
+    an ``InvalidInputError`` naming ``ttl_seconds``, and nothing is written."""
+    with pytest.raises(InvalidInputError, match="ttl_seconds") as refused:
+        await memory.set("a", 1, ttl_seconds=ttl)
+    assert refused.value.field == "ttl_seconds"
+    assert not await memory.exists("a")
 
 
 async def test_an_idle_session_expires_entirely(harness: Harness) -> None:

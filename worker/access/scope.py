@@ -15,6 +15,7 @@ from typing import Any
 from pydantic import ValidationError
 from sqlalchemy import text
 
+from schemas.inputs import InvalidInputError
 from worker.connections import AnyRedis, client_for
 from worker.db.engine import create_database_engine
 from worker.erasure.forget import ForgetIncompleteError
@@ -22,6 +23,7 @@ from worker.errors import ActionableError, one_line
 from worker.ids import validate_id
 from worker.keys import SessionKeys
 from worker.memory import (
+    LimitExceededError,
     MemoryNotFoundError,
     RedisUnavailableError,
     SessionPausedError,
@@ -29,6 +31,7 @@ from worker.memory import (
     WorkingMemory,
 )
 from worker.settings import Settings
+from worker.user_memory.blocks import BlockTooLargeError
 from worker.user_memory.memory import Memory
 from worker.user_memory.models import IsolationWarning
 from worker.user_memory.turns import EpisodeConflictError
@@ -76,20 +79,28 @@ class Access:
         )
 
     async def working_memory(self, session_id: str) -> WorkingMemory:
-        """The live session's working memory; on a pinned server only a session whose spawn
-        named the pinned user."""
+        """The live session's working memory: a session a spawn created (else 404
+        ``unknown_session``: a door never creates one, unlike ``WorkingMemory`` in Python); on
+        a pinned server only a session whose spawn named the pinned user (else 403)."""
         session_id = validate_id(session_id, "session_id")
-        if self.user_id is not None:
-            keys = SessionKeys.for_session(
-                self.settings.stream_prefix, self.settings.shards, self.project_id, session_id
+        keys = SessionKeys.for_session(
+            self.settings.stream_prefix, self.settings.shards, self.project_id, session_id
+        )
+        state, owner = await self.redis.hmget(keys.meta, ["state", "user_id"])
+        if self.user_id is not None and (
+            state is None or owner is None or _text(owner) != self.user_id
+        ):  # the same answer for another user's session and none: no oracle of ids
+            raise AccessError(
+                f"session {session_id} of project {self.project_id} is not user "
+                f"{self.user_id}'s (its spawn named no such user)",
+                403,
             )
-            owner = await self.redis.hget(keys.meta, "user_id")
-            if owner is None or _text(owner) != self.user_id:
-                raise AccessError(
-                    f"session {session_id} of project {self.project_id} is not user "
-                    f"{self.user_id}'s (its spawn named no such user)",
-                    403,
-                )
+        if state is None:  # never spawned (or gone): a door never creates a session
+            raise AccessError(
+                f"unknown_session: session_id {session_id} of project {self.project_id} is not "
+                "a live session (no spawn of it was applied, or it has expired); spawn it first",
+                404,
+            )
         return await WorkingMemory.for_session(
             session_id, self.project_id, redis=self.redis, settings=self.settings
         )
@@ -125,6 +136,12 @@ def failure(exc: BaseException) -> tuple[int, str]:
         return exc.status, _first(exc)
     if isinstance(exc, ValidationError):
         return 422, invalid_arguments(exc)
+    if isinstance(exc, LimitExceededError | BlockTooLargeError):
+        return 413, _first(exc)
+    if isinstance(exc, InvalidInputError):
+        return 422, "invalid arguments: " + _first(exc)
+    if (refused := _data_refused(exc)) is not None:
+        return 422, refused
     if isinstance(exc, MemoryNotFoundError):
         return 404, _first(exc)
     if isinstance(exc, SessionTerminatedError | SessionPausedError | EpisodeConflictError):
@@ -141,6 +158,20 @@ def failure(exc: BaseException) -> tuple[int, str]:
 def _first(exc: BaseException) -> str:
     lines = str(exc).strip().splitlines()
     return lines[0] if lines else type(exc).__name__
+
+
+def _data_refused(exc: BaseException) -> str | None:
+    """Postgres refusing the data itself (SQLSTATE class 22, data exception; 54, a limit such
+    as a tsvector past 1 MB): bad input the rule above did not catch, never an outage."""
+    current: BaseException | None = exc
+    for _ in range(5):
+        if current is None:
+            return None
+        sqlstate = getattr(current, "sqlstate", None)
+        if isinstance(sqlstate, str) and sqlstate[:2] in {"22", "54"}:
+            return f"invalid arguments: Postgres refused the data ({sqlstate}): {_first(current)}"
+        current = getattr(current, "orig", None) or current.__cause__
+    return None
 
 
 def _from_a_server(exc: BaseException) -> bool:

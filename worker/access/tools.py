@@ -13,16 +13,25 @@ dropped, and a query nothing matches returns the newest episodes (``worker.Memor
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
+from schemas.inputs import IdText, When, text_rule
+from schemas.limits import (
+    MAX_FACT_FIELD_BYTES,
+    MAX_QUERY_BYTES,
+    MAX_TTL_SECONDS,
+    MAX_TURN_TEXT_BYTES,
+)
 from worker.access.scope import Access, AccessError, failure
 from worker.logs import get_logger
+from worker.memory.api import validate_key
 from worker.metrics import ACCESS_CALLS, ACCESS_SECONDS
 from worker.user_memory.models import Episode, Fact
 
@@ -39,32 +48,46 @@ USER = (
 SESSION = "The session id (1-128 of A-Za-z0-9._:-)."
 
 
-class Arguments(BaseModel):
-    """Arguments of every tool: unknown names are refused, not ignored."""
+TurnText = Annotated[str, text_rule(MAX_TURN_TEXT_BYTES)]
+Query = Annotated[str, text_rule(MAX_QUERY_BYTES)]
+FactText = Annotated[str, text_rule(MAX_FACT_FIELD_BYTES, empty=False)]
+BlockText = Annotated[str, text_rule(sys.maxsize)]  # its size: MEMWORKER_MAX_VALUE_BYTES (413)
 
-    model_config = ConfigDict(extra="forbid")
+
+class Arguments(BaseModel):
+    """Arguments of every tool: unknown names are refused, not ignored; every field follows
+    the input rule (``schemas.inputs``): ids, text without NUL or lone surrogates and within
+    its size, times in 0001..9999 UTC, finite numbers."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class UserArguments(Arguments):
-    user_id: str | None = Field(default=None, description=USER)
+    user_id: IdText | None = Field(default=None, description=USER)
 
 
 class RememberArguments(UserArguments):
-    session_id: str = Field(description=SESSION)
-    input: str = Field(description="What the user said or asked (the turn's input).")
-    output: str = Field(description="What the agent answered or did (the turn's output).")
-    id: str | None = Field(
+    session_id: IdText = Field(description=SESSION)
+    input: TurnText = Field(
+        description="What the user said or asked (the turn's input). Input and output "
+        f"together: at most {MAX_TURN_TEXT_BYTES} bytes (UTF-8)."
+    )
+    output: TurnText = Field(description="What the agent answered or did (the turn's output).")
+    id: IdText | None = Field(
         default=None,
         description="The turn's id: the same id again stores nothing more (a retry is safe); "
         "the same id with other content is refused. Default: a new id.",
     )
-    occurred_at: datetime | None = Field(
+    occurred_at: When | None = Field(
         default=None, description="When the turn happened (RFC 3339). Default: now."
     )
 
 
 class RecallArguments(UserArguments):
-    query: str = Field(description="What to recall, in words ('': the most recent episodes).")
+    query: Query = Field(
+        description="What to recall, in words ('': the most recent episodes; whitespace only "
+        f"is refused); at most {MAX_QUERY_BYTES} bytes (UTF-8)."
+    )
     limit: int = Field(default=5, ge=1, le=100, description="How many episodes at most.")
     min_score: float | None = Field(
         default=None,
@@ -74,28 +97,28 @@ class RecallArguments(UserArguments):
         "similarity to the query (vector_score, -1..1) is at least this, or, when it has no "
         "vector yet, when words matched it. Default: keep every match.",
     )
-    since: datetime | None = Field(
+    since: When | None = Field(
         default=None, description="Only episodes at or after this time (RFC 3339)."
     )
-    until: datetime | None = Field(
+    until: When | None = Field(
         default=None, description="Only episodes at or before this time (RFC 3339)."
     )
 
 
 class RecallFactsArguments(UserArguments):
-    query: str = Field(default="", description="Words to match ('': the most recent facts).")
+    query: Query = Field(default="", description="Words to match ('': the most recent facts).")
     limit: int = Field(default=5, ge=1, le=100, description="How many facts at most.")
-    valid_at: datetime | None = Field(
+    valid_at: When | None = Field(
         default=None, description="Only facts true at this time (RFC 3339). Default: any."
     )
 
 
 class AddFactArguments(UserArguments):
-    subject: str = Field(min_length=1, description="Who or what the fact is about.")
-    predicate: str = Field(min_length=1, description="The relation, e.g. lives_in.")
-    object: str = Field(min_length=1, description="The value, e.g. Lisbon.")
+    subject: FactText = Field(description="Who or what the fact is about.")
+    predicate: FactText = Field(description="The relation, e.g. lives_in.")
+    object: FactText = Field(description="The value, e.g. Lisbon.")
     confidence: float = Field(default=1.0, ge=0.0, le=1.0, description="How sure (0..1).")
-    valid_from: datetime | None = Field(
+    valid_from: When | None = Field(
         default=None,
         description="Since when it is true (RFC 3339). Default: now. A contradicting fact "
         "(same subject and predicate) is superseded from then on.",
@@ -103,41 +126,45 @@ class AddFactArguments(UserArguments):
 
 
 class BlockArguments(UserArguments):
-    name: str = Field(min_length=1, description="The block's name, e.g. persona.")
-    content: str = Field(description="The text.")
+    name: IdText = Field(description="The block's name, e.g. persona (an id).")
+    content: BlockText = Field(description="The text.")
 
 
 class SessionMessagesArguments(UserArguments):
-    session_id: str = Field(description=SESSION)
+    session_id: IdText = Field(description=SESSION)
     limit: int = Field(
         default=20, ge=1, le=1000, description="How many messages at most (two per turn)."
     )
 
 
 class ForgetArguments(UserArguments):
-    session_id: str | None = Field(
+    session_id: IdText | None = Field(
         default=None,
         description="Forget only this session's episodes. Without it, user_id must be given, "
         "and all of that user's episodes, facts and blocks are forgotten.",
     )
-    before: datetime | None = Field(
+    before: When | None = Field(
         default=None, description="Only what is older than this time (RFC 3339)."
     )
 
 
 class WmGetArguments(Arguments):
-    session_id: str = Field(description="The live session (its spawn's session_id).")
+    session_id: IdText = Field(description="The live session (its spawn's session_id).")
     key: str | None = Field(
         default=None, description="The variable. Default: every variable of the session."
     )
 
 
 class WmSetArguments(Arguments):
-    session_id: str = Field(description="The live session (its spawn's session_id).")
+    session_id: IdText = Field(description="The live session (its spawn's session_id).")
     key: str = Field(description="The variable (not starting with '_').")
     value: JsonValue = Field(description="Any JSON value.")
     ttl_seconds: float | None = Field(
-        default=None, gt=0, description="Forget the variable after this long. Default: never."
+        default=None,
+        gt=0,
+        le=MAX_TTL_SECONDS,
+        description="Forget the variable after this long (seconds, at most "
+        f"{MAX_TTL_SECONDS}). Default: never.",
     )
 
 
@@ -236,6 +263,8 @@ async def forget(access: Access, a: ForgetArguments) -> Any:
 
 
 async def wm_get(access: Access, a: WmGetArguments) -> Any:
+    if a.key is not None:
+        validate_key(a.key)
     async with await access.working_memory(a.session_id) as memory:
         if a.key is None:
             return {"variables": await memory.get_all()}
@@ -247,6 +276,7 @@ async def wm_get(access: Access, a: WmGetArguments) -> Any:
 
 
 async def wm_set(access: Access, a: WmSetArguments) -> Any:
+    validate_key(a.key)  # every argument before the session is looked up
     async with await access.working_memory(a.session_id) as memory:
         await memory.set(a.key, a.value, a.ttl_seconds)
     return {"ok": True}

@@ -25,6 +25,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker
 
+from schemas.inputs import check_limit, check_text, check_when
+from schemas.limits import MAX_QUERY_BYTES
 from worker.db.models import SEARCH_CONFIG, Episode, LifecycleEvent
 from worker.episodes.embedding import Embedder
 from worker.episodes.ranking import DEFAULT_WEIGHTS, Candidate, RecallWeights, fuse
@@ -246,6 +248,11 @@ class EpisodeStore:
         validate_id(project_id, "project_id")
         if user_id is not None:
             validate_id(user_id, "user_id")
+        check_text(query, "query", MAX_QUERY_BYTES)  # the input rule (schemas.inputs)
+        check_limit(limit)
+        for field, when in (("since", since), ("until", until)):
+            if when is not None:
+                check_when(when, field)
         filters = _episode_filters(
             project_id, session_id, agent_instance_id, agent_type_id, outcome, since, until, user_id
         )

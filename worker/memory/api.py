@@ -25,6 +25,7 @@ import orjson
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from schemas.inputs import check_ttl, text_problem
 from worker.codec import json_bytes
 from worker.connections import AnyRedis, client_for
 from worker.ids import InvalidIdError, id_text, validate_id
@@ -72,6 +73,8 @@ def validate_key(key: str) -> str:
         )
     if _CONTROL.search(key):
         raise InvalidKeyError(f"key {key!r:.80} contains control characters")
+    if text_problem(key, MAX_KEY_LENGTH * 4) is not None:
+        raise InvalidKeyError(f"key {key!r:.80} is not Unicode text (a lone surrogate)")
     if key.startswith(RESERVED_PREFIX):
         raise ReservedKeyError(
             f"key {key!r:.80} starts with {RESERVED_PREFIX!r}; those names are reserved for "
@@ -83,9 +86,7 @@ def validate_key(key: str) -> str:
 def _ttl_ms(ttl: Ttl | None) -> int | None:
     if ttl is None:
         return None
-    seconds = ttl.total_seconds() if isinstance(ttl, timedelta) else float(ttl)
-    if seconds <= 0:
-        raise ValueError(f"ttl_seconds must be positive seconds; got {ttl!r}")
+    seconds = check_ttl(ttl.total_seconds() if isinstance(ttl, timedelta) else ttl)
     return max(1, round(seconds * 1000))
 
 

@@ -15,11 +15,13 @@ a write past it is refused with a ``ValueError`` and changes nothing.
 
 from __future__ import annotations
 
+import sys
 from datetime import datetime
 
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from schemas.inputs import InvalidInputError, check_id, check_text
 from worker.episodes.changes import change_event, owe
 from worker.user_memory.models import MemoryBlock, check_user_id
 
@@ -53,8 +55,11 @@ def user_key(user_id: str | None) -> str:
     return "" if checked is None else checked
 
 
-class BlockTooLargeError(ValueError):
+class BlockTooLargeError(InvalidInputError):
     """A block write that would take the block past ``MEMWORKER_MAX_VALUE_BYTES``."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("content", message)
 
 
 async def write_block(
@@ -68,10 +73,10 @@ async def write_block(
     max_bytes: int,
 ) -> None:
     """Replace (or append to) a block, creating it in the next slot; one ``block.updated``."""
-    if not isinstance(name, str) or not name:
-        raise ValueError("a block needs a non-empty name")
+    check_id(name, "name")
     if not isinstance(content, str):
-        raise TypeError(f"block content must be text, not {type(content).__name__}")
+        raise InvalidInputError("content", f"must be text, not {type(content).__name__}")
+    check_text(content, "content", sys.maxsize)  # NUL, lone surrogates; the size below
     if len(content.encode()) > max_bytes:
         raise BlockTooLargeError(
             f"block {name!r} would hold more than {max_bytes} bytes (MEMWORKER_MAX_VALUE_BYTES)"

@@ -50,6 +50,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from worker.db.models import SEARCH_CONFIG
 from worker.episodes.changes import change_event, owe
 from worker.episodes.embedding import fact_text
+from worker.user_memory.inputs import check_fact
 from worker.user_memory.models import (
     Fact,
     as_fact,
@@ -214,7 +215,7 @@ class FactStore:
     async def append_many(self, facts: Iterable[Fact | Any]) -> list[str]:
         """``append`` for each, in one transaction; their ids in order."""
         ids: list[str] = []
-        batch = [as_fact(f) for f in facts]
+        batch = [check_fact(as_fact(f)) for f in facts]
         if not batch:
             return ids
         vectors: list[list[float] | None] = [None] * len(batch)

@@ -41,6 +41,7 @@ from worker.settings import Settings
 from worker.user_memory import blocks, turns
 from worker.user_memory.extractors import Extractor, run_extractor
 from worker.user_memory.facts import FactStore
+from worker.user_memory.inputs import check_episode, check_recall, check_recall_facts, check_session
 from worker.user_memory.models import (
     Episode,
     EpisodeMatch,
@@ -170,7 +171,7 @@ class Memory:
 
     async def remember(self, episode: Episode | Any) -> str:
         """Store a turn (LoomFlow's ``Episode`` too), once; its id (``turns`` module doc)."""
-        episode = as_episode(episode)
+        episode = check_episode(as_episode(episode))
         row_id = turns.turn_uuid(self.project_id, episode.id)
         async with self.engine.begin() as conn:
             new, owed = await turns.insert_turn(conn, self.project_id, episode)
@@ -219,6 +220,7 @@ class Memory:
         user_id: str | None = None,
     ) -> list[Episode]:
         """The user's episodes best matching ``query`` (``recall_scored`` without scores)."""
+        check_recall(query, limit, kind, time_range)
         matches = await self._recall(query, limit, time_range, user_id, 0.5)
         return [m.episode for m in matches]
 
@@ -233,6 +235,7 @@ class Memory:
         alpha: float = 0.5,
     ) -> list[EpisodeMatch]:
         """The user's episodes best matching ``query`` with their scores (``recall`` module)."""
+        check_recall(query, limit, kind, time_range)
         return await self._recall(query, limit, time_range, user_id, alpha)
 
     async def _recall(
@@ -338,6 +341,7 @@ class Memory:
         user_id: str | None = None,
     ) -> list[Fact]:
         """The user's facts valid at ``valid_at`` best matching ``query``."""
+        check_recall_facts(query, limit, valid_at)
         found = await self.facts.recall_text(query, limit=limit, valid_at=valid_at, user_id=user_id)
         return list(found)
 
@@ -345,6 +349,7 @@ class Memory:
         self, session_id: str, *, user_id: str | None = None, limit: int = 20
     ) -> list[Message]:
         """The session's last ``limit // 2`` turns as messages, oldest first."""
+        check_session(session_id, limit)
         async with self.engine.connect() as conn:
             recent = await turns.episodes_of(
                 conn,

@@ -1,0 +1,188 @@
+"""The input rule every door applies (HTTP, MCP, Python, CLI, streams), defined once.
+
+Bad input is refused before anything is touched, with an error naming the field:
+``InvalidInputError`` (a ``ValueError``, with ``field``) in Python; the argument models' types
+(``IdText``, ``text_rule``, ``When``) give HTTP and MCP their 422 naming the field. The rules:
+
+- **ids** (project, user, session, turn, fact, block name): ``schemas.ids``' pattern, 1-128 of
+  ``[A-Za-z0-9._:-]``: no glob (``*``, ``?``, ``[``, ``%``), no path (``/``, ``..``), no
+  look-alike (fullwidth) letters;
+- **text**: a ``str``, with no NUL character and no lone surrogate (neither can be stored as
+  UTF-8 text in Postgres), at most a field's byte size in UTF-8 (``schemas.limits``);
+- **times**: a real instant in 0001-01-01..9999-12-31 UTC, whatever its offset
+  (``0001-01-01T00:00:00+14:00`` is before year 1 in UTC: refused);
+- **numbers**: finite (no NaN or Infinity), within the field's range; ``ttl_seconds`` in
+  (0, ``MAX_TTL_SECONDS``]; ``limit`` an integer from 1.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+import re
+from datetime import UTC, datetime
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, WithJsonSchema
+
+from schemas.ids import ID_PATTERN
+from schemas.limits import MAX_ID_CHARS, MAX_RESULTS, MAX_TTL_SECONDS
+
+__all__ = [
+    "IdText",
+    "InvalidInputError",
+    "When",
+    "check_id",
+    "check_limit",
+    "check_text",
+    "check_ttl",
+    "check_when",
+    "id_problem",
+    "text_problem",
+    "text_rule",
+    "when_problem",
+]
+
+_ID_RE = re.compile(ID_PATTERN)
+
+
+class InvalidInputError(ValueError):
+    """An argument refused by the input rule; ``field`` names it, the message says why."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__(f"{field}: {problem}")
+        self.field = field
+        self.problem = problem
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def id_problem(value: Any) -> str | None:
+    """Why ``value`` is not an id, or None."""
+    if not isinstance(value, str):
+        return f"must be an id (text), not {type(value).__name__}"
+    if _ID_RE.fullmatch(value) is None:
+        return (
+            f"must be 1-{MAX_ID_CHARS} characters of letters, digits, '.', '_', ':' or '-' "
+            f"(ASCII); got {_shown(value)}"
+        )
+    return None
+
+
+def check_id(value: Any, field: str) -> str:
+    if (problem := id_problem(value)) is not None:
+        raise InvalidInputError(field, problem)
+    return str(value)
+
+
+def text_problem(value: Any, max_bytes: int, *, empty: bool = True) -> str | None:
+    """Why ``value`` may not be stored as text of at most ``max_bytes`` UTF-8 bytes, or None."""
+    if not isinstance(value, str):
+        return f"must be text, not {type(value).__name__}"
+    if not empty and not value:
+        return "must not be empty"
+    if "\x00" in value:
+        return "contains a NUL character (\\x00), which text cannot hold"
+    try:
+        size = len(value.encode("utf-8"))
+    except UnicodeEncodeError as exc:
+        return (
+            f"contains a lone surrogate ({value[exc.start]!r} at {exc.start}), which is not "
+            "Unicode text"
+        )
+    if size > max_bytes:
+        return f"is {size} bytes (UTF-8); the most is {max_bytes}"
+    return None
+
+
+def check_text(value: Any, field: str, max_bytes: int, *, empty: bool = True) -> str:
+    if (problem := text_problem(value, max_bytes, empty=empty)) is not None:
+        raise InvalidInputError(field, problem)
+    return str(value)
+
+
+def when_problem(value: Any) -> str | None:
+    """Why ``value`` is not a storable instant, or None (a naive one is read as UTC)."""
+    if not isinstance(value, datetime):
+        return f"must be a time (RFC 3339), not {type(value).__name__}"
+    if value.tzinfo is None or value.utcoffset() is None:
+        return None
+    try:
+        value.astimezone(UTC)
+    except OverflowError:
+        return f"{value.isoformat()} is outside 0001-01-01..9999-12-31 in UTC"
+    return None
+
+
+def check_when(value: Any, field: str) -> datetime:
+    if (problem := when_problem(value)) is not None:
+        raise InvalidInputError(field, problem)
+    when: datetime = value
+    return when.replace(tzinfo=UTC) if when.tzinfo is None else when
+
+
+def check_limit(value: Any, field: str = "limit", maximum: int = MAX_RESULTS) -> int:
+    """An integer from 1 to ``maximum`` (``True`` is not a number here)."""
+    try:
+        number = operator.index(value)  # int, numpy's integers; not 2.0, not "2"
+    except TypeError:
+        number = None
+    if isinstance(value, bool) or number is None:
+        raise InvalidInputError(field, f"must be an integer, not {type(value).__name__}")
+    if not 1 <= number <= maximum:
+        raise InvalidInputError(field, f"must be from 1 to {maximum}; got {number}")
+    return number
+
+
+def check_ttl(seconds: Any, field: str = "ttl_seconds") -> float:
+    """Finite seconds in (0, ``MAX_TTL_SECONDS``]."""
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float):
+        raise InvalidInputError(field, f"must be a number of seconds, not {type(seconds).__name__}")
+    if not math.isfinite(seconds) or not 0 < seconds <= MAX_TTL_SECONDS:
+        raise InvalidInputError(
+            field, f"must be more than 0 and at most {MAX_TTL_SECONDS} seconds; got {seconds!r}"
+        )
+    return float(seconds)
+
+
+def _when(value: datetime) -> datetime:
+    if (problem := when_problem(value)) is not None:
+        raise ValueError(problem)
+    return value
+
+
+def _text_validator(max_bytes: int, empty: bool) -> AfterValidator:
+    def check(value: str) -> str:
+        if (problem := text_problem(value, max_bytes, empty=empty)) is not None:
+            raise ValueError(problem)
+        return value
+
+    return AfterValidator(check)
+
+
+def _id(value: str) -> str:
+    if (problem := id_problem(value)) is not None:
+        raise ValueError(problem)
+    return value
+
+
+IdText = Annotated[
+    str,
+    AfterValidator(_id),
+    WithJsonSchema(
+        {"type": "string", "pattern": ID_PATTERN, "minLength": 1, "maxLength": MAX_ID_CHARS}
+    ),
+]
+"""An id argument (the argument models' type; its JSON Schema carries the pattern)."""
+
+When = Annotated[datetime, AfterValidator(_when)]
+"""A time argument: a real instant in 0001..9999 UTC."""
+
+
+def text_rule(max_bytes: int, *, empty: bool = True) -> AfterValidator:
+    """A text argument's check, for ``Annotated[str, text_rule(n)]``: no NUL, no lone
+    surrogate, at most ``max_bytes`` UTF-8."""
+    return _text_validator(max_bytes, empty)
