@@ -8,6 +8,9 @@ environment ``dev.env`` exports, as after ``source dev.env``.
 
 A block that cannot run in a test says so in the README, right before it, with
 ``<!-- not run: <why> -->``; that marker is the only way to skip one.
+
+A port a block's server listens on (``--port 8765``) is a free one of the test's in the code it
+runs: the user's own server may hold the README's, and the test's requests must not reach it.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import re
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +35,15 @@ FENCE = re.compile(
     r"(?:<!--\s*not run:(?P<why>.*?)-->\s*\n)?```(?P<lang>[\w-]*)\n(?P<code>.*?)```", re.S
 )
 RUNNABLE = {"bash": "bash", "sh": "bash", "shell": "bash", "python": "python"}
+LISTENS = re.compile(r"--(?:port|http|metrics-port)[ =](\d+)\b")
+
+
+def on_free_ports(code: str, free: Callable[[], int] = free_port) -> str:
+    """``code`` with every port one of its servers listens on replaced by a free one, each
+    occurrence of that number (the URLs that reach it too)."""
+    for port in dict.fromkeys(LISTENS.findall(code)):
+        code = re.sub(rf"(?<![\d.]){port}(?!\d)", str(free()), code)
+    return code
 
 
 @dataclass
@@ -91,6 +104,17 @@ def _dev_env(path: Path) -> dict[str, str]:
     return exported
 
 
+def test_the_readme_s_servers_listen_on_free_ports_in_the_test() -> None:
+    """A user's ``serve`` on the README's port 8765 must not get the test's requests."""
+    http = [b for b in readme_blocks() if b.not_run is None and "memworker serve" in b.code]
+    assert http and all(LISTENS.search(b.code) for b in http)
+    for block in http:
+        ran = on_free_ports(block.code, free=lambda: 40123)
+        for port in LISTENS.findall(block.code):
+            assert not re.search(rf"(?<![\d.]){port}(?!\d)", ran), ran
+        assert "--port 40123" in ran and "http://127.0.0.1:40123/v1/forget" in ran
+
+
 async def test_every_readme_block_runs_as_written(
     tmp_path: Path, redis_url: str, database_url: str, prefix: str, redis: Redis
 ) -> None:
@@ -105,7 +129,7 @@ async def test_every_readme_block_runs_as_written(
         k: v
         for k, v in os.environ.items()
         if k not in ("REDIS_URL", "DATABASE_URL", "XDG_DATA_HOME", "VIRTUAL_ENV")
-        and not k.startswith("MEMWORKER_")
+        and (not k.startswith("MEMWORKER_") or k == "MEMWORKER_EMBEDDING_CACHE_DIR")
     }
     base_env.update(HOME=str(home), PATH=path)
     dev = Memworker(
@@ -126,10 +150,11 @@ async def test_every_readme_block_runs_as_written(
         for block in readme_blocks():
             if block.not_run is not None or block.language not in RUNNABLE:
                 continue
+            code = on_free_ports(block.code)
             if RUNNABLE[block.language] == "bash":
-                command, env = ["bash", "-euo", "pipefail", "-c", block.code], base_env
+                command, env = ["bash", "-euo", "pipefail", "-c", code], base_env
             else:
-                command, env = [str(work / ".venv/bin/python"), "-c", block.code], sourced
+                command, env = [str(work / ".venv/bin/python"), "-c", code], sourced
             done = subprocess.run(
                 command, cwd=work, env=env, capture_output=True, text=True, timeout=180, check=False
             )
