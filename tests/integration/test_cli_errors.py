@@ -159,6 +159,28 @@ def test_a_taken_metrics_port_names_the_port_and_the_option(
     assert not (tmp_path / "dev.env").exists(), "a dev that did not start wrote no dev.env"
 
 
+@pytest.mark.parametrize(("command", "option"), [("serve", "--port"), ("mcp", "--http")])
+def test_a_taken_api_port_names_the_port_and_the_option(
+    redis_url: str, database_url: str, command: str, option: str
+) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = memworker(
+            command,
+            option,
+            str(port),
+            REDIS_URL=redis_url,
+            DATABASE_URL=database_url,
+            MEMWORKER_API_TOKEN="t0ken",
+            MEMWORKER_LOG_JSON="true",
+        )
+    line = one_error_line(proc)
+    assert line.startswith(f"port {port} is already in use"), line
+    assert option in line
+
+
 def test_shard_rejects_ids_every_other_command_rejects() -> None:
     proc = memworker("shard", "-p", "my project", "-s", "s1")
     assert proc.returncode == 2, proc.stderr
