@@ -1,5 +1,6 @@
 """``memworker serve``: the tools (``tools.TOOLS``) as an HTTP API, one ``POST /v1/<tool>`` each
-with the tool's argument model as its JSON body, so the OpenAPI document (``/openapi.json``)
+with the tool's argument model as its JSON body (read as JSON whatever its ``Content-Type``:
+``json_bodies``), so the OpenAPI document (``/openapi.json``)
 carries the same schemas an MCP client sees. ``/healthz``, ``/readyz`` and ``/metrics`` as every
 memworker service serves them. Every error is ``{"error": "<one line>"}``: 4xx for bad input
 (the argument model's message, or the library's), 401 without the token, 413 past the body
@@ -21,6 +22,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException
 
 from worker.access.guard import Guard
+from worker.access.json_bodies import JsonBodies
 from worker.access.scope import Access, failure
 from worker.access.tools import TOOLS, Tool, invoke
 from worker.metrics import READY
@@ -137,4 +139,4 @@ def create_app(access: Callable[[], Access], *, token: str | None, max_bytes: in
     async def metrics() -> Response:
         return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
 
-    return Guard(app, token=token, max_bytes=max_bytes)
+    return Guard(JsonBodies(app), token=token, max_bytes=max_bytes)
