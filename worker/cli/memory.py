@@ -60,6 +60,13 @@ async def _with_episode_store(settings: Settings, use: Callable[[Any], Awaitable
         return await use(EpisodeStore(engine))
 
 
+def what_it_was(episode: dict[str, Any]) -> str:
+    """A session's episode by its task; a turn of user memory by what was said (input → output)."""
+    if episode.get("turn_id") is not None:
+        return f"{episode.get('input') or ''} → {episode.get('output') or ''}"
+    return str(episode.get("task_description") or "")
+
+
 @episodes_app.command("list")
 def episodes_list(
     project: Annotated[str, typer.Option("--project", "-p")],
@@ -78,14 +85,14 @@ def episodes_list(
     if as_json:
         print(json.dumps([r.to_dict() for r in rows], indent=2))
         return
-    table = Table("episode id", "session", "outcome", "finished", "task")
+    table = Table("episode id", "session", "outcome", "finished", "task (a turn: input → output)")
     for r in rows:
         table.add_row(
             str(r.id),
             r.session_id,
             r.outcome,
             r.occurred_at.isoformat(timespec="seconds"),
-            (r.task_description or "")[:60],
+            what_it_was(r.to_dict())[:60],
         )
     out.print(table)
 
@@ -203,7 +210,15 @@ def recall(
     if as_json:
         print(json.dumps(hits, indent=2))
         return
-    table = Table("score", "similarity", "occurred at", "outcome", "session", "task", "lessons")
+    table = Table(
+        "score",
+        "similarity",
+        "occurred at",
+        "outcome",
+        "session",
+        "task (a turn: input → output)",
+        "lessons",
+    )
     for hit in hits:
         table.add_row(
             f"{hit['score']:.3f}",
@@ -211,7 +226,7 @@ def recall(
             hit["occurred_at"][:19],
             hit["outcome"],
             hit["session_id"],
-            hit["task_description"] or "",
+            what_it_was(hit),
             "; ".join(str(lesson) for lesson in hit["lessons_learned"]),
         )
     out.print(table)
