@@ -15,6 +15,7 @@ runs: the user's own server may hold the README's, and the test's requests must 
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -26,6 +27,7 @@ from pathlib import Path
 
 from redis.asyncio import Redis
 
+from schemas.results import AgentSpawned
 from tests.cli_process import Memworker
 from tests.redis_process import free_port
 
@@ -175,3 +177,22 @@ async def test_every_readme_block_runs_as_written(
             for stream in re.findall(r"--publish-to\s+(\S+)", block.code):
                 await redis.delete(stream)
     assert not failures, "\n\n".join(failures)
+
+
+def test_the_readme_s_sample_spawn_result_has_the_fields_publish_wait_prints() -> None:
+    [sample] = [
+        json.loads(b.code)
+        for b in readme_blocks()
+        if b.language == "json" and '"type": "agent.spawned"' in b.code
+    ]
+    printed = json.loads(AgentSpawned.model_validate(sample).model_dump_json(indent=2))
+    assert list(sample) == list(printed)
+
+
+def test_the_readme_s_mcp_client_config_names_memworker_by_its_path() -> None:
+    """``make run`` puts no ``memworker`` on PATH: a client config naming it bare fails."""
+    configs = [json.loads(b.code) for b in readme_blocks() if '"mcpServers"' in b.code]
+    assert configs
+    for config in configs:
+        for server in config["mcpServers"].values():
+            assert server["command"].endswith("/.venv/bin/memworker"), server
