@@ -330,3 +330,67 @@ async def test_recall_and_episodes_list_show_what_a_turn_said(
         )
     )
     assert "Book the Lisbon train" in shown.stdout and "Booked for Friday." in shown.stdout
+
+
+async def test_stdin_content_drops_its_line_end_and_json_keeps_non_ascii_as_is(
+    redis: Redis, settings: Settings, database_url: str
+) -> None:
+    settings = await migrated(settings, database_url)
+    done = await run(
+        settings,
+        "blocks",
+        "-u",
+        "ann",
+        "--set",
+        "persona",
+        "--content",
+        "-",
+        "--json",
+        stdin="Ann mag Grüße\n",
+    )
+    assert as_json(done)["content"] == "Ann mag Grüße"
+    assert "Grüße" in done.stdout and "\\u00fc" not in done.stdout
+    remembered = await asyncio.to_thread(
+        episodes_cli, settings, "remember", "-p", "demo", "--id", "n1", "--task", "Grüße senden"
+    )
+    ok(remembered)
+    listed = ok(
+        await asyncio.to_thread(episodes_cli, settings, "episodes", "list", "-p", "demo", "--json")
+    )
+    assert "Grüße senden" in listed.stdout and "\\u00fc" not in listed.stdout
+
+
+async def test_episodes_show_of_a_forgotten_session_says_it_was_forgotten(
+    redis: Redis, settings: Settings, database_url: str
+) -> None:
+    settings = await migrated(settings, database_url)
+    ok(
+        await asyncio.to_thread(
+            episodes_cli,
+            settings,
+            "remember",
+            "-p",
+            "demo",
+            "--id",
+            "n1",
+            "--task",
+            "Keep it short",
+        )
+    )
+    show = ("episodes", "show", "-p", "demo", "-s", "remember:n1")
+    assert (
+        json.loads(ok(await asyncio.to_thread(episodes_cli, settings, *show)).stdout)[
+            "task_description"
+        ]
+        == "Keep it short"
+    )
+    ok(await asyncio.to_thread(episodes_cli, settings, "forget", "-p", "demo", "-s", "remember:n1"))
+    gone = await asyncio.to_thread(episodes_cli, settings, *show)
+    line = error_line(gone)
+    assert "no episode for session demo/remember:n1: it was forgotten" in line, line
+    never = error_line(
+        await asyncio.to_thread(
+            episodes_cli, settings, "episodes", "show", "-p", "demo", "-s", "never"
+        )
+    )
+    assert "forgotten" not in never and "not terminated yet" in never

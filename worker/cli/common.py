@@ -45,8 +45,9 @@ DEV_ENV_KEYS = ("REDIS_URL", "DATABASE_URL", "MEMWORKER_STREAM_PREFIX")
 
 
 def _set(key: str) -> bool:
-    """Whether the environment sets ``key`` (REDIS_URL may also be MEMWORKER_REDIS_URL)."""
-    return key in os.environ or f"MEMWORKER_{key}" in os.environ
+    """Whether the environment sets ``key`` (REDIS_URL may also be MEMWORKER_REDIS_URL); an
+    empty value is unset, as ``Settings`` reads it."""
+    return bool(os.environ.get(key) or os.environ.get(f"MEMWORKER_{key}"))
 
 
 def running_dev_env() -> dict[str, str]:

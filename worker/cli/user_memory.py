@@ -144,8 +144,13 @@ def blocks(
         raise typer.BadParameter("--content goes with --set NAME or --append NAME")
     if name is not None and content is None:
         raise typer.BadParameter(f"--{'set' if set_name is not None else 'append'} needs --content")
+    if name is not None and not name.strip():
+        raise typer.BadParameter(
+            "a block needs a name", param_hint="--set" if set_name is not None else "--append"
+        )
     if content == "-":
-        content = sys.stdin.read()
+        # As the shell's $(…) reads it: a line's end is not part of the text (echo, heredocs).
+        content = sys.stdin.read().removesuffix("\n").removesuffix("\r")
     settings, project_id = _scope(project, user)
 
     async def go(memory: Memory) -> list[Any]:
