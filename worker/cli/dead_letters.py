@@ -8,12 +8,12 @@ from typing import Annotated
 
 import typer
 from redis.asyncio import Redis
-from rich.table import Table
 
 from worker.cli.common import (
     ShardOption,
     chosen_shards,
     fail,
+    new_table,
     out,
     run_async,
     settings_from_env,
@@ -62,7 +62,7 @@ def dlq_list(
             )
         )
         return
-    table = Table("id", "reason", "source", "deliveries", "error")
+    table = new_table("id", "reason", "source", "deliveries", "error")
     for _stream, entry_id, f in rows:
         table.add_row(
             entry_id,

@@ -114,7 +114,7 @@ def publish(
         client = LifecycleClient(redis, settings)
         sent = await client.publish(body, assign_seq=not no_seq)
         if not wait:
-            out.print(sent)
+            print(sent, flush=True)
             return None
         try:
             result = await client.wait(sent, timeout)

@@ -9,12 +9,12 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 from redis.asyncio import Redis
-from rich.table import Table
 
 from worker.cli.common import (
     check_ids,
     database_engine,
     fail,
+    new_table,
     out,
     run_async,
     settings_from_env,
@@ -85,7 +85,9 @@ def episodes_list(
     if as_json:
         print(json.dumps([r.to_dict() for r in rows], indent=2, ensure_ascii=False))
         return
-    table = Table("episode id", "session", "outcome", "finished", "task (a turn: input → output)")
+    table = new_table(
+        "episode id", "session", "outcome", "finished", "task (a turn: input → output)"
+    )
     for r in rows:
         table.add_row(
             str(r.id),
@@ -234,7 +236,7 @@ def recall(
     if as_json:
         print(json.dumps(hits, indent=2, ensure_ascii=False))
         return
-    table = Table(
+    table = new_table(
         "score",
         "similarity",
         "occurred at",

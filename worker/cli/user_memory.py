@@ -18,9 +18,8 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import orjson
 import typer
-from rich.table import Table
 
-from worker.cli.common import check_ids, fail, out, run_async, settings_from_env
+from worker.cli.common import check_ids, fail, new_table, out, run_async, settings_from_env
 from worker.logs import configure_logging
 
 if TYPE_CHECKING:
@@ -181,7 +180,7 @@ def blocks(
     if as_json:
         _print_json([b.model_dump(mode="json") for b in found])
         return
-    table = Table("slot", "name", "bytes", "updated", "content")
+    table = new_table("slot", "name", "bytes", "updated", "content")
     for b in found:
         table.add_row(
             str(b.pinned_order),
@@ -226,7 +225,7 @@ def recall(
     if as_json:
         _print_json([m.model_dump(mode="json") for m in matches])
         return
-    table = Table("score", "bm25", "vector", "occurred at", "session", "input", "output")
+    table = new_table("score", "bm25", "vector", "occurred at", "session", "input", "output")
     for m in matches:
         e = m.episode
         table.add_row(
@@ -302,7 +301,7 @@ def facts(
         else:
             _print_json([f.model_dump(mode="json") for f in found])
         return
-    table = Table("subject", "predicate", "object", "confidence", "valid from", "until", "id")
+    table = new_table("subject", "predicate", "object", "confidence", "valid from", "until", "id")
     for f in found:
         table.add_row(
             f.subject,
