@@ -4,8 +4,9 @@
 reads ``dev.env`` from the default data dir, ``$XDG_DATA_HOME/memworker`` or
 ``~/.local/share/memworker``) nor write into the user's data. ``seal`` points HOME and the XDG
 base directories at a fresh temporary directory for the whole session, in this process and so in
-every subprocess it starts. The one thing kept is the embedding model's cache (a built ONNX file,
-read-only here): ``MEMWORKER_EMBEDDING_CACHE_DIR`` names the user's, so it is not built again.
+every subprocess it starts. The one thing kept is memworker's cache (the embedding model's built
+ONNX file, made there once if missing; LoomFlow's sdist): ``MEMWORKER_EMBEDDING_CACHE_DIR`` names
+the user's, so the model is not built again for every run.
 """
 
 from __future__ import annotations
