@@ -9,11 +9,13 @@ leave the user's data dir and the dev's data as they were, to the byte.
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from redis.asyncio import Redis
 
 from tests.cli_process import Memworker
@@ -24,12 +26,14 @@ CLI = [sys.executable, "-m", "worker.cli"]
 PICKUP = "of the memworker dev running on"
 
 NESTED = [
+    "tests/integration/test_working_memory.py::test_a_missing_key_reads_as_the_default",
     "tests/integration/test_cli_errors.py::test_an_unreachable_postgres_names_the_url_without_its_password",
     "tests/integration/test_cli_errors.py::test_a_redis_url_with_another_scheme_is_a_configuration_error",
     "tests/integration/test_cli_errors.py::test_a_database_url_for_another_database_is_a_configuration_error",
 ]
 """Tests that run the CLI in the suite's environment with one server URL unset: beside a dev
-whose ``dev.env`` the CLI read, they saw its servers and an extra line."""
+whose ``dev.env`` the CLI read, they saw its servers and an extra line; and one on the suite's
+Redis (a run on the user's dev's Redis deletes the worker's function library when it ends)."""
 
 
 def _files(directory: Path) -> dict[str, bytes]:
@@ -46,12 +50,15 @@ async def _user_data(redis: Redis, prefix: str) -> dict[str, object]:
         held[key.decode()] = (
             await redis.xrange(key) if kind == b"stream" else (kind, await redis.dump(key))
         )
+    held["FUNCTION LIST"] = await redis.function_list()  # the dev's worker loaded its library
     return held
 
 
+@pytest.mark.parametrize("sourced", [False, True], ids=["dev-running", "dev-env-sourced"])
 async def test_the_suite_beside_a_running_dev_leaves_the_users_data_alone(
-    tmp_path: Path, redis_url: str, database_url: str, prefix: str, redis: Redis
+    tmp_path: Path, redis_url: str, database_url: str, prefix: str, redis: Redis, sourced: bool
 ) -> None:
+    """``sourced``: the user ran ``source dev.env`` in the shell that runs ``make test``."""
     user_home = tmp_path / "user"
     user_home.mkdir()
     # The user's shell: their HOME, no server URLs, nothing of the suite's sealing.
@@ -98,12 +105,17 @@ async def test_the_suite_beside_a_running_dev_leaves_the_users_data_alone(
         assert users.returncode == 0 and PICKUP in users.stderr, users.stderr
         data_dir = user_home / ".local/share/memworker"
         files, held = _files(data_dir), await _user_data(redis, prefix)
-        assert "dev.env" in files and held
+        assert "dev.env" in files and held["FUNCTION LIST"]
+        shell = dict(user_env)
+        if sourced:
+            for line in files["dev.env"].decode().splitlines():
+                name, _, value = line.removeprefix("export ").partition("=")
+                shell[name] = shlex.split(value)[0]
 
         nested = subprocess.run(
             [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *NESTED],
             cwd=ROOT,
-            env=user_env,
+            env=shell,
             capture_output=True,
             text=True,
             timeout=600,
