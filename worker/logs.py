@@ -9,15 +9,19 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import structlog
+if TYPE_CHECKING:  # structlog (and the rich it may load) costs a command's start ~0.1 s
+    import structlog
 
 from worker.credentials import mask
 
 
 def configure_logging(level: str = "INFO", json: bool | None = None) -> None:
     """Configure structlog and the standard library's root logger once per process."""
+    import structlog
+    import structlog.dev
+
     as_json = (not sys.stderr.isatty()) if json is None else json
     numeric = logging.getLevelName(level.upper())
     if not isinstance(numeric, int):
@@ -69,5 +73,7 @@ class MaskingFormatter(logging.Formatter):
 
 
 def get_logger(name: str) -> structlog.stdlib.BoundLogger:
+    import structlog
+
     logger: structlog.stdlib.BoundLogger = structlog.get_logger(name)
     return logger

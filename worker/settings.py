@@ -37,7 +37,10 @@ def asyncpg_url(database_url: str) -> str:
 class Settings(BaseSettings):
     """All of memworker's configuration; field ``x`` reads ``MEMWORKER_X``."""
 
-    model_config = SettingsConfigDict(env_prefix="MEMWORKER_", extra="ignore", frozen=True)
+    # An empty variable (MEMWORKER_METRICS_PORT=) is unset: its default, not a bad value.
+    model_config = SettingsConfigDict(
+        env_prefix="MEMWORKER_", extra="ignore", frozen=True, env_ignore_empty=True
+    )
 
     redis_url: str = Field(
         default=DEFAULT_REDIS_URL,

@@ -1,6 +1,7 @@
 """``memworker dev`` leaves no server behind: every stop signal stops its embedded Valkey and
 PostgreSQL, and what a ``dev`` killed with SIGKILL left running, the next ``dev`` on the data dir
-stops before it starts its own (never two Valkeys on one data dir). It also takes its metrics
+stops before it starts its own (never two Valkeys on one data dir); a ``dev`` killed with SIGKILL
+has its servers stopped within seconds by its watchdog. It also takes its metrics
 port from ``MEMWORKER_METRICS_PORT`` as ``run`` does."""
 
 from __future__ import annotations
@@ -100,10 +101,41 @@ def test_every_stop_signal_stops_the_embedded_servers(
     assert gone(servers), f"still running after {signum.name}: {servers_on(data_dir)}"
 
 
+def watchdogs_of(data_dir: Path) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        cmdline = proc.info["cmdline"] or []
+        if "worker.ops.dev_watchdog" in cmdline and str(data_dir / "dev.lock") in cmdline:
+            found.append(proc)
+    return found
+
+
+def with_children(procs: list[psutil.Process]) -> list[psutil.Process]:
+    every = list(procs)
+    for proc in procs:
+        with contextlib.suppress(psutil.Error):
+            every += proc.children(recursive=True)
+    return every
+
+
+def test_nothing_outlives_a_dev_killed_with_sigkill_by_more_than_seconds(
+    dev: Dev, data_dir: Path
+) -> None:
+    proc = dev(metrics_port=free_port())
+    proc.wait_for("memworker dev is running.")
+    every = with_children(servers_on(data_dir)) + watchdogs_of(data_dir.resolve())
+    assert len(every) >= 4, every  # Valkey, the postmaster and its children, the watchdog
+    proc.proc.send_signal(signal.SIGKILL)
+    proc.proc.wait()
+    assert gone(every, timeout=10), f"outlived the killed dev: {every}"
+
+
 def test_servers_left_by_a_killed_dev_are_stopped_by_the_next_one(dev: Dev, data_dir: Path) -> None:
     first = dev(metrics_port=free_port())
     first.wait_for("memworker dev is running.")
     left = servers_on(data_dir)
+    [watchdog] = watchdogs_of(data_dir.resolve())
+    watchdog.kill()  # a kill of everything the dev started: its servers stay
     first.proc.send_signal(signal.SIGKILL)
     first.proc.wait()
     assert not gone(left, timeout=1), "SIGKILL leaves the daemons running: the case at hand"

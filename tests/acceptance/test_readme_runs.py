@@ -8,20 +8,26 @@ environment ``dev.env`` exports, as after ``source dev.env``.
 
 A block that cannot run in a test says so in the README, right before it, with
 ``<!-- not run: <why> -->``; that marker is the only way to skip one.
+
+A port a block's server listens on (``--port 8765``) is a free one of the test's in the code it
+runs: the user's own server may hold the README's, and the test's requests must not reach it.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from redis.asyncio import Redis
 
+from schemas.results import AgentSpawned
 from tests.cli_process import Memworker
 from tests.redis_process import free_port
 
@@ -31,6 +37,15 @@ FENCE = re.compile(
     r"(?:<!--\s*not run:(?P<why>.*?)-->\s*\n)?```(?P<lang>[\w-]*)\n(?P<code>.*?)```", re.S
 )
 RUNNABLE = {"bash": "bash", "sh": "bash", "shell": "bash", "python": "python"}
+LISTENS = re.compile(r"--(?:port|http|metrics-port)[ =](\d+)\b")
+
+
+def on_free_ports(code: str, free: Callable[[], int] = free_port) -> str:
+    """``code`` with every port one of its servers listens on replaced by a free one, each
+    occurrence of that number (the URLs that reach it too)."""
+    for port in dict.fromkeys(LISTENS.findall(code)):
+        code = re.sub(rf"(?<![\d.]){port}(?!\d)", str(free()), code)
+    return code
 
 
 @dataclass
@@ -91,6 +106,17 @@ def _dev_env(path: Path) -> dict[str, str]:
     return exported
 
 
+def test_the_readme_s_servers_listen_on_free_ports_in_the_test() -> None:
+    """A user's ``serve`` on the README's port 8765 must not get the test's requests."""
+    http = [b for b in readme_blocks() if b.not_run is None and "memworker serve" in b.code]
+    assert http and all(LISTENS.search(b.code) for b in http)
+    for block in http:
+        ran = on_free_ports(block.code, free=lambda: 40123)
+        for port in LISTENS.findall(block.code):
+            assert not re.search(rf"(?<![\d.]){port}(?!\d)", ran), ran
+        assert "--port 40123" in ran and "http://127.0.0.1:40123/v1/forget" in ran
+
+
 async def test_every_readme_block_runs_as_written(
     tmp_path: Path, redis_url: str, database_url: str, prefix: str, redis: Redis
 ) -> None:
@@ -105,7 +131,7 @@ async def test_every_readme_block_runs_as_written(
         k: v
         for k, v in os.environ.items()
         if k not in ("REDIS_URL", "DATABASE_URL", "XDG_DATA_HOME", "VIRTUAL_ENV")
-        and not k.startswith("MEMWORKER_")
+        and (not k.startswith("MEMWORKER_") or k == "MEMWORKER_EMBEDDING_CACHE_DIR")
     }
     base_env.update(HOME=str(home), PATH=path)
     dev = Memworker(
@@ -126,10 +152,11 @@ async def test_every_readme_block_runs_as_written(
         for block in readme_blocks():
             if block.not_run is not None or block.language not in RUNNABLE:
                 continue
+            code = on_free_ports(block.code)
             if RUNNABLE[block.language] == "bash":
-                command, env = ["bash", "-euo", "pipefail", "-c", block.code], base_env
+                command, env = ["bash", "-euo", "pipefail", "-c", code], base_env
             else:
-                command, env = [str(work / ".venv/bin/python"), "-c", block.code], sourced
+                command, env = [str(work / ".venv/bin/python"), "-c", code], sourced
             done = subprocess.run(
                 command, cwd=work, env=env, capture_output=True, text=True, timeout=180, check=False
             )
@@ -150,3 +177,22 @@ async def test_every_readme_block_runs_as_written(
             for stream in re.findall(r"--publish-to\s+(\S+)", block.code):
                 await redis.delete(stream)
     assert not failures, "\n\n".join(failures)
+
+
+def test_the_readme_s_sample_spawn_result_has_the_fields_publish_wait_prints() -> None:
+    [sample] = [
+        json.loads(b.code)
+        for b in readme_blocks()
+        if b.language == "json" and '"type": "agent.spawned"' in b.code
+    ]
+    printed = json.loads(AgentSpawned.model_validate(sample).model_dump_json(indent=2))
+    assert list(sample) == list(printed)
+
+
+def test_the_readme_s_mcp_client_config_names_memworker_by_its_path() -> None:
+    """``make run`` puts no ``memworker`` on PATH: a client config naming it bare fails."""
+    configs = [json.loads(b.code) for b in readme_blocks() if '"mcpServers"' in b.code]
+    assert configs
+    for config in configs:
+        for server in config["mcpServers"].values():
+            assert server["command"].endswith("/.venv/bin/memworker"), server

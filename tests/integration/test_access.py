@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
 import sys
 from collections.abc import AsyncIterator
 from typing import Any
@@ -320,3 +321,27 @@ async def test_working_memory_of_a_session_never_spawned_is_refused_and_not_crea
         assert got.status_code == 200 and got.json() == {"variables": {}}, got.text
         done = await http.post("/v1/wm_set", json={"session_id": "ghost1", "key": "k", "value": 2})
         assert done.status_code == 200, done.text
+
+
+async def test_the_http_api_reads_a_curl_d_body_as_json_without_a_content_type(
+    api: tuple[str, Memworker],
+) -> None:
+    """``curl -d`` (the README's forget example, verbatim) sends a form's content type."""
+    base, _ = api
+
+    def curl(path: str, body: str) -> Any:
+        done = subprocess.run(
+            ["curl", "-s", "-H", f"Authorization: Bearer {TOKEN}", f"{base}{path}", "-d", body],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        )
+        return json.loads(done.stdout)
+
+    assert curl("/v1/forget", "{}")["error"].startswith("forget needs a selector")
+    turn = {"user_id": "ann", "session_id": "c1", "input": "I love trains", "output": "Ok"}
+    remembered = curl("/v1/remember", json.dumps(turn))["id"]
+    found = curl("/v1/recall", json.dumps({"user_id": "ann", "query": "trains"}))
+    assert [m["episode"]["id"] for m in found] == [remembered]
+    assert "not JSON" in curl("/v1/recall", "query=trains")["error"]

@@ -159,6 +159,28 @@ def test_a_taken_metrics_port_names_the_port_and_the_option(
     assert not (tmp_path / "dev.env").exists(), "a dev that did not start wrote no dev.env"
 
 
+@pytest.mark.parametrize(("command", "option"), [("serve", "--port"), ("mcp", "--http")])
+def test_a_taken_api_port_names_the_port_and_the_option(
+    redis_url: str, database_url: str, command: str, option: str
+) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = memworker(
+            command,
+            option,
+            str(port),
+            REDIS_URL=redis_url,
+            DATABASE_URL=database_url,
+            MEMWORKER_API_TOKEN="t0ken",
+            MEMWORKER_LOG_JSON="true",
+        )
+    line = one_error_line(proc)
+    assert line.startswith(f"port {port} is already in use"), line
+    assert option in line
+
+
 def test_shard_rejects_ids_every_other_command_rejects() -> None:
     proc = memworker("shard", "-p", "my project", "-s", "s1")
     assert proc.returncode == 2, proc.stderr
@@ -215,3 +237,40 @@ def test_every_shard_option_reads_alike_in_help() -> None:
         assert (
             "--shard <int> One shard, 0 to MEMWORKER_SHARDS - 1 (default: every shard)." in shown
         ), (command, shown)
+
+
+def usage_error(proc: subprocess.CompletedProcess[str], option: str) -> str:
+    """The stderr of a usage error (exit status 2) about ``option``, without a traceback."""
+    assert proc.returncode == 2, (proc.returncode, proc.stderr)
+    assert "Traceback" not in proc.stderr and "unexpected" not in proc.stderr, proc.stderr
+    assert option in proc.stderr, proc.stderr
+    return proc.stderr
+
+
+def test_bad_values_are_usage_errors_before_anything_is_sent() -> None:
+    """Each would reach the (unreachable) servers if it got past its check: exit 1, not 2."""
+    dead = {"REDIS_URL": f"redis://127.0.0.1:{free_port()}/0"}
+    dead["DATABASE_URL"] = f"postgresql://postgres@127.0.0.1:{free_port()}/postgres"
+    spawn = ("publish", "spawn", "-p", "demo", "-s", "s1", "--state")
+    assert "NaN is not JSON" in usage_error(memworker(*spawn, '{"x": NaN}', **dead), "--state")
+    listed = usage_error(memworker(*spawn, "[1, 2]", **dead), "--state")
+    assert "must be a JSON object, not list" in listed
+    outcome = usage_error(
+        memworker("recall", "-p", "demo", "x", "--outcome", "bogus", **dead), "--outcome"
+    )
+    assert "success, failure, partial, abandoned" in outcome
+    for verb in ("--set", "--append"):
+        blocks = memworker("memory", "blocks", "-u", "ann", verb, "", "--content", "x", **dead)
+        assert "a block needs a name" in usage_error(blocks, verb)
+
+
+def test_usage_lines_write_arguments_as_click_does() -> None:
+    for args, usage in (
+        (("recall",), "recall [OPTIONS] QUERY"),
+        (("publish",), "publish [OPTIONS] TYPE"),
+        (("memory", "recall", "--help"), "memory recall [OPTIONS] QUERY"),
+        (("episodes", "show", "--help"), "episodes show [OPTIONS] [EPISODE_ID]"),
+    ):
+        shown = memworker(*args)
+        assert usage in shown.stdout + shown.stderr, shown
+        assert "{" not in (shown.stdout + shown.stderr).splitlines()[0], shown

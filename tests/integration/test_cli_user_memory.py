@@ -279,3 +279,118 @@ async def test_an_unmigrated_database_says_to_run_migrate(
     empty = settings.model_copy(update={"database_url": database_url})
     for args in (("facts", "-u", "ann"), ("blocks", "-u", "ann", "--set", "a", "--content", "b")):
         assert "memworker migrate" in error_line(await run(empty, *args))
+
+
+def episodes_cli(settings: Settings, *args: str) -> Any:
+    """``memworker <args>`` (not under ``memory``): ``recall``, ``episodes …``."""
+    return subprocess.run(
+        [sys.executable, "-m", "worker.cli", *args],
+        env=worker_env(settings),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+async def test_recall_and_episodes_list_show_what_a_turn_said(
+    redis: Redis, settings: Settings, database_url: str
+) -> None:
+    """A turn of user memory is its input and output, not an empty task of outcome ``turn``."""
+    settings = await migrated(settings, database_url)
+    async with Memory("demo", settings=settings) as memory:
+        await memory.remember(
+            Episode(
+                id="t1",
+                session_id="chat-2",
+                user_id="ann",
+                input="Book the Lisbon train",
+                output="Booked for Friday.",
+            )
+        )
+    listed = as_json(
+        await asyncio.to_thread(episodes_cli, settings, "episodes", "list", "-p", "demo", "--json")
+    )
+    assert [(e["turn_id"], e["input"], e["output"]) for e in listed] == [
+        ("t1", "Book the Lisbon train", "Booked for Friday.")
+    ]
+    table = ok(await asyncio.to_thread(episodes_cli, settings, "episodes", "list", "-p", "demo"))
+    assert "Book the Lisbon train" in table.stdout
+    found = as_json(
+        await asyncio.to_thread(
+            episodes_cli, settings, "recall", "-p", "demo", "-u", "ann", "Lisbon train", "--json"
+        )
+    )
+    assert [(h["turn_id"], h["input"], h["output"]) for h in found] == [
+        ("t1", "Book the Lisbon train", "Booked for Friday.")
+    ]
+    shown = ok(
+        await asyncio.to_thread(
+            episodes_cli, settings, "recall", "-p", "demo", "-u", "ann", "Lisbon train"
+        )
+    )
+    assert "Book the Lisbon train" in shown.stdout and "Booked for Friday." in shown.stdout
+
+
+async def test_stdin_content_drops_its_line_end_and_json_keeps_non_ascii_as_is(
+    redis: Redis, settings: Settings, database_url: str
+) -> None:
+    settings = await migrated(settings, database_url)
+    done = await run(
+        settings,
+        "blocks",
+        "-u",
+        "ann",
+        "--set",
+        "persona",
+        "--content",
+        "-",
+        "--json",
+        stdin="Ann mag Grüße\n",
+    )
+    assert as_json(done)["content"] == "Ann mag Grüße"
+    assert "Grüße" in done.stdout and "\\u00fc" not in done.stdout
+    remembered = await asyncio.to_thread(
+        episodes_cli, settings, "remember", "-p", "demo", "--id", "n1", "--task", "Grüße senden"
+    )
+    ok(remembered)
+    listed = ok(
+        await asyncio.to_thread(episodes_cli, settings, "episodes", "list", "-p", "demo", "--json")
+    )
+    assert "Grüße senden" in listed.stdout and "\\u00fc" not in listed.stdout
+
+
+async def test_episodes_show_of_a_forgotten_session_says_it_was_forgotten(
+    redis: Redis, settings: Settings, database_url: str
+) -> None:
+    settings = await migrated(settings, database_url)
+    ok(
+        await asyncio.to_thread(
+            episodes_cli,
+            settings,
+            "remember",
+            "-p",
+            "demo",
+            "--id",
+            "n1",
+            "--task",
+            "Keep it short",
+        )
+    )
+    show = ("episodes", "show", "-p", "demo", "-s", "remember:n1")
+    assert (
+        json.loads(ok(await asyncio.to_thread(episodes_cli, settings, *show)).stdout)[
+            "task_description"
+        ]
+        == "Keep it short"
+    )
+    ok(await asyncio.to_thread(episodes_cli, settings, "forget", "-p", "demo", "-s", "remember:n1"))
+    gone = await asyncio.to_thread(episodes_cli, settings, *show)
+    line = error_line(gone)
+    assert "no episode for session demo/remember:n1: it was forgotten" in line, line
+    never = error_line(
+        await asyncio.to_thread(
+            episodes_cli, settings, "episodes", "show", "-p", "demo", "-s", "never"
+        )
+    )
+    assert "forgotten" not in never and "not terminated yet" in never

@@ -244,7 +244,7 @@ async def test_forget_under_traffic_leaves_no_copy_and_no_replay_brings_it_back(
         stop = asyncio.Event()
         sending = asyncio.create_task(traffic(redis, live, stop))
         await asyncio.sleep(0.5)
-        done = await asyncio.to_thread(memworker, live, "forget", "--project", GONE)
+        done = await asyncio.to_thread(memworker, live, "forget", "--project", GONE, "--yes")
         await asyncio.sleep(0.5)  # commands for the forgotten sessions keep arriving
         stop.set()
         sent = await sending
@@ -428,7 +428,7 @@ async def test_forget_dry_run_export_and_an_incomplete_forget_through_the_cli(
     )  # --before still exports the stream entries forget --before would delete
 
     broken = live.model_copy(update={"database_url": "postgresql://nobody@127.0.0.1:1/none"})
-    failed = await asyncio.to_thread(memworker, broken, "forget", "-p", GONE)
+    failed = await asyncio.to_thread(memworker, broken, "forget", "-p", GONE, "--yes")
     assert failed.returncode == 1
     [line] = failed.stderr.strip().splitlines()
     assert line.startswith("memworker: error: forget is incomplete: postgres:")

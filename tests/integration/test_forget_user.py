@@ -196,7 +196,9 @@ async def test_forget_one_user_leaves_no_copy_and_keeps_the_other(
             assert dry.returncode == 0, dry.stderr
             assert dry.stdout.startswith(f"would forget project {PROJECT}, user {ANN}")
 
-            done = await asyncio.to_thread(memworker, live, "forget", "-p", PROJECT, "-u", ANN)
+            done = await asyncio.to_thread(
+                memworker, live, "forget", "-p", PROJECT, "-u", ANN, "--yes"
+            )
             assert done.returncode == 0, done.stderr
             receipt = done.stdout
             assert f"forgot project {PROJECT}, user {ANN}" in receipt

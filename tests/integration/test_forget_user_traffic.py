@@ -70,7 +70,9 @@ async def test_forget_one_user_under_traffic_loses_nothing_of_the_other(
             stop = asyncio.Event()
             sending = asyncio.create_task(traffic(redis, live, memory, stop))
             await asyncio.sleep(0.5)
-            done = await asyncio.to_thread(memworker, live, "forget", "-p", PROJECT, "-u", ANN)
+            done = await asyncio.to_thread(
+                memworker, live, "forget", "-p", PROJECT, "-u", ANN, "--yes"
+            )
             await asyncio.sleep(0.5)  # commands for ann's sessions keep arriving
             stop.set()
             sent = await sending

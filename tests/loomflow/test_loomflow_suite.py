@@ -17,6 +17,7 @@ import tarfile
 from pathlib import Path
 
 from tests import servers
+from tests.sealed_home import user_cache
 
 LOOMFLOW = "loomflow==0.20.0"
 SDIST_ROOT = "loomflow-0.20.0"
@@ -25,8 +26,7 @@ REPO = HERE.parent.parent
 
 
 def _cache() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "memworker" / "loomflow-sdist"
+    return user_cache() / "loomflow-sdist"
 
 
 def loomflow_sources() -> Path:

@@ -81,3 +81,27 @@ async def test_remember_from_the_shell_is_idempotent_and_a_bad_outcome_is_one_li
     assert bad.returncode == 1
     assert bad.stderr.strip().startswith("memworker: error: outcome must be one of")
     assert len(bad.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.usefixtures("redis")
+async def test_remember_from_the_shell_refuses_an_existing_id_with_other_content(
+    vector_engine: AsyncEngine, vector_settings: Settings
+) -> None:
+    """As ``Memory.remember`` and ``POST /v1/remember`` refuse it: never a silent keep."""
+    ident = ("remember", "-p", "demo", "--id", "login-1")
+    assert memworker(vector_settings, *ident, "--task", "Fix the login bug").returncode == 0
+    for changed in (
+        ("--task", "Something else"),
+        ("--task", "Fix the login bug", "--lesson", "new"),
+        ("--task", "Fix the login bug", "--importance", "0.9"),
+    ):
+        other = memworker(vector_settings, *ident, *changed)
+        assert other.returncode == 1, (changed, other.stdout, other.stderr)
+        line = other.stderr.strip()
+        assert "\n" not in line, line
+        assert line.startswith(
+            "memworker: error: episode 'login-1' is already remembered with other content"
+        ), line
+    found = memworker(vector_settings, "episodes", "list", "-p", "demo", "--json")
+    assert found.returncode == 0, found.stderr
+    assert [e["task_description"] for e in json.loads(found.stdout)] == ["Fix the login bug"]

@@ -28,3 +28,14 @@ def test_an_invalid_setting_is_refused_with_its_name(monkeypatch: pytest.MonkeyP
     monkeypatch.setenv("MEMWORKER_SHARDS", "0")
     with pytest.raises(ValueError, match="shards"):
         Settings()
+
+
+def test_an_empty_setting_means_unset(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``MEMWORKER_METRICS_PORT=`` (a line of an env file left blank) is its default."""
+    monkeypatch.setenv("MEMWORKER_METRICS_PORT", "")
+    monkeypatch.setenv("MEMWORKER_SHARDS", "")
+    monkeypatch.setenv("REDIS_URL", "")
+    settings = Settings()
+    assert settings.metrics_port == Settings.model_fields["metrics_port"].default
+    assert settings.shards == Settings.model_fields["shards"].default
+    assert settings.redis_url == Settings.model_fields["redis_url"].default

@@ -1,5 +1,6 @@
 """``memworker serve``: the tools (``tools.TOOLS``) as an HTTP API, one ``POST /v1/<tool>`` each
-with the tool's argument model as its JSON body, so the OpenAPI document (``/openapi.json``)
+with the tool's argument model as its JSON body (read as JSON whatever its ``Content-Type``:
+``json_bodies``), so the OpenAPI document (``/openapi.json``)
 carries the same schemas an MCP client sees. ``/healthz``, ``/readyz`` and ``/metrics`` as every
 memworker service serves them. Every error is ``{"error": "<one line>"}``: 4xx for bad input
 (the argument model's message, or the library's), 401 without the token, 413 past the body
@@ -20,6 +21,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 
 from worker.access.guard import LOCAL_HOSTS, Guard
+from worker.access.json_bodies import JsonBodies
 from worker.access.probes import probe_routes
 from worker.access.scope import Access, failure
 from worker.access.tools import TOOLS, Tool, invoke
@@ -128,4 +130,4 @@ def create_app(
 
     app.router.routes.extend(probe_routes(lambda request: request.app.state.access))
 
-    return Guard(app, token=token, max_bytes=max_bytes, allowed_hosts=allowed_hosts)
+    return Guard(JsonBodies(app), token=token, max_bytes=max_bytes, allowed_hosts=allowed_hosts)

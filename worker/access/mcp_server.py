@@ -10,14 +10,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from importlib.metadata import version
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import mcp_types as types
 import orjson
 from mcp.server import Server, ServerRequestContext
 
-from worker.access.scope import Access
 from worker.access.tools import TOOLS, invoke
+
+if TYPE_CHECKING:
+    from worker.access.scope import Access
 
 SERVER = "mcp"
 

@@ -18,7 +18,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
@@ -29,11 +29,15 @@ from schemas.limits import (
     MAX_TTL_SECONDS,
     MAX_TURN_TEXT_BYTES,
 )
-from worker.access.scope import Access, AccessError, failure
 from worker.logs import get_logger
 from worker.memory.api import validate_key
 from worker.metrics import ACCESS_CALLS, ACCESS_SECONDS
 from worker.user_memory.models import Episode, Fact
+
+if TYPE_CHECKING:
+    # The scope (connections, the Memory and SQLAlchemy behind it) loads with the first call,
+    # not with the tools' list: an MCP client's initialize and list_tools need none of it.
+    from worker.access.scope import Access
 
 log = get_logger("worker.access")
 
@@ -195,6 +199,8 @@ def relevant(match: Any, min_score: float | None) -> bool:
 
 async def recall(access: Access, a: RecallArguments) -> Any:
     if a.since is not None and a.until is not None and a.since > a.until:
+        from worker.access.scope import AccessError
+
         raise AccessError(f"since {a.since.isoformat()} is after until {a.until.isoformat()}")
     time_range = None
     if a.since is not None or a.until is not None:
@@ -253,6 +259,8 @@ async def profile(access: Access, a: UserArguments) -> Any:
 
 async def forget(access: Access, a: ForgetArguments) -> Any:
     if a.session_id is None and a.user_id is None:
+        from worker.access.scope import AccessError
+
         raise AccessError(
             "forget needs a selector: user_id (everything of that user) or session_id "
             "(that session's episodes); nothing was forgotten"
@@ -402,6 +410,8 @@ async def call(access: Access, name: str, arguments: dict[str, Any] | None) -> A
     to be reported with ``scope.failure``."""
     tool = BY_NAME.get(name)
     if tool is None:
+        from worker.access.scope import AccessError
+
         raise AccessError(f"no tool {name!r}: the tools are {', '.join(BY_NAME)}", 404)
     parsed = tool.arguments.model_validate(arguments or {})
     return await tool.run(access, parsed)
@@ -423,6 +433,8 @@ async def invoke(
             result = await call(access, name, arguments)  # type: ignore[arg-type]
         status = 200
     except Exception as exc:
+        from worker.access.scope import failure
+
         status, line = failure(exc)
         if status >= 500:
             log.warning("tool call failed", server=server, tool=name, error=line)

@@ -6,12 +6,14 @@ one, from ``--user`` (``MEMWORKER_API_USER``)."""
 from __future__ import annotations
 
 import asyncio
+import errno
+import socket
 import sys
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from worker.cli.common import check_ids, run_async, settings_from_env
+from worker.cli.common import CliError, check_ids, run_async, settings_from_env
 from worker.logs import configure_logging
 
 if TYPE_CHECKING:
@@ -111,14 +113,38 @@ def _check_secrets(settings: Settings) -> None:
     refuse_shipped_secrets(settings)
 
 
-async def _serve_uvicorn(app: Any, host: str, port: int, what: str) -> None:
+def _listening_socket(host: str, port: int, option: str) -> socket.socket:
+    """A socket bound to ``host:port``, for uvicorn to serve on; a port another process holds
+    (or an address this machine does not have) is one line naming it, exit status 1."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        sock = socket.socket(family, kind, proto)
+    except OSError as exc:
+        raise CliError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise CliError(
+                f"port {port} is already in use (another server?): choose a free one with {option}"
+            ) from exc
+        raise CliError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
+    return sock
+
+
+async def _serve_uvicorn(app: Any, host: str, port: int, what: str, option: str = "--port") -> None:
     import uvicorn
 
+    sock = _listening_socket(host, port, option)
     config = uvicorn.Config(  # log_config None: its lines go through ours, which mask passwords
         app, host=host, port=port, log_level="warning", access_log=False, log_config=None
     )
     server = uvicorn.Server(config)
-    task = asyncio.create_task(server.serve())
+    task = asyncio.create_task(server.serve(sockets=[sock]))
     while not server.started and not task.done():
         await asyncio.sleep(0.05)
     if server.started:
@@ -166,7 +192,9 @@ def mcp(
 
     async def go() -> None:
         try:
-            await _serve_uvicorn(app, chosen, http, f"MCP of project {project_id} at /mcp")
+            await _serve_uvicorn(
+                app, chosen, http, f"MCP of project {project_id} at /mcp", option="--http"
+            )
         finally:
             await mcp_server.close(server)
 

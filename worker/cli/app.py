@@ -11,6 +11,7 @@ import sys
 from typing import Annotated
 
 import typer
+import typer.core
 
 from worker.cli import access, erasure, lifecycle, memory, operations, services, user_memory
 from worker.cli.common import CliError
@@ -81,10 +82,20 @@ app.add_typer(memory.episodes_app, name="episodes")
 app.add_typer(user_memory.memory_app, name="memory")
 
 
+def _usage_name(self: typer.core.TyperArgument) -> str:
+    """An argument in the usage line as Click and man pages write it: ``QUERY``, ``[NAME]``
+    (Typer 0.2x writes a required one as ``{query}``)."""
+    name = self.metavar or (self.name or "").upper()
+    if not self.required:
+        name = f"[{name}]"
+    return name + ("..." if self.nargs != 1 else "")
+
+
 def plain_help(typer_app: typer.Typer) -> None:
     """Click's plain help for ``typer_app`` and every sub-app registered on it, whoever added
     them: flags show as flags (rich help labels each one ``<bool>``)."""
     typer_app.rich_markup_mode = None
+    typer.core.TyperArgument._usage_display_name = _usage_name  # type: ignore[method-assign]
     for group in typer_app.registered_groups:
         if group.typer_instance is not None:
             plain_help(group.typer_instance)

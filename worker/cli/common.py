@@ -10,13 +10,12 @@ import os
 import shlex
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
-from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar, cast
 
 import typer
 from pydantic import ValidationError
 from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
-from rich.console import Console
 
 from worker.connections import client_for
 from worker.credentials import mask
@@ -25,13 +24,48 @@ from worker.ids import InvalidIdError, validate_id
 from worker.settings import Settings
 
 if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.table import Table
     from sqlalchemy.ext.asyncio import AsyncEngine
 
 T = TypeVar("T")
 
+
+class _LazyConsole:
+    """A rich ``Console`` made on first use: importing rich costs a command's start ~0.1 s, and
+    most commands (``publish``, ``mcp``) print without it."""
+
+    def __init__(self, **options: Any) -> None:
+        self._options = options
+        self._console: Console | None = None
+
+    def _made(self) -> Console:
+        if self._console is None:
+            from rich.console import Console
+
+            self._console = Console(**self._options)
+        return self._console
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._made(), name)
+
+    def __enter__(self) -> Console:  # rich's Live (progress bars) enters its console
+        return self._made().__enter__()
+
+    def __exit__(self, *exc: object) -> None:
+        self._made().__exit__(*exc)
+
+
 # Off a terminal (pipes, CI logs) rich would wrap tables at 80 columns: give them room.
-out = Console(width=None if sys.stdout.isatty() else 160)
-err = Console(stderr=True)
+out = cast("Console", _LazyConsole(width=None if sys.stdout.isatty() else 160))
+err = cast("Console", _LazyConsole(stderr=True))
+
+
+def new_table(*columns: str, **options: Any) -> Table:
+    """A rich ``Table`` (rich imported only by the commands that print one)."""
+    from rich.table import Table
+
+    return Table(*columns, **options)
 
 
 class CliError(ActionableError):
@@ -46,8 +80,9 @@ DEV_ENV_KEYS = ("REDIS_URL", "DATABASE_URL", "MEMWORKER_STREAM_PREFIX")
 
 
 def _set(key: str) -> bool:
-    """Whether the environment sets ``key`` (REDIS_URL may also be MEMWORKER_REDIS_URL)."""
-    return key in os.environ or f"MEMWORKER_{key}" in os.environ
+    """Whether the environment sets ``key`` (REDIS_URL may also be MEMWORKER_REDIS_URL); an
+    empty value is unset, as ``Settings`` reads it."""
+    return bool(os.environ.get(key) or os.environ.get(f"MEMWORKER_{key}"))
 
 
 def running_dev_env() -> dict[str, str]:

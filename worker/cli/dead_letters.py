@@ -8,12 +8,12 @@ from typing import Annotated
 
 import typer
 from redis.asyncio import Redis
-from rich.table import Table
 
 from worker.cli.common import (
     ShardOption,
     chosen_shards,
     fail,
+    new_table,
     out,
     run_async,
     settings_from_env,
@@ -56,9 +56,13 @@ def dlq_list(
 
     rows = run_async(with_redis(settings, go))
     if as_json:
-        print(json.dumps([{"stream": s, "id": i, **f} for s, i, f in rows], indent=2))
+        print(
+            json.dumps(
+                [{"stream": s, "id": i, **f} for s, i, f in rows], indent=2, ensure_ascii=False
+            )
+        )
         return
-    table = Table("id", "reason", "source", "deliveries", "error")
+    table = new_table("id", "reason", "source", "deliveries", "error")
     for _stream, entry_id, f in rows:
         table.add_row(
             entry_id,
@@ -91,7 +95,7 @@ def dlq_show(
     rows = run_async(with_redis(settings, go))
     if not rows:
         fail(f"no dead letter {entry_id} in {', '.join(streams)}")
-    print(json.dumps({"id": rows[0][0], **rows[0][1]}, indent=2))
+    print(json.dumps({"id": rows[0][0], **rows[0][1]}, indent=2, ensure_ascii=False))
 
 
 @dlq_app.command("redrive")

@@ -7,9 +7,10 @@ by meaning: ``worker.episodes.indexer``) run side by side.
 
 One ``dev`` per data dir: a lock file (``dev.lock``, holding the pid) refuses a second one
 before it touches anything; the lock is an ``flock``, so a crashed instance's lock is free
-again. The embedded servers are daemons: SIGTERM, SIGINT and SIGHUP stop them with ``dev``, and
-what a ``dev`` killed with SIGKILL left running on the data dir the next one stops (holding the
-lock, it knows no live ``dev`` owns them) before it starts its own.
+again. The embedded servers are daemons: SIGTERM, SIGINT and SIGHUP stop them with ``dev``; a
+``dev`` killed with SIGKILL has them stopped by its watchdog (``worker.ops.dev_watchdog``)
+within seconds, and what is still left running on the data dir (the watchdog killed too) the
+next one stops (holding the lock, it knows no live ``dev`` owns them) before it starts its own.
 
 ``dev.env`` holds the database URL (and any password in it): it is written only once the
 servers are up, readable by its owner only. The embedded Redis keeps its port between
@@ -38,6 +39,7 @@ from worker.errors import ActionableError
 from worker.lifecycle.worker import LifecycleWorker
 from worker.logs import configure_logging
 from worker.metrics import serve_http
+from worker.ops.dev_watchdog import start_watchdog
 from worker.ops.embedded import EmbeddedPostgres, EmbeddedRedis, default_data_dir
 from worker.settings import Settings
 
@@ -161,6 +163,9 @@ async def run_dev(data_dir: Path | None, metrics_port: int | None) -> None:
         loop.add_signal_handler(sig, stop.set)
     with data_dir_lock(data_dir):
         await _stop_leftovers(data_dir)
+        if not (os.environ.get("REDIS_URL") and os.environ.get("DATABASE_URL")):
+            # Stops the embedded servers when this process ends without stopping them (SIGKILL).
+            start_watchdog(data_dir / LOCK_FILE, data_dir / "valkey", data_dir / "postgres")
         await _run_locked(base, data_dir, metrics_port, stop)
 
 

@@ -86,11 +86,19 @@ def forget(
             "not clear every place), each to exactly the scope and cutoff it recorded.",
         ),
     ] = False,
+    yes: Annotated[
+        bool,
+        typer.Option(
+            "--yes",
+            "-y",
+            help="Forget a whole project or user without asking (needed when not on a terminal).",
+        ),
+    ] = False,
 ) -> None:
     """Forget a project (or one user's data, one session, or its history before a time)
     everywhere memworker keeps it: working memory, Postgres rows and vectors, every stream
     entry; later commands for a forgotten session are rejected `forgotten`. Prints a
-    receipt."""
+    receipt. A whole project or user is asked for on a terminal (--yes: not asked)."""
     check_ids(project_id=project, **_narrowing(user, session))
     when = _before(before)
     if finish_owed and (user or session or when or dry_run):
@@ -98,6 +106,17 @@ def forget(
             "finishes what each owed forget recorded: give only --project",
             param_hint="--finish-owed",
         )
+    if not (yes or dry_run or finish_owed or session is not None or when is not None):
+        whole = f"user {user!r} of project {project!r}" if user else f"project {project!r}"
+        if not sys.stdin.isatty():
+            print(
+                f"memworker: error: forgetting all of {whole} needs --yes when not on a "
+                "terminal (--dry-run shows what would go)",
+                file=sys.stderr,
+            )
+            raise typer.Exit(2)  # a usage error: the command as given is incomplete
+        if not typer.confirm(f"Forget all of {whole} everywhere memworker keeps it?"):
+            fail(f"nothing forgotten: all of {whole} was not confirmed")
     settings = settings_from_env()
     ttl_ms = 1000 * max(settings.tombstone_ttl_seconds, settings.dedupe_ttl_seconds)
 

@@ -19,6 +19,16 @@ REJECTED_EXIT_STATUS = 3
 """``publish --wait``: the command was answered ``command.rejected``."""
 
 
+def _no_constant(name: str) -> Any:
+    """``json.loads`` would read NaN and Infinity, which JSON has not (nor the streams)."""
+    raise ValueError(f"{name} is not JSON")
+
+
+def _json(raw: str) -> Any:
+    """``raw`` as strict JSON; ValueError when it is not."""
+    return json.loads(raw, parse_constant=_no_constant)
+
+
 def _parse_assignments(values: list[str]) -> dict[str, Any]:
     fields: dict[str, Any] = {}
     for item in values:
@@ -26,8 +36,8 @@ def _parse_assignments(values: list[str]) -> dict[str, Any]:
         if not sep or not name:
             raise typer.BadParameter(f"{item!r} is not NAME=VALUE", param_hint="--set")
         try:
-            fields[name] = json.loads(raw)
-        except json.JSONDecodeError:
+            fields[name] = _json(raw)
+        except ValueError:
             fields[name] = raw
     return fields
 
@@ -78,9 +88,12 @@ def publish(
     }
     if state is not None:
         try:
-            body["initial_state"] = json.loads(state)
-        except json.JSONDecodeError as exc:
+            body["initial_state"] = _json(state)
+        except ValueError as exc:
             raise typer.BadParameter(f"not JSON: {exc}", param_hint="--state") from exc
+        if not isinstance(body["initial_state"], dict):
+            kind = type(body["initial_state"]).__name__
+            raise typer.BadParameter(f"must be a JSON object, not {kind}", param_hint="--state")
     if event_id:
         body["event_id"] = event_id
     if user is not None:
@@ -101,7 +114,7 @@ def publish(
         client = LifecycleClient(redis, settings)
         sent = await client.publish(body, assign_seq=not no_seq)
         if not wait:
-            out.print(sent)
+            print(sent, flush=True)
             return None
         try:
             result = await client.wait(sent, timeout)
@@ -130,7 +143,8 @@ def _print_entry(stream: str, entry_id: str, fields: dict[bytes, bytes], as_json
                     "id": entry_id,
                     "data": data,
                     **{k: v for k, v in decoded.items() if k != "data"},
-                }
+                },
+                ensure_ascii=False,
             ),
             flush=True,
         )

@@ -9,12 +9,12 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 from redis.asyncio import Redis
-from rich.table import Table
 
 from worker.cli.common import (
     check_ids,
     database_engine,
     fail,
+    new_table,
     out,
     run_async,
     settings_from_env,
@@ -43,7 +43,7 @@ def inspect(
     view = run_async(with_redis(settings, go))
     if not view["exists"]:
         fail(f"no session {project}/{session} (never spawned, expired, or cleaned up)")
-    print(json.dumps(view, indent=2, default=str))
+    print(json.dumps(view, indent=2, default=str, ensure_ascii=False))
 
 
 episodes_app = typer.Typer(
@@ -58,6 +58,13 @@ async def _with_episode_store(settings: Settings, use: Callable[[Any], Awaitable
 
     async with database_engine(settings) as engine:
         return await use(EpisodeStore(engine))
+
+
+def what_it_was(episode: dict[str, Any]) -> str:
+    """A session's episode by its task; a turn of user memory by what was said (input → output)."""
+    if episode.get("turn_id") is not None:
+        return f"{episode.get('input') or ''} → {episode.get('output') or ''}"
+    return str(episode.get("task_description") or "")
 
 
 @episodes_app.command("list")
@@ -76,16 +83,18 @@ def episodes_list(
 
     rows = run_async(_with_episode_store(settings, go))
     if as_json:
-        print(json.dumps([r.to_dict() for r in rows], indent=2))
+        print(json.dumps([r.to_dict() for r in rows], indent=2, ensure_ascii=False))
         return
-    table = Table("episode id", "session", "outcome", "finished", "task")
+    table = new_table(
+        "episode id", "session", "outcome", "finished", "task (a turn: input → output)"
+    )
     for r in rows:
         table.add_row(
             str(r.id),
             r.session_id,
             r.outcome,
             r.occurred_at.isoformat(timespec="seconds"),
-            (r.task_description or "")[:60],
+            what_it_was(r.to_dict())[:60],
         )
     out.print(table)
 
@@ -108,19 +117,34 @@ def episodes_show(
     check_ids(project_id=project, **({"session_id": session} if session else {}))
     settings = settings_from_env()
 
-    async def go(store: Any) -> Any:
+    async def go(store: Any) -> tuple[Any, Any]:
         if episode_id is not None:
-            return await store.get_episode(project, episode_id)
+            return await store.get_episode(project, episode_id), None
         found = await store.list_episodes(project, session_id=session, limit=1)
-        return found[0] if found else None
+        if found:
+            return found[0], None
+        from worker.db.erasures import session_erasure
 
-    episode = run_async(_with_episode_store(settings, go))
+        async with store.engine.connect() as conn:
+            return None, await session_erasure(conn, project, session)
+
+    episode, erasure = run_async(_with_episode_store(settings, go))
+    if erasure is not None:
+        named, cutoff = erasure
+        when = cutoff.isoformat(timespec="seconds")
+        fail(
+            f"no episode for session {project}/{session}: it was forgotten (memworker forget "
+            f"-s {session}, {when})"
+            if named
+            else f"no episode for session {project}/{session}: the project's data before "
+            f"{when} was forgotten (memworker forget); a session of that time is gone"
+        )
     if episode is None:
         which = f"session {project}/{session}" if session else f"id {episode_id} in {project}"
         fail(
             f"no episode for {which} (not terminated yet, consolidate: false, or not consolidated)"
         )
-    print(json.dumps(episode.to_dict(), indent=2))
+    print(json.dumps(episode.to_dict(), indent=2, ensure_ascii=False))
 
 
 def recall(
@@ -148,7 +172,7 @@ def recall(
     ] = None,
     outcome: Annotated[
         str | None,
-        typer.Option(help="Only this outcome (success, failure, partial, abandoned)."),
+        typer.Option(help="Only this outcome (success, failure, partial, abandoned; turn)."),
     ] = None,
     since: Annotated[
         str | None,
@@ -168,6 +192,15 @@ def recall(
             validate_id(user, "user_id")
     except InvalidIdError as exc:
         raise typer.BadParameter(str(exc)) from exc
+    if outcome is not None:
+        from typing import get_args
+
+        from schemas.commands import Outcome
+        from worker.db.models import TURN_OUTCOME
+
+        known = (*get_args(Outcome), TURN_OUTCOME)
+        if outcome not in known:
+            raise typer.BadParameter(f"must be one of {', '.join(known)}", param_hint="--outcome")
     instants = {}
     for hint, raw in (("--since", since), ("--until", until)):
         try:
@@ -201,9 +234,17 @@ def recall(
 
     hits = run_async(go())
     if as_json:
-        print(json.dumps(hits, indent=2))
+        print(json.dumps(hits, indent=2, ensure_ascii=False))
         return
-    table = Table("score", "similarity", "occurred at", "outcome", "session", "task", "lessons")
+    table = new_table(
+        "score",
+        "similarity",
+        "occurred at",
+        "outcome",
+        "session",
+        "task (a turn: input → output)",
+        "lessons",
+    )
     for hit in hits:
         table.add_row(
             f"{hit['score']:.3f}",
@@ -211,7 +252,7 @@ def recall(
             hit["occurred_at"][:19],
             hit["outcome"],
             hit["session_id"],
-            hit["task_description"] or "",
+            what_it_was(hit),
             "; ".join(str(lesson) for lesson in hit["lessons_learned"]),
         )
     out.print(table)

@@ -11,14 +11,13 @@ from typing import Annotated, Any
 
 import typer
 from redis.asyncio import Redis
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from worker.cli.common import (
     ShardOption,
     chosen_shards,
     database_engine,
     err,
+    new_table,
     out,
     run_async,
     settings_from_env,
@@ -110,7 +109,7 @@ def stats(
         )
         return
     # Fits 80 columns with the default prefix: no frame, short headings; a name is never cut.
-    table = Table(box=None, pad_edge=False)
+    table = new_table(box=None, pad_edge=False)
     for heading in ("stream", "length", "group", "lag", "pending", "oldest", "consumers"):
         table.add_column(heading, no_wrap=heading in ("stream", "group"), overflow="fold")
     for r in rows:
@@ -253,6 +252,14 @@ def replay(
                 )
             if what == "results":
                 await _warn_if_older_than_the_stream(redis, settings, shards, selected)
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+        )
+
         summary: dict[str, int] = {}
         with Progress(
             TextColumn("replaying {task.description}"),

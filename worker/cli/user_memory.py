@@ -18,9 +18,8 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import orjson
 import typer
-from rich.table import Table
 
-from worker.cli.common import check_ids, fail, out, run_async, settings_from_env
+from worker.cli.common import check_ids, fail, new_table, out, run_async, settings_from_env
 from worker.logs import configure_logging
 
 if TYPE_CHECKING:
@@ -144,8 +143,13 @@ def blocks(
         raise typer.BadParameter("--content goes with --set NAME or --append NAME")
     if name is not None and content is None:
         raise typer.BadParameter(f"--{'set' if set_name is not None else 'append'} needs --content")
+    if name is not None and not name.strip():
+        raise typer.BadParameter(
+            "a block needs a name", param_hint="--set" if set_name is not None else "--append"
+        )
     if content == "-":
-        content = sys.stdin.read()
+        # As the shell's $(…) reads it: a line's end is not part of the text (echo, heredocs).
+        content = sys.stdin.read().removesuffix("\n").removesuffix("\r")
     settings, project_id = _scope(project, user)
 
     async def go(memory: Memory) -> list[Any]:
@@ -176,7 +180,7 @@ def blocks(
     if as_json:
         _print_json([b.model_dump(mode="json") for b in found])
         return
-    table = Table("slot", "name", "bytes", "updated", "content")
+    table = new_table("slot", "name", "bytes", "updated", "content")
     for b in found:
         table.add_row(
             str(b.pinned_order),
@@ -221,7 +225,7 @@ def recall(
     if as_json:
         _print_json([m.model_dump(mode="json") for m in matches])
         return
-    table = Table("score", "bm25", "vector", "occurred at", "session", "input", "output")
+    table = new_table("score", "bm25", "vector", "occurred at", "session", "input", "output")
     for m in matches:
         e = m.episode
         table.add_row(
@@ -297,7 +301,7 @@ def facts(
         else:
             _print_json([f.model_dump(mode="json") for f in found])
         return
-    table = Table("subject", "predicate", "object", "confidence", "valid from", "until", "id")
+    table = new_table("subject", "predicate", "object", "confidence", "valid from", "until", "id")
     for f in found:
         table.add_row(
             f.subject,

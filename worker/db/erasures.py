@@ -98,3 +98,21 @@ async def covered(conn: AsyncConnection, items: Sequence[Item]) -> list[bool]:
             scopes += [(project, session, None), (project, session, user)]
         out.append(any((c := cutoffs.get(s)) is not None and at < c for s in scopes))
     return out
+
+
+async def session_erasure(
+    conn: AsyncConnection, project_id: str, session_id: str | None
+) -> tuple[bool, datetime] | None:
+    """The latest forget that may have removed this session's episode: (whether it named the
+    session, its cutoff); None if none did. A forget of one user's data is left out (whose
+    session this was is gone with it)."""
+    found = await conn.execute(
+        text(
+            "SELECT session_id IS NOT NULL, cutoff FROM erasures WHERE project_id = :project"
+            " AND (session_id IS NULL OR session_id = :session) AND user_id IS NULL"
+            " ORDER BY session_id IS NOT NULL DESC, cutoff DESC LIMIT 1"
+        ),
+        {"project": project_id, "session": session_id},
+    )
+    row = found.first()
+    return None if row is None else (bool(row[0]), row[1])

@@ -230,6 +230,12 @@ class Episode(Base):
             "started_at": self.started_at.isoformat() if self.started_at else None,
             "occurred_at": self.occurred_at.isoformat(),
             "recorded_at": self.recorded_at.isoformat(),
+            # A turn of user memory (turn_id set) is its input and output; null for a session's.
+            "turn_id": self.turn_id,
+            "input": self.input,
+            "output": self.output,
+            "tool_calls": self.tool_calls,
+            "tool_transcript": self.tool_transcript,
         }
 
 

@@ -1,7 +1,9 @@
 """Remember directly: an episode written without a session's terminate (LoomFlow's ``remember``).
 
 ``remember`` inserts an episode whose id is derived from the caller's ``memory_id`` (within the
-project), so calling it again with the same id changes nothing and returns the same episode.
+project), so calling it again with the same id and content changes nothing and returns the same
+episode; the same id with other content raises ``RememberConflictError`` and changes nothing
+(as ``Memory.remember`` of a turn does: an episode is immutable, never silently kept).
 It then announces ``episode.recorded`` on ``P:episodes`` exactly as the consolidator does (the
 same outbox flag, ``announced_at``: a crash between the INSERT and the XADD is repaired by the
 next call with that id), so the indexer embeds it and ``EpisodeStore.recall`` finds it like any
@@ -22,7 +24,8 @@ from typing import get_args
 import orjson
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from schemas.commands import Outcome
 from worker.db.batch import insert_batch, mark_announced
@@ -32,6 +35,31 @@ from worker.ids import validate_id
 from worker.keys import episodes_stream
 
 REMEMBERED_SESSION_PREFIX = "remember:"
+
+
+_STORED = text(
+    "SELECT task_description, outcome, lessons_learned, context_summary, importance_score,"
+    " agent_instance_id, agent_type_id FROM episodes WHERE id = :id"
+)
+
+
+class RememberConflictError(ValueError):
+    """``remember`` of an id already stored with other content."""
+
+
+async def _check_stored(
+    conn: AsyncConnection, episode_id: uuid.UUID, memory_id: str, row: tuple[object, ...]
+) -> None:
+    """Refuse when the episode of this id holds other content than ``row`` would write."""
+    stored = (await conn.execute(_STORED, {"id": episode_id})).first()
+    if stored is None:
+        return
+    wanted = (row[6], row[7], orjson.loads(str(row[8])), row[9], row[12], row[4], row[5])
+    if tuple(stored) != wanted:
+        raise RememberConflictError(
+            f"episode {memory_id!r} is already remembered with other content; an episode is"
+            " immutable: remember the change under a new id"
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,7 +86,8 @@ async def remember(
     agent_type_id: str | None = None,
     occurred_at: datetime | None = None,
 ) -> Remembered:
-    """Store (once) and announce an episode; idempotent on ``(project_id, memory_id)``."""
+    """Store (once) and announce an episode; idempotent on ``(project_id, memory_id)`` for the
+    same content, ``RememberConflictError`` for other content."""
     validate_id(project_id, "project_id")
     validate_id(memory_id, "memory_id")
     if outcome not in get_args(Outcome):
@@ -89,6 +118,7 @@ async def remember(
     )
     async with engine.begin() as conn:
         owed = await insert_batch(conn, [], [row])
+        await _check_stored(conn, episode_id, memory_id, row)
     if not owed:
         return Remembered(episode_id, announced=False)
     announcement = Announcement(*owed[0])

@@ -120,6 +120,9 @@ class RecallHit:
             "vector_rank": self.vector_rank,
             "text_rank": self.text_rank,
             "text_score": None if self.text_score is None else round(self.text_score, 6),
+            "turn_id": e.turn_id,  # a turn of user memory: what it said (null for a session's)
+            "input": e.input,
+            "output": e.output,
         }
 
 
