@@ -14,6 +14,7 @@ and warns ``IsolationWarning``, as LoomFlow does. One ``Memory`` serves one proj
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from datetime import datetime
 from types import TracebackType
 from typing import Any
@@ -40,14 +41,15 @@ from worker.settings import Settings
 from worker.user_memory import blocks, turns
 from worker.user_memory.extractors import Extractor, run_extractor
 from worker.user_memory.facts import FactStore
+from worker.user_memory.indexing import TurnVectors
 from worker.user_memory.models import (
     Episode,
-    EpisodeMatch,
     Fact,
     MemoryBlock,
     MemoryExport,
     MemoryProfile,
     Message,
+    ScoredMatches,
     as_episode,
     as_utc,
     check_user_id,
@@ -98,6 +100,9 @@ class Memory:
         self._default_embedder: Embedder | None = None
         self._vectors = False
         self._vector_search: VectorSearch | None = None
+        self._turn_vectors = TurnVectors(
+            engine, redis, self.settings, lambda: self._embedder or self._settings_embedder()
+        )
         self.facts: Any = fact_store or FactStore(
             engine,
             self.project_id,
@@ -118,6 +123,7 @@ class Memory:
     async def close(self) -> None:
         """Publish what the change feed still owes (best effort), then close the connections
         this memory opened."""
+        await self._turn_vectors.close()
         try:
             await self.flush_changes()
         except Exception as exc:
@@ -168,7 +174,8 @@ class Memory:
     # -- episodes ---------------------------------------------------------------------------
 
     async def remember(self, episode: Episode | Any) -> str:
-        """Store a turn (LoomFlow's ``Episode`` too), once; its id (``turns`` module doc)."""
+        """Store a turn (LoomFlow's ``Episode`` too), once; its id (``turns`` module doc).
+        Recallable by meaning when it returns unless an indexer embeds it (``indexing``)."""
         episode = as_episode(episode)
         row_id = turns.turn_uuid(self.project_id, episode.id)
         async with self.engine.begin() as conn:
@@ -188,6 +195,7 @@ class Memory:
                         )
                     ],
                 )
+        await self._turn_vectors.remembered(str(row_id))
         if not owed or await self._announce(row_id, episode):
             await self._flush_quietly()  # Redis refused the announcement: not this too
         return episode.id
@@ -207,6 +215,13 @@ class Memory:
         async with self.engine.begin() as conn:
             await mark_announced(conn, [row_id])
         return True
+
+    async def wait_recallable(self, ids: Sequence[str], *, timeout: float = 30.0) -> None:
+        """Return once each of ``ids`` (remembered turns, or sessions' episodes) is recallable
+        by meaning; ``indexing.NotRecallableError`` (a ``TimeoutError``) naming the others after
+        ``timeout`` s; ``indexing.UnknownEpisodeError`` (a ``ValueError``) for ids never
+        remembered. Needed only while an indexer embeds turns (``indexing`` module doc)."""
+        await self._turn_vectors.wait_recallable(self.project_id, ids, timeout)
 
     async def recall(
         self,
@@ -230,8 +245,9 @@ class Memory:
         time_range: tuple[datetime, datetime] | None = None,
         user_id: str | None = None,
         alpha: float = 0.5,
-    ) -> list[EpisodeMatch]:
-        """The user's episodes best matching ``query`` with their scores (``recall`` module)."""
+    ) -> ScoredMatches:
+        """The user's episodes best matching ``query`` with their scores (``recall`` module);
+        ``.unindexed`` says how many it looked at had no vector yet (warned and counted)."""
         return await self._recall(query, limit, time_range, user_id, alpha)
 
     async def _recall(
@@ -241,7 +257,7 @@ class Memory:
         time_range: tuple[datetime, datetime] | None,
         user_id: str | None,
         alpha: float,
-    ) -> list[EpisodeMatch]:
+    ) -> ScoredMatches:
         if user_id is None and await self._has_named_users():
             warn_isolation(
                 "Memory.recall called without user_id, but the store contains episodes for one"
@@ -261,7 +277,7 @@ class Memory:
         if vector is not None and embedder is not None:
             exact = await self._small_partition(embedder, user_id, time_range)
         async with self.engine.begin() as conn:
-            return await recall_scored(
+            matches = await recall_scored(
                 conn,
                 self.project_id,
                 query,
@@ -273,6 +289,8 @@ class Memory:
                 model=None if embedder is None else embedder.name,
                 exact=exact,
             )
+        self._turn_vectors.report_unindexed(self.project_id, user_id, matches.unindexed)
+        return matches
 
     async def _small_partition(
         self,
