@@ -329,7 +329,7 @@ async def run(args: argparse.Namespace) -> str:
                 xadds, usec = calls1 - calls0, usec1 - usec0
             if vectors:  # its feed events are not counted above (one stream for all projects)
                 inline = await remember_inline(settings, episode, args.remembers)
-                rows.insert(remember_row + 1, inline)
+                rows.insert(remember_row, inline)
     finally:
         await cleanup(redis, prefix)
         await redis.aclose()
