@@ -21,11 +21,15 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from worker.db.migrate import migrate_reporting
 from worker.db.vectors import drop_other_models
 from worker.episodes.embedding import LocalEmbedder
-from worker.episodes.indexer import Indexer
+from worker.episodes.indexer import INDEXER_GROUP, Indexer
 from worker.episodes.vectorising import reindex
-from worker.keys import changes_stream
+from worker.keys import changes_stream, episodes_stream
 from worker.settings import Settings
-from worker.user_memory.indexing import NotRecallableError, UnknownEpisodeError
+from worker.user_memory.indexing import (
+    NotRecallableError,
+    UnknownEpisodeError,
+    indexer_running,
+)
 from worker.user_memory.memory import Memory
 from worker.user_memory.models import Episode
 
@@ -152,6 +156,25 @@ async def test_a_recall_that_runs_without_some_vectors_says_so(
         assert any("without vectors" in line["event"] for line in logs)
         # words only (alpha 0) wants no vectors: nothing to flag
         assert (await a.recall_scored("dog Rex", user_id="ann", alpha=0.0)).unindexed == 0
+
+        # no indexer runs: waiting for it embeds it here
+        await a.wait_recallable([waiting.id], timeout=5)
+        found = await a.recall_scored("dog Rex", user_id="ann")
+        assert found.unindexed == 0 and all(m.vector_score is not None for m in found)
+
+
+async def test_an_indexer_counts_as_running_while_its_consumer_is_seen(
+    redis: Redis, vector_settings: Settings
+) -> None:
+    prefix = vector_settings.stream_prefix
+    stream = episodes_stream(prefix)
+    assert not await indexer_running(redis, prefix)  # no stream, no group
+    await redis.xgroup_create(stream, INDEXER_GROUP, id="0", mkstream=True)
+    assert not await indexer_running(redis, prefix)  # a group, no consumer
+    await redis.xgroup_createconsumer(stream, INDEXER_GROUP, "indexer-1")
+    assert await indexer_running(redis, prefix)
+    await asyncio.sleep(0.3)
+    assert not await indexer_running(redis, prefix, seen_ms=200)  # not seen since: gone
 
 
 class Renamed:

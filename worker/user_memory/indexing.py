@@ -67,16 +67,18 @@ class UnknownEpisodeError(ValueError):
     """``wait_recallable`` of ids this project never remembered."""
 
 
-async def indexer_running(redis: Redis | RedisCluster, prefix: str) -> bool:
-    """Whether group ``indexer`` on ``P:episodes`` has a consumer seen in the last
-    ``INDEXER_SEEN_MS`` (module doc)."""
+async def indexer_running(
+    redis: Redis | RedisCluster, prefix: str, seen_ms: int = INDEXER_SEEN_MS
+) -> bool:
+    """Whether group ``indexer`` on ``P:episodes`` has a consumer seen in the last ``seen_ms``
+    (module doc)."""
     try:
         consumers: Any = await redis.xinfo_consumers(episodes_stream(prefix), INDEXER_GROUP)
     except ResponseError as exc:
         if "NOGROUP" in str(exc) or "no such key" in str(exc):
             return False
         raise
-    return any(int(c.get("idle", INDEXER_SEEN_MS + 1)) <= INDEXER_SEEN_MS for c in consumers)
+    return any(int(c.get("idle", seen_ms + 1)) <= seen_ms for c in consumers)
 
 
 class TurnVectors:
