@@ -90,6 +90,10 @@ async def test_with_no_indexer_a_remembered_turn_is_recallable_by_meaning_at_onc
     # an indexer started later reads the announcements and writes nothing again
     await Indexer(vector_settings, redis, vector_engine, embedder).run_once()
     assert await vectors(vector_engine) == stored
+    # and forget takes the vectors remember wrote
+    async with Memory("vet", settings=vector_settings, engine=vector_engine, redis=redis) as m:
+        assert await m.forget(user_id="ann") == 2
+    assert await vectors(vector_engine) == []
 
 
 async def test_with_an_indexer_running_remember_leaves_the_turn_to_it_and_wait_recallable_waits(
