@@ -324,9 +324,10 @@ class Memory:
 
     def _settings_embedder(self) -> Embedder:
         """The embedder of the settings (the indexer's), made once; its model loads on first
-        use only."""
+        use only. Its threads do not spin while they wait (``batches``): ``remember`` embeds
+        with it too, between Postgres round trips on the same cores."""
         if self._default_embedder is None:
-            self._default_embedder = embedder_from_settings(self.settings)
+            self._default_embedder = embedder_from_settings(self.settings, batches=True)
         return self._default_embedder
 
     async def _query_embedder(self) -> Embedder | None:
