@@ -20,7 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from worker.db.migrate import migrate_reporting
 from worker.db.vectors import drop_other_models
-from worker.episodes.embedding import LocalEmbedder
+from worker.episodes.embedding import LocalEmbedder, OpenAIEmbedder
 from worker.episodes.indexer import INDEXER_GROUP, Indexer
 from worker.episodes.vectorising import reindex
 from worker.keys import changes_stream, episodes_stream
@@ -256,3 +256,25 @@ async def test_migrate_keys_an_older_vector_table_by_episode_and_model(
     assert missing is None
     async with vector_engine.connect() as conn:
         assert (await conn.execute(key)).scalar_one() == 2
+
+
+async def test_an_embedder_that_does_not_answer_never_fails_remember(
+    vector_engine: AsyncEngine, redis: Redis, vector_settings: Settings
+) -> None:
+    """The turn is stored and announced for an indexer; the failure is logged and counted."""
+    down = OpenAIEmbedder("http://127.0.0.1:9/v1", "remote-model", 384, timeout_s=2)
+    failed = sample("memworker_embedded_at_remember_total", {"outcome": "failed"})
+    async with Memory(
+        "down", settings=vector_settings, embedder=down, engine=vector_engine, redis=redis
+    ) as memory:
+        vet = turn(VET)
+        with structlog.testing.capture_logs() as logs:
+            assert await memory.remember(vet) == vet.id
+        assert any("not embedded at remember" in line["event"] for line in logs)
+        assert sample("memworker_embedded_at_remember_total", {"outcome": "failed"}) == failed + 1
+        assert await vectors(vector_engine) == []
+        [words] = await memory.recall_scored("vaccine", user_id="ann")
+        assert words.episode.id == vet.id and words.unindexed
+        stream: Any = await redis.xrange(episodes_stream(vector_settings.stream_prefix))
+        assert len(stream) == 1  # announced: an indexer embeds it once it can
+    await down.aclose()
