@@ -142,7 +142,10 @@ class TurnVectors:
             )
 
     async def _embed(self, row_id: str) -> None:
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        if self._task is not None and self._task.get_loop() is not loop:
+            self._task, self._pending = None, []  # a former event loop's (asyncio.run per call)
+        future: asyncio.Future[None] = loop.create_future()
         self._pending.append((row_id, future))
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._drain())
@@ -169,10 +172,11 @@ class TurnVectors:
 
     async def close(self) -> None:
         """Stop embedding; a ``remember`` still waiting gets ``CancelledError``."""
-        if self._task is not None and not self._task.done():
-            self._task.cancel()
-        for _row_id, future in self._pending:
-            future.cancel()
+        with contextlib.suppress(RuntimeError):  # a former event loop's, closed
+            if self._task is not None and not self._task.done():
+                self._task.cancel()
+            for _row_id, future in self._pending:
+                future.cancel()
         self._pending.clear()
 
     async def wait_recallable(self, project_id: str, ids: Sequence[str], timeout: float) -> None:
