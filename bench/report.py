@@ -147,6 +147,13 @@ BENCHES = [
         ],
     ),
     Bench(
+        "remember_breakdown.py",
+        "`remember` with and without an indexer, part by part",
+        "`Memory.remember` storing and announcing a turn (an indexer embeds it) against embedding "
+        "it first (no indexer runs), same run, on an embedded PostgreSQL with pgvector.",
+        quick=["--remembers", "50"],
+    ),
+    Bench(
         "indexer_throughput.py",
         "Indexer episodes/s; consolidation before/after the indexer runs",
         "Same run, rounds alternating: consolidation alone, then with `memworker index` beside it.",

@@ -1,14 +1,17 @@
 """User memory (``worker.Memory``): blocks, remember, recall, facts, and the change feed's Redis
 cost, against a migrated Postgres (a database of its own, dropped at the end) and Redis.
 
-    .venv/bin/python bench/user_memory.py [--redis-url URL] [--database-url URL] \\
+    .venv/bin/python bench/user_memory.py [--redis-url URL] [--database-url URL | --pgvector] \\
         [--users 1000] [--ops 5000] [--remembers 2000] [--episodes 10000] [--facts 10000]
 
 - ``working()``: ``--users`` users with 5 pinned blocks of ~500 bytes each (loaded in SQL),
   ``--ops`` sequential calls for a random user;
 - ``update_block``: one write per user (a real call: its ``block.updated`` goes out on the feed);
 - ``remember``: ``--remembers`` sequential turns (latency), then as many from 8 tasks at once
-  (throughput);
+  (throughput), in the same run with an indexer to embed them
+  (``MEMWORKER_REMEMBER_EMBEDDING=indexer``: ``remember`` only stores and announces) and with
+  none (``inline``: ``remember`` embeds the turn before it returns; the local model, its load
+  not timed), each on its own project;
 - ``recall_scored`` over one user's ``--episodes`` turns (loaded in SQL), 3 words of their
   vocabulary per query, limit 5: **words only** when the server has no pgvector;
 - ``recall_facts`` over one user's ``--facts`` facts (loaded in SQL), by words, limit 5;
@@ -39,6 +42,7 @@ from harness import (
     percentile,
     unique_prefix,
 )
+from recall_common import pgvector_server
 from redis.asyncio import Redis
 from sqlalchemy import text
 
@@ -190,7 +194,12 @@ async def run(args: argparse.Namespace) -> str:
     rows: list[list[str]] = []
     try:
         async with fresh_database(args.database_url) as url:
-            settings = Settings(redis_url=args.redis_url, database_url=url, stream_prefix=prefix)
+            settings = Settings(
+                redis_url=args.redis_url,
+                database_url=url,
+                stream_prefix=prefix,
+                remember_embedding="indexer",
+            )
             async with Memory(PROJECT, settings=settings) as memory:
                 async with memory.engine.connect() as conn:
                     vectors = await has_vector_table(conn)
@@ -263,13 +272,14 @@ async def run(args: argparse.Namespace) -> str:
                 par_rate = args.remembers / (time.perf_counter() - started)
                 rows.append(
                     [
-                        "`remember` (one turn; sequential / 8 tasks at once)",
+                        "`remember` (one turn; sequential / 8 tasks at once), an indexer embeds",
                         f"{args.remembers:,}",
                         ms(remembered, 50),
                         ms(remembered, 99),
                         f"{seq_rate:,.0f}/s / {par_rate:,.0f}/s",
                     ]
                 )
+                remember_row = len(rows)
 
                 await load_turns(memory, "big", args.episodes)
                 recalled = await timed(
@@ -279,7 +289,11 @@ async def run(args: argparse.Namespace) -> str:
                 )
                 found = await memory.recall_scored(query_words(rng), user_id="big", limit=5)
                 assert len(found) == 5 and all(m.bm25_score for m in found)
-                how = "words and meaning" if vectors else "words only: no pgvector on this server"
+                how = "words and meaning"
+                if not vectors:
+                    how = "words only: no pgvector on this server"
+                elif found.unindexed:
+                    how = "words only: these turns have no vectors"
                 rows.append(
                     [
                         f"`recall_scored` over one user's {args.episodes:,} turns, limit 5 ({how})",
@@ -313,6 +327,9 @@ async def run(args: argparse.Namespace) -> str:
                 # block writes, the warm-up turns and the two remember phases
                 expected = args.users + WARM_TURNS + 2 * args.remembers
                 xadds, usec = calls1 - calls0, usec1 - usec0
+            if vectors:  # its feed events are not counted above (one stream for all projects)
+                inline = await remember_inline(settings, episode, args.remembers)
+                rows.insert(remember_row, inline)
     finally:
         await cleanup(redis, prefix)
         await redis.aclose()
@@ -342,6 +359,43 @@ async def run(args: argparse.Namespace) -> str:
     return "\n".join(lines)
 
 
+async def remember_inline(
+    settings: Settings, episode: Callable[[int, str], Episode], count: int
+) -> list[str]:
+    """The ``remember`` row again with no indexer: each turn embedded before it returns
+    (``MEMWORKER_REMEMBER_EMBEDDING=inline``), on a project of its own."""
+    inline = settings.model_copy(update={"remember_embedding": "inline"})
+    async with Memory(f"{PROJECT}-inline", settings=inline) as memory:
+        for i in range(WARM_TURNS):  # loads the model
+            await memory.remember(episode(i, "warm"))
+        remembered = await timed(lambda i: memory.remember(episode(i, "seq")), count, 0)
+        seq_rate = count / sum(remembered)
+        concurrency = 8
+        started = time.perf_counter()
+
+        async def writer(k: int) -> None:
+            for i in range(k, count, concurrency):
+                await memory.remember(episode(i, "par"))
+
+        await asyncio.gather(*(writer(k) for k in range(concurrency)))
+        par_rate = count / (time.perf_counter() - started)
+        async with memory.engine.connect() as conn:
+            embedded = (
+                await conn.execute(
+                    text("SELECT count(*) FROM episode_embeddings WHERE project_id = :p"),
+                    {"p": memory.project_id},
+                )
+            ).scalar_one()
+        assert embedded == WARM_TURNS + 2 * count, embedded
+    return [
+        "`remember`, no indexer: embedded before it returns (local model)",
+        f"{count:,}",
+        ms(remembered, 50),
+        ms(remembered, 99),
+        f"{seq_rate:,.0f}/s / {par_rate:,.0f}/s",
+    ]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--redis-url", default=os.environ.get("REDIS_URL", DEFAULT_REDIS_URL))
@@ -354,8 +408,19 @@ def main() -> None:
     parser.add_argument("--episodes", type=int, default=10_000)
     parser.add_argument("--facts", type=int, default=10_000)
     parser.add_argument("--queries", type=int, default=500)
+    parser.add_argument(
+        "--pgvector",
+        action="store_true",
+        help="on an embedded PostgreSQL with pgvector (not --database-url): recall by meaning,"
+        " and remember with and without an indexer",
+    )
     args = parser.parse_args()
-    print(asyncio.run(run(args)))
+    if not args.pgvector:
+        print(asyncio.run(run(args)))
+        return
+    with pgvector_server(None) as url:
+        args.database_url = url
+        print(asyncio.run(run(args)))
 
 
 if __name__ == "__main__":

@@ -134,6 +134,15 @@ INDEX_SECONDS = Histogram(
 EPISODES_INDEXED = Counter(
     "memworker_episodes_indexed_total", "Episodes embedded and stored by the indexer."
 )
+EMBEDDED_AT_REMEMBER = Counter(
+    "memworker_embedded_at_remember_total",
+    "Turns Memory.remember embedded itself (no indexer running), by outcome (done, failed).",
+    ["outcome"],
+)
+RECALL_WITHOUT_VECTORS = Counter(
+    "memworker_recall_unindexed_total",
+    "Episodes a recall looked at that had no vector of its model (not embedded yet), summed.",
+)
 INDEX_BACKLOG = Gauge(
     "memworker_index_backlog",
     "Episodes announced on P:episodes the indexer has not indexed yet (pending + lag of its "

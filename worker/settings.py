@@ -155,6 +155,12 @@ class Settings(BaseSettings):
     recall_exact_below: int = Field(default=10_000, ge=0)
     """Recall searches a project (with its filters) of at most this many vectors exactly, not
     by the HNSW index (``worker.episodes.vector_search``); 0: always the index."""
+    remember_embedding: Literal["auto", "inline", "indexer"] = "auto"
+    """Who embeds a turn ``Memory.remember`` stores (``worker.user_memory.indexing``):
+    ``inline``, ``remember`` itself before it returns (recallable by meaning at once);
+    ``indexer``, the ``memworker index`` process (``Memory.wait_recallable`` waits for it);
+    ``auto``, ``inline`` unless an indexer is running (group ``indexer`` on ``P:episodes`` has a
+    consumer seen in the last 10 s; looked up at most every 2 s)."""
 
     # Agent access: memworker mcp, memworker serve (worker.access).
     api_token: str | None = None

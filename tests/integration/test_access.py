@@ -88,6 +88,9 @@ async def test_mcp_over_stdio_lists_the_tools_and_remembers_then_recalls(
         assert match["episode"]["id"] == remembered
         assert match["episode"]["input"] == "Find me a train to Lisbon on Friday"
         assert match["bm25_score"] > 0
+        # embedded when remember returned (no indexer runs) where the server has pgvector;
+        # else recalled by words, and the match says so
+        assert match["unindexed"] is (match["vector_score"] is None)
         # min_score: words matched (no vectors on this project), so kept; nothing else is.
         done = await session.call_tool(
             "recall", {"user_id": "ann", "query": "bicycle", "min_score": 0.5}
@@ -150,6 +153,8 @@ async def test_the_http_api_refuses_without_the_token_and_remembers_then_recalls
         )
         assert found.status_code == 200, found.text
         assert [m["episode"]["id"] for m in found.json()] == [remembered]
+        [match] = found.json()
+        assert match["unindexed"] is (match["vector_score"] is None)
 
         block = {"user_id": "ann", "name": "persona", "content": "Ann likes trains."}
         assert (await http.post("/v1/update_block", json=block, headers=AUTH)).status_code == 200

@@ -39,6 +39,7 @@ def feed_settings(redis_url: str, prefix: str, database_url: str) -> Settings:
         hook_retry_seconds=0.3,
         max_deliveries=2,
         block_ms=50,
+        remember_embedding="indexer",  # the feed's events as without pgvector
     )
 
 

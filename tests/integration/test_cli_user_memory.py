@@ -120,7 +120,8 @@ async def test_recall_prints_scored_turns_of_the_user_within_the_time_range(
 ) -> None:
     settings = await migrated(settings, database_url)
     now = datetime.now(UTC)
-    async with Memory("demo", settings=settings) as memory:
+    words_only = settings.model_copy(update={"remember_embedding": "indexer"})
+    async with Memory("demo", settings=words_only) as memory:
         for n, (user, text, age) in enumerate(
             [
                 ("ann", "book a flight to Lisbon", 3),

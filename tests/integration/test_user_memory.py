@@ -51,7 +51,14 @@ async def engine(database_url: str) -> AsyncIterator[AsyncEngine]:
 
 @pytest.fixture
 def um_settings(redis_url: str, prefix: str, database_url: str) -> Settings:
-    return Settings(redis_url=redis_url, stream_prefix=prefix, database_url=database_url)
+    """Turns left to an indexer (none runs): recall by words, whether or not the server has
+    pgvector (embedding at remember: ``tests/recall/test_remember_recallable.py``)."""
+    return Settings(
+        redis_url=redis_url,
+        stream_prefix=prefix,
+        database_url=database_url,
+        remember_embedding="indexer",
+    )
 
 
 @pytest.fixture
@@ -904,6 +911,7 @@ async def test_a_write_while_redis_is_down_succeeds_and_its_event_is_published_l
         stream_prefix=prefix,
         database_url=database_url,
         redis_retry_seconds=0.2,
+        remember_embedding="indexer",  # the feed's events as without pgvector
     )
     try:
         memory = Memory(PROJECT, settings=settings, engine=engine)

@@ -32,7 +32,10 @@ from worker.user_memory.memory import Memory
 
 @lru_cache(maxsize=1)
 def _settings() -> Settings:
-    return Settings()
+    """LoomFlow's ``InMemoryMemory`` ranks by words alone (BM25, no embedder), and its tests
+    say so (a query without a word in common falls back to recency with score 0): turns are
+    left to an indexer (none runs here), so recall is by words as there."""
+    return Settings(remember_embedding="indexer")
 
 
 _ENGINES: list[AsyncEngine] = []

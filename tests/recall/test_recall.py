@@ -21,7 +21,7 @@ from tests.integration.results_factory import publish, terminated
 from tests.recall_set import LabeledEpisode, load_recall_set, remember_all
 from worker.consolidation.consolidator import Consolidator
 from worker.consumers.loop import StreamEntry
-from worker.db.vectors import store_vectors
+from worker.db.vectors import drop_other_models, store_vectors
 from worker.episodes.embedding import LocalEmbedder
 from worker.episodes.indexer import INDEXER_GROUP, Indexer
 from worker.episodes.remember import remember
@@ -238,7 +238,7 @@ async def test_forget_removes_vectors_and_export_carries_them(
     assert await store.recall("acme", "users cannot sign in", 10) == []
 
 
-async def test_reindex_replaces_vectors_of_another_model_and_fills_missing_ones(
+async def test_reindex_fills_missing_vectors_beside_another_model_s_until_those_are_dropped(
     vector_engine: AsyncEngine, redis: Redis, vector_settings: Settings, embedder: LocalEmbedder
 ) -> None:
     episodes, _queries = load_recall_set()
@@ -250,9 +250,14 @@ async def test_reindex_replaces_vectors_of_another_model_and_fills_missing_ones(
         await store_vectors(conn, "old-model", 3, old, [[1.0, 0.0, 0.0]] * 3)
     assert await reindex(vector_engine, embedder) == 6
     rows = await vector_rows(vector_engine)
+    assert sorted(r[1] for r in rows) == ["all-MiniLM-L6-v2"] * 6 + ["old-model"] * 3
+    assert await reindex(vector_engine, embedder) == 0
+    async with vector_engine.begin() as conn:
+        assert await drop_other_models(conn, embedder.name, "other-project") == 0
+        assert await drop_other_models(conn, embedder.name, "acme") == 3
+    rows = await vector_rows(vector_engine)
     assert {r[1] for r in rows} == {"all-MiniLM-L6-v2"}
     assert len(rows) == 6
-    assert await reindex(vector_engine, embedder) == 0
 
 
 async def test_before_the_indexer_ran_recall_uses_words_and_says_so_once(

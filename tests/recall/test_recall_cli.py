@@ -105,3 +105,32 @@ async def test_remember_from_the_shell_refuses_an_existing_id_with_other_content
     found = memworker(vector_settings, "episodes", "list", "-p", "demo", "--json")
     assert found.returncode == 0, found.stderr
     assert [e["task_description"] for e in json.loads(found.stdout)] == ["Fix the login bug"]
+
+
+async def test_reindex_embeds_beside_another_model_then_deletes_its_vectors_unless_kept(
+    vector_engine: AsyncEngine, redis: Redis, vector_settings: Settings
+) -> None:
+    from sqlalchemy import text
+
+    from worker.db.vectors import store_vectors
+
+    episodes, _queries = load_recall_set()
+    ids = await remember_all(
+        vector_engine, redis, vector_settings.stream_prefix, "acme", episodes[:4]
+    )
+    async with vector_engine.begin() as conn:
+        await store_vectors(conn, "old-model", 3, list(ids.values()), [[1.0, 0.0, 0.0]] * 4)
+
+    async def models() -> list[str]:
+        async with vector_engine.connect() as conn:
+            found = await conn.execute(text("SELECT model FROM episode_embeddings ORDER BY 1"))
+            return [row[0] for row in found]
+
+    kept = memworker(vector_settings, "reindex", "-p", "acme", "--keep-old")
+    assert kept.returncode == 0, kept.stderr
+    assert "embedded 4 episodes" in kept.stdout
+    assert await models() == ["all-MiniLM-L6-v2"] * 4 + ["old-model"] * 4
+    done = memworker(vector_settings, "reindex", "-p", "acme")
+    assert done.returncode == 0, done.stderr
+    assert "embedded 0 episodes; deleted 4 vectors of other models" in done.stdout
+    assert await models() == ["all-MiniLM-L6-v2"] * 4

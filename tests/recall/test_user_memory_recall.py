@@ -21,6 +21,7 @@ from worker.user_memory.models import Episode, Fact
 async def test_a_turn_is_recallable_by_meaning_once_indexed_and_the_feed_says_so(
     vector_engine: AsyncEngine, redis: Redis, vector_settings: Settings, embedder: LocalEmbedder
 ) -> None:
+    vector_settings = vector_settings.model_copy(update={"remember_embedding": "indexer"})
     turns = [
         Episode(
             session_id="s1",
@@ -47,8 +48,10 @@ async def test_a_turn_is_recallable_by_meaning_once_indexed_and_the_feed_says_so
         for turn in turns:
             await memory.remember(turn)
         # by words at once, before any vector exists
-        [words] = await memory.recall_scored("vaccine", user_id="ann", limit=1)
+        found = await memory.recall_scored("vaccine", user_id="ann", limit=1)
+        [words] = found
         assert words.episode.id == turns[0].id and words.vector_score is None
+        assert words.unindexed and found.unindexed == 1  # and the recall says why
 
         indexed = await Indexer(vector_settings, redis, vector_engine, embedder).run_once()
         assert indexed >= 3  # the announcements, and the change feed the indexer reads too

@@ -262,25 +262,42 @@ def reindex(
     project: Annotated[
         str | None, typer.Option("--project", "-p", help="Only this project.")
     ] = None,
+    keep_old: Annotated[
+        bool,
+        typer.Option(
+            "--keep-old", help="Keep other models' vectors (a later run without it deletes them)."
+        ),
+    ] = False,
 ) -> None:
-    """Embed episodes that have no vector, or one of another model (a backfill)."""
+    """Embed episodes that have no vector of the configured model (a backfill, or a new model).
+
+    A new model's vectors are written beside the old ones, so recall by the old model keeps
+    working while this runs; once every episode has its new vector, the old ones are deleted
+    (unless --keep-old)."""
     settings = settings_from_env()
     configure_logging(settings.log_level, settings.log_json)
 
-    async def go() -> int:
+    async def go() -> tuple[int, int]:
+        from worker.db.vectors import drop_other_models
         from worker.episodes.embedding import embedder_from_settings
         from worker.episodes.vectorising import reindex as backfill
 
         async with database_engine(settings) as engine:
-            return await backfill(engine, embedder_from_settings(settings), project_id=project)
+            embedder = embedder_from_settings(settings)
+            count = await backfill(engine, embedder, project_id=project)
+            if keep_old:
+                return count, 0
+            async with engine.begin() as conn:
+                return count, await drop_other_models(conn, embedder.name, project)
 
     from worker.episodes.embedding import EmbeddingError
 
     try:
-        count = run_async(go())
+        count, dropped = run_async(go())
     except EmbeddingError as exc:
         fail(str(exc))
-    out.print(f"embedded {count} episodes")
+    dropped_line = f"; deleted {dropped} vectors of other models" if dropped else ""
+    out.print(f"embedded {count} episodes{dropped_line}")
 
 
 def remember(

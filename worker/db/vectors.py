@@ -1,10 +1,13 @@
-"""Episode vectors (pgvector): one row per episode, the model and dimension stored with it.
+"""Episode vectors (pgvector): one row per episode and model, the dimension stored with it.
 
 ``episode_embeddings.embedding`` is an unconstrained ``vector``, so a change of model (another
-dimension) needs no migration: rows of the old model stay until ``memworker reindex`` replaces
-them. An HNSW index needs a fixed dimension, so there is one *partial expression* index per
-dimension in use (``(embedding::vector(384)) WHERE dimension = 384``), as pgvector's README
-suggests for mixed dimensions; queries use the same expression and condition to reach it.
+dimension) needs no migration. The key is ``(episode_id, model)``: an episode may hold one
+vector per model, so ``memworker reindex`` with a new model writes the new vectors beside the
+old ones (recall by the old model keeps working meanwhile) and deletes the old ones only once
+every episode has its new one (``worker.episodes.vectorising.reindex``). An HNSW index needs a
+fixed dimension, so there is one *partial expression* index per dimension in use
+(``(embedding::vector(384)) WHERE dimension = 384``), as pgvector's README suggests for
+mixed dimensions; queries use the same expression and condition to reach it.
 
 The table lives outside ``worker.db.models.Base``: it exists only where the ``vector`` extension
 could be enabled. Where it cannot (a PostgreSQL without pgvector), everything else migrates,
@@ -39,13 +42,24 @@ def missing_pgvector(server_version: tuple[int | str, ...] | None) -> str:
 
 CREATE_TABLE = f"""
 CREATE TABLE IF NOT EXISTS {VECTOR_TABLE} (
-    episode_id uuid PRIMARY KEY REFERENCES episodes (id) ON DELETE CASCADE,
+    episode_id uuid NOT NULL REFERENCES episodes (id) ON DELETE CASCADE,
     project_id text NOT NULL,
     model text NOT NULL,
     dimension integer NOT NULL,
     embedding vector NOT NULL,
-    embedded_at timestamptz NOT NULL DEFAULT now()
+    embedded_at timestamptz NOT NULL DEFAULT now(),
+    CONSTRAINT {VECTOR_TABLE}_pkey PRIMARY KEY (episode_id, model)
 )"""
+KEY_BY_MODEL = f"""
+DO $$ BEGIN
+  IF (SELECT array_length(conkey, 1) FROM pg_constraint
+      WHERE conrelid = '{VECTOR_TABLE}'::regclass AND contype = 'p') = 1 THEN
+    ALTER TABLE {VECTOR_TABLE} DROP CONSTRAINT {VECTOR_TABLE}_pkey,
+      ADD CONSTRAINT {VECTOR_TABLE}_pkey PRIMARY KEY (episode_id, model);
+  END IF;
+END $$"""
+"""A table made when the key was ``episode_id`` alone gets ``(episode_id, model)`` (its key
+index is rebuilt once, by ``memworker migrate``); a no-op after."""
 CREATE_PROJECT_INDEX = (
     f"CREATE INDEX IF NOT EXISTS ix_{VECTOR_TABLE}_project_model"
     f" ON {VECTOR_TABLE} (project_id, model)"
@@ -94,6 +108,7 @@ def create_vector_schema(conn: Connection, dimension: int) -> str | None:
             " CREATE EXTENSION vector; then run memworker migrate again"
         )
     conn.execute(text(CREATE_TABLE))
+    conn.execute(text(KEY_BY_MODEL))
     conn.execute(text(CREATE_PROJECT_INDEX))
     conn.execute(text(hnsw_index_sql(dimension)))
     return None
@@ -135,14 +150,14 @@ SELECT e.id, e.project_id, :model, CAST(:dimension AS integer),
     CAST((CAST(:flat AS real[]))[(v.n - 1) * :dimension + 1 : v.n * :dimension] AS vector)
 FROM unnest(CAST(:ids AS uuid[])) WITH ORDINALITY AS v(id, n)
 JOIN episodes e ON e.id = v.id
-ON CONFLICT (episode_id) DO UPDATE
-SET model = excluded.model, dimension = excluded.dimension, embedding = excluded.embedding,
-    embedded_at = now()
-WHERE {VECTOR_TABLE}.model IS DISTINCT FROM excluded.model
+ON CONFLICT (episode_id, model) DO UPDATE
+SET dimension = excluded.dimension, embedding = excluded.embedding, embedded_at = now()
+WHERE {VECTOR_TABLE}.dimension IS DISTINCT FROM excluded.dimension
    OR {VECTOR_TABLE}.embedding IS DISTINCT FROM excluded.embedding
 """
 """Store vectors of existing episodes (an episode forgotten meanwhile is skipped); a vector
-already there from the same model and equal is left alone, so redelivery writes nothing.
+already there from the same model and equal is left alone, so redelivery (or the indexer after
+``Memory.remember`` embedded the turn itself) writes nothing; another model's stays beside it.
 
 The vectors travel as one flat ``real[]`` (asyncpg sends it binary), the i-th its i-th slice:
 formatting and parsing 384 floats as text per vector cost more than the HNSW insert's share of
@@ -172,3 +187,18 @@ def include_name(name: str | None, type_: str, parent_names: object) -> bool:
     """Alembic's ``include_name`` hook: the models (``Base``) do not describe the vector table
     (it exists only with pgvector), so comparing them with a database leaves it out."""
     return not (type_ == "table" and name == VECTOR_TABLE)
+
+
+DROP_OTHER_MODELS = f"""
+DELETE FROM {VECTOR_TABLE} o USING {VECTOR_TABLE} n
+WHERE n.episode_id = o.episode_id AND n.model = :model AND o.model <> :model
+  AND (CAST(:project AS text) IS NULL OR o.project_id = :project)
+"""
+
+
+async def drop_other_models(conn: AsyncConnection, model: str, project_id: str | None) -> int:
+    """Delete the vectors of other models of every episode (of ``project_id``, or all) that has
+    one of ``model``: the last step of a reindex to a new model, so an episode is never left
+    without a vector; how many were deleted."""
+    result = await conn.execute(text(DROP_OTHER_MODELS), {"model": model, "project": project_id})
+    return int(getattr(result, "rowcount", 0) or 0)

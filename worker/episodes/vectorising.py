@@ -176,8 +176,9 @@ async def reindex(
     project_id: str | None = None,
     batch_size: int = 256,
 ) -> int:
-    """Embed every episode (of ``project_id``, or all) that has no vector or one of another
-    model; returns how many. Safe to run next to the indexer (both upsert by episode id)."""
+    """Embed every episode (of ``project_id``, or all) that has no vector of ``embedder``'s
+    model (none, or only another model's: that one stays, ``worker.db.vectors``); returns how
+    many. Safe to run next to the indexer (both upsert by episode id and model)."""
     async with engine.begin() as conn:
         if not await has_vector_table(conn):
             raise EmbeddingError(missing_pgvector(conn.dialect.server_version_info))

@@ -1,19 +1,17 @@
 """``Memory``: LoomFlow 0.20's ``Memory`` protocol on memworker's Postgres and Redis.
 
-What an agent knows about a user across sessions: pinned blocks (``blocks``), one episode per
-turn beside the sessions' episodes (``turns``, ``recall``), bi-temporal facts (``facts``),
-session continuity, a profile, export and forget, and a pluggable fact extractor
-(``extractors``). Every change is published on the change feed (``changes``).
-
-``user_id`` is a hard partition of blocks, episodes and facts; ``None`` is its own bucket. A
-recall without ``user_id`` on a project holding named users' episodes sees only anonymous ones
-and warns ``IsolationWarning``, as LoomFlow does. One ``Memory`` serves one project
-(``project_id``): nothing it does reads or removes another project's rows.
+Pinned blocks (``blocks``), one episode per turn (``turns``, ``recall``), bi-temporal facts
+(``facts``), session continuity, a profile, export and forget, a pluggable fact extractor
+(``extractors``); every change is published on the change feed (``changes``).
+``user_id`` is a hard partition of blocks, episodes and facts; ``None`` is its own bucket (a
+recall without it, where named users exist, warns ``IsolationWarning``, as LoomFlow does).
+One ``Memory`` serves one project: nothing it does reads or removes another project's rows.
 """
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from datetime import datetime
 from types import TracebackType
 from typing import Any
@@ -42,14 +40,15 @@ from worker.user_memory import blocks, turns
 from worker.user_memory.extractors import Extractor, run_extractor
 from worker.user_memory.facts import FactStore
 from worker.user_memory.inputs import check_episode, check_recall, check_recall_facts, check_session
+from worker.user_memory.indexing import TurnVectors
 from worker.user_memory.models import (
     Episode,
-    EpisodeMatch,
     Fact,
     MemoryBlock,
     MemoryExport,
     MemoryProfile,
     Message,
+    ScoredMatches,
     as_episode,
     as_utc,
     check_user_id,
@@ -100,6 +99,9 @@ class Memory:
         self._default_embedder: Embedder | None = None
         self._vectors = False
         self._vector_search: VectorSearch | None = None
+        self._turn_vectors = TurnVectors(
+            engine, redis, self.settings, lambda: self._embedder or self._settings_embedder()
+        )
         self.facts: Any = fact_store or FactStore(
             engine,
             self.project_id,
@@ -120,6 +122,7 @@ class Memory:
     async def close(self) -> None:
         """Publish what the change feed still owes (best effort), then close the connections
         this memory opened."""
+        await self._turn_vectors.close()
         try:
             await self.flush_changes()
         except Exception as exc:
@@ -170,7 +173,8 @@ class Memory:
     # -- episodes ---------------------------------------------------------------------------
 
     async def remember(self, episode: Episode | Any) -> str:
-        """Store a turn (LoomFlow's ``Episode`` too), once; its id (``turns`` module doc)."""
+        """Store a turn (LoomFlow's ``Episode`` too), once; its id (``turns`` module doc).
+        Recallable by meaning when it returns unless an indexer embeds it (``indexing``)."""
         episode = check_episode(as_episode(episode))
         row_id = turns.turn_uuid(self.project_id, episode.id)
         async with self.engine.begin() as conn:
@@ -190,6 +194,7 @@ class Memory:
                         )
                     ],
                 )
+        await self._turn_vectors.remembered(str(row_id))
         if not owed or await self._announce(row_id, episode):
             await self._flush_quietly()  # Redis refused the announcement: not this too
         return episode.id
@@ -209,6 +214,13 @@ class Memory:
         async with self.engine.begin() as conn:
             await mark_announced(conn, [row_id])
         return True
+
+    async def wait_recallable(self, ids: Sequence[str], *, timeout: float = 30.0) -> None:
+        """Return once each of ``ids`` (remembered turns, or sessions' episodes) is recallable
+        by meaning; ``indexing.NotRecallableError`` (a ``TimeoutError``) naming the others after
+        ``timeout`` s; ``indexing.UnknownEpisodeError`` (a ``ValueError``) for ids never
+        remembered. Needed only while an indexer embeds turns (``indexing`` module doc)."""
+        await self._turn_vectors.wait_recallable(self.project_id, ids, timeout)
 
     async def recall(
         self,
@@ -233,8 +245,9 @@ class Memory:
         time_range: tuple[datetime, datetime] | None = None,
         user_id: str | None = None,
         alpha: float = 0.5,
-    ) -> list[EpisodeMatch]:
-        """The user's episodes best matching ``query`` with their scores (``recall`` module)."""
+    ) -> ScoredMatches:
+        """The user's episodes best matching ``query`` with their scores (``recall`` module);
+        ``.unindexed`` says how many it looked at had no vector yet (warned and counted)."""
         check_recall(query, limit, kind, time_range)
         return await self._recall(query, limit, time_range, user_id, alpha)
 
@@ -245,7 +258,7 @@ class Memory:
         time_range: tuple[datetime, datetime] | None,
         user_id: str | None,
         alpha: float,
-    ) -> list[EpisodeMatch]:
+    ) -> ScoredMatches:
         if user_id is None and await self._has_named_users():
             warn_isolation(
                 "Memory.recall called without user_id, but the store contains episodes for one"
@@ -265,7 +278,7 @@ class Memory:
         if vector is not None and embedder is not None:
             exact = await self._small_partition(embedder, user_id, time_range)
         async with self.engine.begin() as conn:
-            return await recall_scored(
+            matches = await recall_scored(
                 conn,
                 self.project_id,
                 query,
@@ -277,6 +290,8 @@ class Memory:
                 model=None if embedder is None else embedder.name,
                 exact=exact,
             )
+        self._turn_vectors.report_unindexed(self.project_id, user_id, matches.unindexed)
+        return matches
 
     async def _small_partition(
         self,
@@ -310,9 +325,10 @@ class Memory:
 
     def _settings_embedder(self) -> Embedder:
         """The embedder of the settings (the indexer's), made once; its model loads on first
-        use only."""
+        use only. Its threads do not spin while they wait (``batches``): ``remember`` embeds
+        with it too, between Postgres round trips on the same cores."""
         if self._default_embedder is None:
-            self._default_embedder = embedder_from_settings(self.settings)
+            self._default_embedder = embedder_from_settings(self.settings, batches=True)
         return self._default_embedder
 
     async def _query_embedder(self) -> Embedder | None:

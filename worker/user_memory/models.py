@@ -159,13 +159,24 @@ class Episode(_Model):
 class EpisodeMatch(_Model):
     """A recalled episode and its scores: ``score`` orders them (higher is better);
     ``vector_score`` is the cosine similarity (-1..1, None: not embedded yet or no vector
-    search); ``bm25_score`` the lexical part (Postgres ``ts_rank``, None: no word matched)."""
+    search); ``bm25_score`` the lexical part (Postgres ``ts_rank``, None: no word matched);
+    ``unindexed``: the episode has no vector of the recall's model yet (not embedded, or no
+    vector search), so meaning could not rank it (memworker's, not LoomFlow's)."""
 
     episode: Episode
     score: float
     vector_score: float | None = None
     bm25_score: float | None = None
     rerank_score: float | None = None
+    unindexed: bool = False
+
+
+class ScoredMatches(list[EpisodeMatch]):
+    """``recall_scored``'s matches, best first (a list), and ``unindexed``: how many of the
+    episodes the recall looked at (its word matches and what it returns) had no vector of its
+    model, so a recall that ran without some vectors says so (0: none)."""
+
+    unindexed: int = 0
 
 
 class Fact(_Model):

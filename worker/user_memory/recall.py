@@ -12,6 +12,10 @@ Reciprocal Rank Fusion (LoomFlow's ``alpha``: 0 words only, 1 meaning only, 0.5 
   LoomFlow does). Used only when pgvector is there, the project has vectors of the model, and
   an embedder is configured (``Memory(embedder=...)`` or the settings').
 
+A recall by meaning (``alpha`` > 0, a query) says which of the episodes it looked at (its word
+matches and what it returns) have no vector of its model yet: ``EpisodeMatch.unindexed`` and
+``ScoredMatches.unindexed`` (a lookup of at most ~60 vector keys).
+
 As LoomFlow: an empty query returns the most recent episodes with score 1.0, and one nothing
 matches returns them with score 0.0, so an agent always gets some context.
 """
@@ -27,8 +31,15 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from worker.db.vectors import VECTOR_TABLE, vector_literal
 from worker.episodes.embedding import Embedder
 from worker.episodes.text_search import BY_INDEX, TEXT_CAP, UNSET_BY_INDEX, ranked_matches
-from worker.user_memory.models import EpisodeMatch, as_utc
-from worker.user_memory.turns import EPISODE_COLUMNS, episode_from_row, episodes_of, partition
+from worker.user_memory.models import Episode, EpisodeMatch, ScoredMatches, as_utc
+from worker.user_memory.turns import (
+    EPISODE_COLUMNS,
+    SessionEpisode,
+    episode_from_row,
+    episodes_of,
+    partition,
+    turn_uuid,
+)
 
 RRF_K = 60
 _E_COLUMNS = ", ".join(f"e.{c.strip()}" for c in EPISODE_COLUMNS.split(","))
@@ -59,7 +70,7 @@ async def recall_scored(
     query_vector: list[float] | None,
     model: str | None,
     exact: bool = False,
-) -> list[EpisodeMatch]:
+) -> ScoredMatches:
     """The user's episodes best matching ``query`` (module doc), at most ``limit``; ``exact``:
     search the partition's vectors exactly rather than by the HNSW index (a small partition:
     the index's scan would filter the user's after it, finding few or none)."""
@@ -67,7 +78,7 @@ async def recall_scored(
         raise ValueError(f"alpha is between 0 and 1, not {alpha}")
     limit = max(0, int(limit))
     if limit == 0:
-        return []
+        return ScoredMatches()
     params: dict[str, Any] = {"p": project_id, "u": user_id, "q": query, "n": max(limit, 50)}
     if time_range is not None:
         params["lo"], params["hi"] = as_utc(time_range[0]), as_utc(time_range[1])
@@ -122,18 +133,68 @@ async def recall_scored(
             lo, hi = params["lo"], params["hi"]
             recent = [e for e in recent if lo <= e.occurred_at <= hi]
         neutral = 0.0 if query.strip() else 1.0  # LoomFlow's: no query is no evidence against
-        return [EpisodeMatch(episode=e, score=neutral) for e in recent[:limit]]
+        keyed = {_row_key(project_id, e): e for e in recent[:limit]}
+        missing = await _unindexed(conn, list(keyed), query, alpha, query_vector, model)
+        return _matches(
+            [
+                EpisodeMatch(episode=e, score=neutral, unindexed=k in missing)
+                for k, e in keyed.items()
+            ],
+            len(missing),
+        )
     bm25, cosine = dict(words), dict(meaning)
     best = sorted(fused, key=lambda k: (-fused[k], -rows[k].occurred_at.timestamp(), k))
-    return [
-        EpisodeMatch(
-            episode=episode_from_row(rows[k]),
-            score=fused[k],
-            bm25_score=bm25.get(k),
-            vector_score=cosine.get(k),
-        )
-        for k in best[:limit]
-    ]
+    missing = await _unindexed(conn, list(rows), query, alpha, query_vector, model)
+    return _matches(
+        [
+            EpisodeMatch(
+                episode=episode_from_row(rows[k]),
+                score=fused[k],
+                bm25_score=bm25.get(k),
+                vector_score=cosine.get(k),
+                unindexed=k in missing,
+            )
+            for k in best[:limit]
+        ],
+        len(missing),
+    )
+
+
+def _matches(found: list[EpisodeMatch], unindexed: int) -> ScoredMatches:
+    matches = ScoredMatches(found)
+    matches.unindexed = unindexed
+    return matches
+
+
+def _row_key(project_id: str, episode: Episode) -> str:
+    """The ``episodes`` row id of a recalled episode (a turn's is derived from its id)."""
+    if isinstance(episode, SessionEpisode):
+        return episode.id
+    return str(turn_uuid(project_id, episode.id))
+
+
+async def _unindexed(
+    conn: AsyncConnection,
+    keys: list[str],
+    query: str,
+    alpha: float,
+    query_vector: list[float] | None,
+    model: str | None,
+) -> set[str]:
+    """Which of ``keys`` (row ids) have no vector of ``model``: all of them when the recall
+    had no vectors to use; none when it did not want them (no query, or words only)."""
+    if not keys or not query.strip() or alpha == 0.0:
+        return set()
+    if query_vector is None or model is None:
+        return set(keys)
+    found = await conn.execute(
+        text(
+            f"SELECT episode_id::text FROM {VECTOR_TABLE}"
+            " WHERE episode_id = ANY(CAST(:ids AS uuid[])) AND model = :m"
+        ),
+        {"ids": keys, "m": model},
+    )
+    return set(keys) - {row[0] for row in found}
 
 
 async def embed_query(embedder: Embedder | None, query: str) -> list[float] | None:
