@@ -39,8 +39,8 @@ from worker.settings import Settings
 from worker.user_memory import blocks, turns
 from worker.user_memory.extractors import Extractor, run_extractor
 from worker.user_memory.facts import FactStore
-from worker.user_memory.inputs import check_episode, check_recall, check_recall_facts, check_session
 from worker.user_memory.indexing import TurnVectors
+from worker.user_memory.inputs import check_episode, check_recall, check_recall_facts, check_session
 from worker.user_memory.models import (
     Episode,
     Fact,
