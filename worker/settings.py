@@ -46,10 +46,12 @@ class Settings(BaseSettings):
         default=DEFAULT_REDIS_URL,
         validation_alias=AliasChoices("REDIS_URL", "MEMWORKER_REDIS_URL"),
     )
+    """Redis or Valkey (`redis://`, `rediss://`, `unix://`)"""
     database_url: str = Field(
         default=DEFAULT_DATABASE_URL,
         validation_alias=AliasChoices("DATABASE_URL", "MEMWORKER_DATABASE_URL"),
     )
+    """PostgreSQL (`postgresql+asyncpg://`; `postgresql://` accepted too)"""
     redis_cluster: bool = False
     """REDIS_URL names one node of a Redis Cluster (shards map to the nodes of their slots)."""
     redis_sentinel_service: str | None = None
@@ -63,16 +65,23 @@ class Settings(BaseSettings):
     """How long a call of ``WorkingMemory``, ``LifecycleClient`` or the CLI retries a lost or
     refused connection (Redis restarting, failing over) before it raises; 0: not at all."""
     stream_prefix: str = Field(default="agents", min_length=1, max_length=64)
+    """prefix `P` of every stream and key"""
     shards: int = Field(default=1, ge=1, le=1024)
+    """shards `S`; must be the same for every producer and worker"""
 
     # Working memory.
     session_ttl_seconds: int = Field(default=86_400, ge=1, le=MAX_SESSION_TTL_SECONDS)
     """A spawn's idle expiry when it names no ``ttl_seconds``; at most the spawn's maximum."""
     default_key_ttl_seconds: int | None = Field(default=None, ge=1)
+    """default per-variable TTL of `WorkingMemory.set`"""
     max_keys_per_session: int = Field(default=10_000, ge=1)
+    """variables per session"""
     max_value_bytes: int = Field(default=1_048_576, ge=1)
+    """bytes of one variable's JSON"""
     max_scratchpad_entries: int = Field(default=1_000, ge=1)
+    """scratchpad length (oldest dropped)"""
     max_checkpoints_per_session: int = Field(default=50, ge=1)
+    """checkpoints per session (more is refused)"""
     tombstone_ttl_seconds: int = Field(default=3_600, ge=1)
     """How long a terminated session answers late commands ``already_terminated`` (README
     "Windows": chosen so one GB of Redis sustains over 1,000 commands/s)."""
@@ -86,20 +95,28 @@ class Settings(BaseSettings):
 
     # Events.
     max_event_bytes: int = Field(default=1_048_576, ge=1024)
+    """a command's JSON size"""
 
     # Lifecycle worker.
     batch_size: int = Field(default=500, ge=1, le=10_000)
+    """entries per read (every group; the consolidator and the indexer have their own below)"""
     block_ms: int = Field(default=100, ge=1)
+    """`XREADGROUP` block time (every group)"""
     reclaim_idle_ms: int = Field(default=30_000, ge=100)
+    """idle time before another consumer's entry is reclaimed (every group)"""
     reclaim_interval_ms: int = Field(default=1_000, ge=10)
+    """how often to look for entries idle past `MEMWORKER_RECLAIM_IDLE_MS` (every group)"""
     max_deliveries: int = Field(default=5, ge=1)
+    """deliveries (or failures) before the DLQ (the lifecycle worker and hooks)"""
     hook_retry_seconds: float = Field(default=30.0, ge=0)
     """How long ``LifecycleHooks`` retries a result whose hook raises (backoff 0.1 s doubling,
     at most 10 s apart; at least ``max_deliveries`` tries) before its dead letter."""
     reply_timeout_seconds: float = Field(default=30.0, gt=0)
     """A batch whose replies take longer drops its connection and is retried."""
     seq_gap_timeout_seconds: float = Field(default=60.0, gt=0)
+    """how long a command waits for a `seq` gap"""
     seq_retry_ms: int = Field(default=200, ge=10)
+    """how often waiting commands are retried"""
     spawn_wait_seconds: float = Field(default=10.0, ge=0)
     """How long a pause, resume or terminate with a ``seq`` above 1, for a session that does
     not exist and with no spawn of it in the stream, waits for one to be published (counted
@@ -109,6 +126,8 @@ class Settings(BaseSettings):
     retention_seconds: float = Field(default=600.0, ge=0)
     """Age of the lifecycle/results entries kept for replay once every group is done."""
     retention_interval_seconds: float = Field(default=60.0, gt=0)
+    """how often streams are trimmed (the lifecycle worker: lifecycle and results; the
+    consolidator: `P:episodes`)"""
     dlq_max_entries: int = Field(default=100_000, ge=0)
     """Dead letters kept per DLQ stream at most, the oldest trimmed first (0: no cap); with the
     other streams, every ``retention_interval_seconds``."""
@@ -119,6 +138,8 @@ class Settings(BaseSettings):
     maxmemory × (1 − this), ``LifecycleClient`` and ``memworker publish`` are refused (0: off).
     Checked by the lifecycle worker every ``admission_interval_ms``."""
     admission_interval_ms: int = Field(default=100, ge=10)
+    """how often the lifecycle worker checks `used_memory` against that limit (one `INFO
+    memory`)"""
     admission_interval_near_full_ms: int = Field(default=10, ge=1)
     """The same check while a server is near its limit (less room under maxmemory less the
     reserve than the reserve itself, or 8 MB, whichever is more) or past it: a burst of
@@ -131,21 +152,31 @@ class Settings(BaseSettings):
 
     # Consolidator.
     consolidation_batch_size: int = Field(default=500, ge=1, le=10_000)
+    """results per Postgres transaction"""
     consolidation_max_attempts: int = Field(default=10, ge=1)
+    """tries before a result is dead-lettered `storage_failed`"""
     context_summary_max_chars: int = Field(default=4_000, ge=200)
+    """size bound of an episode's summary"""
     lesson_facts: bool = True
     """The consolidator turns finished sessions' lessons into facts about their agent type
     (``worker.user_memory.extractors.LessonsExtractor``), every few seconds, off the hot path."""
 
     # Recall by meaning (worker.episodes.embedding, worker.episodes.indexer, EpisodeStore.recall).
     embedding_provider: Literal["local", "openai"] = "local"
+    """`local` (all-MiniLM-L6-v2 on CPU, offline) or `openai` (an OpenAI-compatible
+    `/v1/embeddings`)"""
     embedding_base_url: str | None = None
     """An OpenAI-compatible API, ending in ``/v1`` (provider ``openai``)."""
     embedding_model: str | None = None
+    """provider `openai`: the model asked for and the dimension it returns"""
     embedding_dimension: int | None = Field(default=None, ge=1, le=16_000)
+    """provider `openai`: the model asked for and the dimension it returns"""
     embedding_api_key: str | None = None
+    """provider `openai`: sent as `Authorization: Bearer …`"""
     index_batch_size: int = Field(default=64, ge=1, le=2_048)
+    """announcements the indexer embeds per batch"""
     index_max_attempts: int = Field(default=10, ge=1)
+    """tries before an announcement is dead-lettered `index_failed`"""
     index_nice: int = Field(default=10, ge=0, le=19)
     """``memworker index`` lowers its CPU priority by this much: embedding is off the hot path,
     so on shared cores the consolidator and the worker go first (BENCHMARKS.md)."""
@@ -188,9 +219,14 @@ class Settings(BaseSettings):
 
     # Operations.
     metrics_port: int | None = Field(default=None, ge=0, le=65_535)
+    """port of `/metrics`, `/healthz`, `/readyz` (`run --workers N`: this port + n for worker n;
+    `dev`: 9464 when unset)"""
     lag_probe_seconds: float = Field(default=2.0, gt=0)
+    """how often lag/pending gauges (and, by sampling, the capacity gauges) are refreshed"""
     log_level: str = "INFO"
+    """the log level (`DEBUG`, `INFO`, `WARNING`, `ERROR`)"""
     log_json: bool | None = None
+    """JSON logs when not on a terminal"""
 
     @property
     def vector_dimension(self) -> int:
