@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 .PHONY: install run test test-fast lint format bench soak schema clean embedding-server \
-	images compose stack-test
+	images compose stack-test docs docs-serve
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -36,6 +36,14 @@ lint: $(STAMP)
 format: $(STAMP)
 	$(BIN)/ruff format worker schemas tests bench
 	$(BIN)/ruff check --fix worker schemas tests bench
+
+## The documentation site (mkdocs.yml): built into site/ with --strict, so a broken link, a
+## missing page or a reference line the code no longer has fails; docs-serve serves it on :8000.
+docs: $(STAMP)
+	$(BIN)/mkdocs build --strict
+
+docs-serve: $(STAMP)
+	$(BIN)/mkdocs serve
 
 ## Benchmarks: runs every bench/ script and writes BENCHMARKS.md (about 5-10 minutes);
 ## REDIS_URL / DATABASE_URL pick the servers (default: 127.0.0.1:6379, postgres@127.0.0.1:5432).
@@ -86,4 +94,4 @@ stack-test: $(STAMP)
 	PYTHON=$(BIN)/python deploy/stack-test.sh
 
 clean:
-	rm -rf $(VENV) $(EMBEDDING_SERVER_VENV) .pytest_cache .mypy_cache .ruff_cache .coverage
+	rm -rf $(VENV) $(EMBEDDING_SERVER_VENV) site .pytest_cache .mypy_cache .ruff_cache .coverage

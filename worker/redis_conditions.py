@@ -31,7 +31,9 @@ from typing import Any
 
 from redis import exceptions as rx
 
-CAPACITY_ADVICE = 'free memory, raise maxmemory, or lower retention/windows (see README "Capacity")'
+CAPACITY_ADVICE = (
+    "free memory, raise maxmemory, or lower retention/windows (see docs/guides/capacity.md)"
+)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,4 +1,4 @@
-"""Settings from the environment (see README.md "Configuration").
+"""Settings from the environment (docs/reference/configuration.md lists them all).
 
 Every setting but the two URLs is read from a ``MEMWORKER_``-prefixed variable, so operators
 can configure the worker, the consolidator and the CLI from one environment.

@@ -1,4 +1,5 @@
-"""Every bash and python block of README.md runs as written, in order, as a new user runs them.
+"""Every bash and python block of README.md and of the documentation site's pages runs as written,
+in order (the README, then the pages in the site's navigation order), as a new user runs them.
 
 The setup is the quick start's: ``memworker dev`` (here on the test's own Redis prefix and a
 fresh database, in a fresh HOME, so it writes ``~/.local/share/memworker/dev.env`` as
@@ -6,8 +7,10 @@ fresh database, in a fresh HOME, so it writes ``~/.local/share/memworker/dev.env
 Bash blocks run with ``bash -euo pipefail`` and no virtualenv on PATH; python blocks run with the
 environment ``dev.env`` exports, as after ``source dev.env``.
 
-A block that cannot run in a test says so in the README, right before it, with
-``<!-- not run: <why> -->``; that marker is the only way to skip one.
+A block that cannot run in a test says so in its page, right before it, with
+``<!-- not run: <why> -->``; that marker is the only way to skip one. ``docs/contract.md`` is the
+one page left out: its raw example has a test of its own (tests/integration/test_contract_doc.py)
+and its other block is JavaScript.
 
 A port a block's server listens on (``--port 8765``) is a free one of the test's in the code it
 runs: the user's own server may hold the README's, and the test's requests must not reach it.
@@ -33,6 +36,18 @@ from tests.redis_process import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
+# A page of the site's navigation in mkdocs.yml: `  - Title: path.md`.
+NAV_PAGE = re.compile(r"^\s*- (?:.*: )?([\w/.-]+\.md)\s*$", re.M)
+RUN_ELSEWHERE = {"contract.md"}
+
+
+def documents() -> list[Path]:
+    """The README, then every page of the site in navigation order."""
+    nav = NAV_PAGE.findall((ROOT / "mkdocs.yml").read_text())
+    assert nav, "mkdocs.yml lists no pages"
+    return [README, *(ROOT / "docs" / page for page in nav if page not in RUN_ELSEWHERE)]
+
+
 FENCE = re.compile(
     r"(?:<!--\s*not run:(?P<why>.*?)-->\s*\n)?```(?P<lang>[\w-]*)\n(?P<code>.*?)```", re.S
 )
@@ -50,16 +65,18 @@ def on_free_ports(code: str, free: Callable[[], int] = free_port) -> str:
 
 @dataclass
 class Block:
+    path: str
     line: int
     language: str
     code: str
     not_run: str | None
 
 
-def readme_blocks() -> list[Block]:
-    text = README.read_text()
+def blocks_of(path: Path) -> list[Block]:
+    text = path.read_text()
     return [
         Block(
+            str(path.relative_to(ROOT)),
             text.count("\n", 0, m.start("code")) + 1,
             m.group("lang"),
             m.group("code"),
@@ -69,18 +86,33 @@ def readme_blocks() -> list[Block]:
     ]
 
 
+def readme_blocks() -> list[Block]:
+    """Every fenced block of the README and of the site's pages, in reading order."""
+    return [block for path in documents() for block in blocks_of(path)]
+
+
 def test_every_block_the_readme_does_not_run_says_why() -> None:
     blocks = readme_blocks()
     assert any(b.language == "python" for b in blocks)
     for block in blocks:
         if block.not_run is not None:
-            assert block.not_run, f"README.md:{block.line}: `not run:` needs a reason"
+            assert block.not_run, f"{block.path}:{block.line}: `not run:` needs a reason"
             assert block.language in RUNNABLE, (
-                f"README.md:{block.line}: only runnable code is marked"
+                f"{block.path}:{block.line}: only runnable code is marked"
             )
-    prose = FENCE.sub("", README.read_text())
-    indented = re.findall(r"\n\n( {4}\S.*)", prose)
-    assert not indented, f"indented code blocks are never run: fence them: {indented}"
+    for path in documents():
+        prose = FENCE.sub("", path.read_text())
+        indented = re.findall(r"\n\n( {4}\S.*)", prose)
+        assert not indented, (
+            f"{path.name}: indented code blocks are never run: fence them: {indented}"
+        )
+
+
+def test_every_page_of_the_site_is_read_by_this_test() -> None:
+    """A page left out of mkdocs.yml's navigation would have its blocks never run."""
+    pages = {p.relative_to(ROOT / "docs").as_posix() for p in (ROOT / "docs").rglob("*.md")}
+    listed = {p.relative_to(ROOT / "docs").as_posix() for p in documents()[1:]}
+    assert pages - RUN_ELSEWHERE == listed, pages.symmetric_difference(listed | RUN_ELSEWHERE)
 
 
 MEMWORKERS_GROUPS = {"lifecycle", "consolidation", "indexer"}
@@ -163,10 +195,10 @@ async def test_every_readme_block_runs_as_written(
             ran += 1
             if done.returncode != 0:
                 failures.append(
-                    f"README.md:{block.line} ({block.language}) exit {done.returncode}:\n"
+                    f"{block.path}:{block.line} ({block.language}) exit {done.returncode}:\n"
                     f"{done.stderr[-2000:]}"
                 )
-        assert ran >= 4
+        assert ran >= 10
         failures += await _groups_left_behind(redis, prefix)
     finally:
         if dev.proc.poll() is None:

@@ -19,7 +19,8 @@ from worker import metrics
 REPO = Path(__file__).resolve().parents[2]
 ALERTS = REPO / "deploy" / "prometheus" / "alerts.yml"
 DASHBOARD = REPO / "deploy" / "grafana" / "memworker-dashboard.json"
-README = REPO / "README.md"
+# Where the docs name the files: the site's page on metrics and alerts.
+METRICS_PAGE = REPO / "docs" / "guides" / "metrics.md"
 
 SUFFIXES = {
     "counter": ("_total", "_created"),
@@ -143,7 +144,7 @@ def test_the_dashboard_shows_lag_pending_throughput_dead_letters_and_memory() ->
         assert metric in used, f"the dashboard does not show {metric}"
 
 
-def test_the_readme_names_both_files() -> None:
-    text = README.read_text()
+def test_the_metrics_page_names_both_files() -> None:
+    text = METRICS_PAGE.read_text()
     assert "deploy/grafana/memworker-dashboard.json" in text
     assert "deploy/prometheus/alerts.yml" in text

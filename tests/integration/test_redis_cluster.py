@@ -253,7 +253,7 @@ async def test_300_concurrent_calls_succeed_on_a_cluster(
     cluster_settings: Settings,
 ) -> None:
     # Each node's pool opens what the calls need (MEMWORKER_REDIS_MAX_CONNECTIONS caps
-    # standalone and Sentinel clients; README "Configuration").
+    # standalone and Sentinel clients; docs/reference/configuration.md).
     settings = cluster_settings
     async with LifecycleClient(settings=settings) as client:
         sent = await asyncio.gather(*(client.spawn("p", f"s{i}", "a") for i in range(300)))

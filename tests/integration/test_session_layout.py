@@ -14,7 +14,8 @@ from worker.lifecycle.result_ids import result_id_and_record
 from worker.settings import Settings
 
 FINISHED_SESSION_BYTES = 160
-"""README "Key layout": `MEMORY USAGE` of what a finished session (short ids like these) keeps."""
+"""The key layout (docs/concepts/working-memory.md): `MEMORY USAGE` of what a finished session
+(short ids like these) keeps."""
 
 
 async def run(redis: Redis, settings: Settings, bodies: list[Any], total: int) -> list[Any]:

@@ -1,11 +1,15 @@
-"""What the README says about things it is easy to confuse."""
+"""What the README and the documentation site say about things it is easy to confuse."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
-README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+ROOT = Path(__file__).resolve().parents[2]
+# The README and every page of the site (docs/), as one text.
+README = "\n\n".join(
+    p.read_text() for p in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+)
 
 
 def test_loomflows_in_memory_store_is_never_mapped_to_working_memory_in_memory() -> None:

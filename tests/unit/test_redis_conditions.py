@@ -82,7 +82,7 @@ def test_a_full_redis_says_what_to_do() -> None:
     assert condition == ServerCondition(
         "full",
         "Redis is full: used_memory reached maxmemory; free memory, raise maxmemory, or lower "
-        'retention/windows (see README "Capacity")',
+        "retention/windows (see docs/guides/capacity.md)",
     )
 
 

@@ -72,7 +72,7 @@ def _maker(settings: Settings, project_id: str, user_id: str | None) -> Any:
 
 
 LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
-TLS_PAGE = "deploy/TLS.md (README: TLS)"
+TLS_PAGE = "deploy/TLS.md (docs/guides/deploying.md: TLS)"
 
 
 def _host(settings: Settings, host: str | None) -> str:

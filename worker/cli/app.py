@@ -1,4 +1,4 @@
-"""The ``memworker`` command line (README.md "Command line"): the root app, its command groups
+"""The ``memworker`` command line (docs/reference/cli.md): the root app, its command groups
 in help order, and ``main``, the one place failures become exit statuses.
 
 Exit status: 0 on success, 2 on a usage error, 1 on failure, with one clear line on stderr.
