@@ -29,13 +29,13 @@ test-fast: $(STAMP)
 	$(BIN)/pytest -q tests/unit tests/integration
 
 lint: $(STAMP)
-	$(BIN)/ruff check worker schemas tests bench
-	$(BIN)/ruff format --check worker schemas tests bench
+	$(BIN)/ruff check worker schemas tests bench docs/reference_pages.py
+	$(BIN)/ruff format --check worker schemas tests bench docs/reference_pages.py
 	$(BIN)/mypy
 
 format: $(STAMP)
-	$(BIN)/ruff format worker schemas tests bench
-	$(BIN)/ruff check --fix worker schemas tests bench
+	$(BIN)/ruff format worker schemas tests bench docs/reference_pages.py
+	$(BIN)/ruff check --fix worker schemas tests bench docs/reference_pages.py
 
 ## The documentation site (mkdocs.yml): built into site/ with --strict, so a broken link, a
 ## missing page or a reference line the code no longer has fails; docs-serve serves it on :8000.

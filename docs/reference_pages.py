@@ -20,6 +20,7 @@ import ast
 import inspect
 import re
 from collections.abc import Callable, Iterator
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -93,7 +94,7 @@ def setting_docs() -> dict[str, str]:
     ]
     docs = {}
     body = cls.body
-    for node, after in zip(body, body[1:], strict=False):
+    for node, after in pairwise(body):
         if (
             isinstance(node, ast.AnnAssign)
             and isinstance(node.target, ast.Name)
