@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -138,3 +139,17 @@ def test_the_site_builds_strict(tmp_path: Path) -> None:
     assert built
     page = (tmp_path / "site" / "reference" / "configuration" / "index.html").read_text()
     assert "MEMWORKER_SHARDS" in page and "reference:" not in page
+
+
+def test_the_readme_stays_a_short_door_into_the_site() -> None:
+    """The README says what memworker is, how to start, and where each page is; the rest lives
+    in the site. Every page it links to exists, and every page of the navigation is linked from
+    the site's home page."""
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) < 200, "move new sections into a page of docs/"
+    for target in re.findall(r"\]\((docs/[^)#\s]+)", readme):
+        assert (ROOT / target).is_file(), target
+    home = (ROOT / "docs" / "index.md").read_text()
+    nav = re.findall(r"^\s*- (?:.*: )?([\w/.-]+\.md)\s*$", (ROOT / "mkdocs.yml").read_text(), re.M)
+    missing = [page for page in nav if page != "index.md" and f"]({page}" not in home]
+    assert not missing, f"docs/index.md links to no {missing}"
