@@ -213,7 +213,9 @@ async def test_a_forget_without_postgres_never_widens_and_a_retry_finishes_it(
     prefix = live.stream_prefix
     engine = create_database_engine(live.database_url)
     unreachable = create_async_engine(f"postgresql+asyncpg://x:y@127.0.0.1:{closed_port()}/x")
-    memory = Memory(PROJECT, settings=live, engine=engine, redis=redis)
+    # the feed as without pgvector: no episode.recallable of a turn embedded at remember
+    words_only = live.model_copy(update={"remember_embedding": "indexer"})
+    memory = Memory(PROJECT, settings=words_only, engine=engine, redis=redis)
     cutoff = datetime.now(UTC) - timedelta(minutes=5)
     try:
         await seed_zoe(memory, cutoff)

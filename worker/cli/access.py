@@ -76,9 +76,13 @@ TLS_PAGE = "deploy/TLS.md (docs/guides/deploying.md: TLS)"
 
 
 def _host(settings: Settings, host: str | None) -> str:
-    """The listening address; without a token, or with one over plain HTTP past this
-    machine, said on stderr (loudly when anyone on the network can reach it)."""
-    chosen = host or ("0.0.0.0" if settings.api_token else "127.0.0.1")
+    """The listening address: ``--host``, else all addresses with a token, else this machine."""
+    return host or ("0.0.0.0" if settings.api_token else "127.0.0.1")
+
+
+def _say_exposure(settings: Settings, chosen: str, host: str | None) -> None:
+    """Without a token, or with one over plain HTTP past this machine, said on stderr (loudly
+    when anyone on the network can reach it), once the port is known to be free."""
     local = chosen in LOOPBACK or chosen.startswith("127.")
     if not settings.api_token and local:
         print(
@@ -99,7 +103,6 @@ def _host(settings: Settings, host: str | None) -> str:
             f"cross the network unencrypted; put a TLS proxy in front ({TLS_PAGE})",
             file=sys.stderr,
         )
-    return chosen
 
 
 def _allowed_hosts(settings: Settings, chosen: str, given: list[str] | None) -> frozenset[str]:
@@ -136,10 +139,9 @@ def _listening_socket(host: str, port: int, option: str) -> socket.socket:
     return sock
 
 
-async def _serve_uvicorn(app: Any, host: str, port: int, what: str, option: str = "--port") -> None:
+async def _serve_uvicorn(app: Any, sock: socket.socket, host: str, port: int, what: str) -> None:
     import uvicorn
 
-    sock = _listening_socket(host, port, option)
     config = uvicorn.Config(  # log_config None: its lines go through ours, which mask passwords
         app, host=host, port=port, log_level="warning", access_log=False, log_config=None
     )
@@ -181,6 +183,8 @@ def mcp(
         return
     _check_secrets(settings)
     chosen = _host(settings, host)
+    sock = _listening_socket(chosen, http, "--http")
+    _say_exposure(settings, chosen, host)
     server, app = mcp_server.http_app(
         make,
         token=settings.api_token,
@@ -192,9 +196,7 @@ def mcp(
 
     async def go() -> None:
         try:
-            await _serve_uvicorn(
-                app, chosen, http, f"MCP of project {project_id} at /mcp", option="--http"
-            )
+            await _serve_uvicorn(app, sock, chosen, http, f"MCP of project {project_id} at /mcp")
         finally:
             await mcp_server.close(server)
 
@@ -213,6 +215,8 @@ def serve(
     settings, project_id, user_id = _scope(project, user)
     _check_secrets(settings)
     chosen = _host(settings, host)
+    sock = _listening_socket(chosen, port, "--port")
+    _say_exposure(settings, chosen, host)
     from worker.access.http_api import create_app
 
     app = create_app(
@@ -221,4 +225,4 @@ def serve(
         max_bytes=settings.api_max_request_bytes,
         allowed_hosts=_allowed_hosts(settings, chosen, allowed_host),
     )
-    run_async(_serve_uvicorn(app, chosen, port, f"memory API of project {project_id}"))
+    run_async(_serve_uvicorn(app, sock, chosen, port, f"memory API of project {project_id}"))
