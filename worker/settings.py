@@ -139,6 +139,11 @@ class Settings(BaseSettings):
     recall_exact_below: int = Field(default=10_000, ge=0)
     """Recall searches a project (with its filters) of at most this many vectors exactly, not
     by the HNSW index (``worker.episodes.vector_search``); 0: always the index."""
+    recall_min_similarity: float = Field(default=0.2, ge=-1.0, le=1.0)
+    """``Memory.recall``'s relevance floor: a turn whose cosine to the query is below this is
+    not a match by meaning (``worker.user_memory.recall``); a query nothing matches by words
+    or at the floor gets the most recent turns with score 0. Suits all-MiniLM-L6-v2 (unrelated
+    texts ~0..0.2); -1 turns it off."""
 
     # Agent access: memworker mcp, memworker serve (worker.access).
     api_token: str | None = None

@@ -272,6 +272,7 @@ class Memory:
                 query_vector=vector,
                 model=None if embedder is None else embedder.name,
                 exact=exact,
+                min_similarity=self.settings.recall_min_similarity,
             )
 
     async def _small_partition(

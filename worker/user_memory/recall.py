@@ -1,43 +1,67 @@
 """``recall_scored``: a user's episodes (turns and sessions) by words and meaning together.
 
-Two searches, each inside the user's partition and the time range, fused by weighted
-Reciprocal Rank Fusion (LoomFlow's ``alpha``: 0 words only, 1 meaning only, 0.5 both;
-``k`` = 60): ``score = (1 - alpha) / (60 + word rank) + alpha / (60 + meaning rank)``.
+Two searches, each inside the user's partition and the time range, then one ranking of the
+turns they found and of those turns' neighbours (``turn_ranking``: BM25, the cosine, the
+turn before and after in its session, the speaker the query names), weighted by LoomFlow's
+``alpha`` (0 words only, 1 meaning only, 0.5 both).
 
 - **Words**: Postgres full text over ``search_vector`` (English stemming; any word of the
-  query matches; at most ``TEXT_CAP`` matches are ranked, as in ``episodes.text_search``);
-  ``bm25_score`` is its ``ts_rank``. Findable as soon as ``remember`` returns.
+  query matches; at most ``TEXT_CAP`` matches are considered, as in ``episodes.text_search``),
+  scored by BM25 over the lexemes of each match; ``bm25_score`` is that BM25. Findable as soon
+  as ``remember`` returns.
 - **Meaning**: pgvector cosine over the vectors the indexer made (``episode_embeddings``);
-  ``vector_score`` is the cosine similarity (-1..1; non-positive ones are dropped, as
-  LoomFlow does). Used only when pgvector is there, the project has vectors of the model, and
-  an embedder is configured (``Memory(embedder=...)`` or the settings').
+  ``vector_score`` is the cosine similarity (-1..1). Used only when pgvector is there, the
+  project has vectors of the model, and an embedder is configured (``Memory(embedder=...)``
+  or the settings'). **Relevance floor**: a turn whose cosine is below ``min_similarity``
+  (``MEMWORKER_RECALL_MIN_SIMILARITY``, default ``MIN_SIMILARITY``) is not a match by meaning:
+  the nearest vectors of a query about nothing stored are not evidence.
 
 As LoomFlow: an empty query returns the most recent episodes with score 1.0, and one nothing
-matches returns them with score 0.0, so an agent always gets some context.
+matches (no word, no cosine at the floor) returns them with score 0.0, so an agent always
+gets some context.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import column, desc, select, table, text
+from sqlalchemy import Text, cast, column, func, select, table, text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from worker.db.models import SEARCH_CONFIG
 from worker.db.vectors import VECTOR_TABLE, vector_literal
 from worker.episodes.embedding import Embedder
 from worker.episodes.text_search import BY_INDEX, TEXT_CAP, UNSET_BY_INDEX, ranked_matches
 from worker.user_memory.models import EpisodeMatch, as_utc
+from worker.user_memory.turn_ranking import Turn, lexeme_counts, rank, speaker_of
 from worker.user_memory.turns import EPISODE_COLUMNS, episode_from_row, episodes_of, partition
 
-RRF_K = 60
+MIN_SIMILARITY = 0.2
+"""Default of ``MEMWORKER_RECALL_MIN_SIMILARITY``: all-MiniLM-L6-v2 puts unrelated texts at
+~0..0.2 and paraphrases above ~0.4 (``tests/recall``)."""
+CANDIDATES = 50
+"""How many turns each search brings at least (the vector search's nearest)."""
+CONTEXT_SESSIONS = 30
+"""The sessions of the best this many turns are read whole, for their turns' neighbours."""
+CONTEXT_ROWS = 5_000
 _E_COLUMNS = ", ".join(f"e.{c.strip()}" for c in EPISODE_COLUMNS.split(","))
 _NAMES = [c.strip() for c in EPISODE_COLUMNS.split(",")]
 _MATCHED = table(
     "episodes", *(column(c) for c in [*_NAMES, "importance_score", "search_vector"])
 ).alias("e")
 """``episodes`` as the words search reads it (the filters name it ``e``)."""
-_ROW = table("episodes", *(column(c) for c in _NAMES)).alias("r")
+_SCORED = table(
+    "episodes",
+    column("id"),
+    column("session_id"),
+    column("turn_id"),
+    column("input"),
+    column("search_vector"),
+).alias("x")
+HEAD = 80
+"""Characters of a turn's input read for its speaker."""
 
 
 def _filters(user_id: str | None, time_range: tuple[datetime, datetime] | None) -> list[str]:
@@ -45,6 +69,129 @@ def _filters(user_id: str | None, time_range: tuple[datetime, datetime] | None) 
     if time_range is not None:
         where.append("e.occurred_at BETWEEN :lo AND :hi")
     return where
+
+
+async def _words(
+    conn: AsyncConnection,
+    query: str,
+    where: list[str],
+    params: dict[str, Any],
+    turns: dict[str, Turn],
+) -> tuple[list[str], dict[str, float]]:
+    """The query's lexemes; each match's counts of them into ``turns``."""
+    lexemes = (
+        await conn.execute(select(func.tsvector_to_array(func.to_tsvector(SEARCH_CONFIG, query))))
+    ).scalar_one()
+    wanted = set(lexemes or [])
+    if not wanted:
+        return [], {}
+    matched = ranked_matches(
+        _MATCHED, query, [text(w) for w in where], TEXT_CAP, TEXT_CAP
+    ).subquery("m")
+    x = _SCORED
+    statement = select(
+        x.c.id,
+        x.c.session_id,
+        x.c.turn_id,
+        func.left(x.c.input, HEAD),
+        cast(x.c.search_vector, Text),
+    ).join_from(x, matched, x.c.id == matched.c.id)
+    await conn.execute(text(BY_INDEX))
+    for row in await conn.execute(statement, params):
+        key = str(row[0])
+        counts, length = lexeme_counts(row[4], wanted)
+        turns[key] = Turn(
+            key,
+            session=row[1] if row[2] is not None else None,
+            counts=counts,
+            length=length,
+            speaker=speaker_of(row[3]),
+        )
+    await conn.execute(text(UNSET_BY_INDEX))
+    return sorted(wanted), {}
+
+
+def _cosine_sql(dimension: int) -> str:
+    return f"1 - (v.embedding::vector({dimension}) <=> CAST(CAST(:qv AS text) AS vector))"
+
+
+async def _meaning(
+    conn: AsyncConnection,
+    where: list[str],
+    params: dict[str, Any],
+    turns: dict[str, Turn],
+    dimension: int,
+    exact: bool,
+    floor: float,
+) -> None:
+    """The nearest vectors at or above the floor, their cosines into ``turns``."""
+    distance = f"v.embedding::vector({dimension}) <=> CAST(CAST(:qv AS text) AS vector)"
+    # a small partition is ordered by an expression the HNSW index cannot serve: exactly
+    order = f"({distance}) + 0" if exact else distance
+    nearest = text(
+        f"SELECT e.id, e.session_id, e.turn_id, left(e.input, {HEAD}) AS head,"
+        f" length(e.search_vector) AS n, 1 - ({distance}) AS cosine FROM {VECTOR_TABLE} v"
+        " JOIN episodes e ON e.id = v.episode_id"
+        f" WHERE v.project_id = :p AND v.model = :m AND v.dimension = {dimension}"
+        f" AND {' AND '.join(where)} ORDER BY {order} LIMIT :n"
+    )
+    if not exact:
+        await conn.execute(text(f"SET LOCAL hnsw.ef_search = {min(1000, max(40, params['n']))}"))
+    for row in await conn.execute(nearest, params):
+        cosine = float(row.cosine)
+        if cosine < floor:
+            break
+        key = str(row.id)
+        turn = turns.get(key)
+        if turn is None:
+            turn = turns[key] = Turn(
+                key,
+                session=row.session_id if row.turn_id is not None else None,
+                speaker=speaker_of(row.head),
+            )
+        turn.cosine = cosine
+
+
+async def _context(
+    conn: AsyncConnection,
+    where: list[str],
+    params: dict[str, Any],
+    turns: dict[str, Turn],
+    sessions: Sequence[str],
+    dimension: int | None,
+    floor: float,
+) -> None:
+    """Every turn of ``sessions`` into ``turns``, each linked to the one before and after it
+    (by time, then by when it was stored), with its length and, for a new one, its cosine
+    (at any value: a neighbour's meaning counts only through its share)."""
+    cosine = f", {_cosine_sql(dimension)} AS cosine" if dimension else ", NULL AS cosine"
+    join = (
+        f" LEFT JOIN {VECTOR_TABLE} v ON v.episode_id = e.id AND v.model = :m"
+        f" AND v.dimension = {dimension}"
+        if dimension
+        else ""
+    )
+    statement = text(
+        f"SELECT e.id, e.session_id, left(e.input, {HEAD}) AS head,"
+        f" length(e.search_vector) AS n{cosine} FROM episodes e{join}"
+        f" WHERE {' AND '.join(where)} AND e.turn_id IS NOT NULL"
+        " AND e.session_id = ANY(CAST(:sessions AS text[]))"
+        f" ORDER BY e.session_id, e.occurred_at, e.recorded_at, e.id LIMIT {CONTEXT_ROWS}"
+    )
+    previous: Turn | None = None
+    for row in await conn.execute(statement, {**params, "sessions": list(sessions)}):
+        key = str(row.id)
+        turn = turns.get(key)
+        if turn is None:
+            turn = turns[key] = Turn(key, speaker=speaker_of(row.head))
+        turn.session = row.session_id
+        if turn.cosine is None and row.cosine is not None and float(row.cosine) >= floor:
+            turn.cosine = float(row.cosine)
+        if not turn.counts:
+            turn.length = int(row.n or 0)
+        if previous is not None and previous.session == turn.session:
+            previous.after, turn.before = key, previous.id
+        previous = turn
 
 
 async def recall_scored(
@@ -59,6 +206,7 @@ async def recall_scored(
     query_vector: list[float] | None,
     model: str | None,
     exact: bool = False,
+    min_similarity: float = MIN_SIMILARITY,
 ) -> list[EpisodeMatch]:
     """The user's episodes best matching ``query`` (module doc), at most ``limit``; ``exact``:
     search the partition's vectors exactly rather than by the HNSW index (a small partition:
@@ -68,53 +216,21 @@ async def recall_scored(
     limit = max(0, int(limit))
     if limit == 0:
         return []
-    params: dict[str, Any] = {"p": project_id, "u": user_id, "q": query, "n": max(limit, 50)}
+    params: dict[str, Any] = {"p": project_id, "u": user_id, "n": max(limit, CANDIDATES)}
     if time_range is not None:
         params["lo"], params["hi"] = as_utc(time_range[0]), as_utc(time_range[1])
     where = _filters(user_id, time_range)
-    rows: dict[str, Any] = {}
-    words: list[tuple[str, float]] = []
+    turns: dict[str, Turn] = {}
+    lexemes: list[str] = []
     if query.strip() and alpha < 1.0:
-        matched = ranked_matches(
-            _MATCHED, query, [text(w) for w in where], params["n"], TEXT_CAP
-        ).subquery("m")
-        statement = (
-            select(*_ROW.c, matched.c.rank.label("bm25"))
-            .join_from(_ROW, matched, _ROW.c.id == matched.c.id)
-            .order_by(desc(matched.c.rank), desc(matched.c.occurred_at), matched.c.id)
-        )
-        await conn.execute(text(BY_INDEX))
-        for row in await conn.execute(statement, params):
-            key = str(row.id)
-            rows[key] = row
-            words.append((key, float(row.bm25)))
-        await conn.execute(text(UNSET_BY_INDEX))
-    meaning: list[tuple[str, float]] = []
+        lexemes, _ = await _words(conn, query, where, {**params, "q": query}, turns)
+    words_found = {k for k, t in turns.items() if t.counts}
+    dimension = None
     if query.strip() and alpha > 0.0 and query_vector is not None and model is not None:
         dimension = len(query_vector)
-        distance = f"v.embedding::vector({dimension}) <=> CAST(CAST(:qv AS text) AS vector)"
-        # a small partition is ordered by an expression the HNSW index cannot serve: exactly
-        order = f"({distance}) + 0" if exact else distance
-        nearest = text(
-            f"SELECT {_E_COLUMNS}, 1 - ({distance}) AS cosine FROM {VECTOR_TABLE} v"
-            " JOIN episodes e ON e.id = v.episode_id"
-            f" WHERE v.project_id = :p AND v.model = :m AND v.dimension = {dimension}"
-            f" AND {' AND '.join(where)} ORDER BY {order} LIMIT :n"
-        )
         params.update(qv=vector_literal(query_vector), m=model)
-        if not exact:
-            ef_search = min(1000, max(40, limit * 4))
-            await conn.execute(text(f"SET LOCAL hnsw.ef_search = {ef_search}"))
-        for row in await conn.execute(nearest, params):
-            if float(row.cosine) > 0:
-                key = str(row.id)
-                rows.setdefault(key, row)
-                meaning.append((key, float(row.cosine)))
-    fused: dict[str, float] = {}
-    for weight, ranking in ((1.0 - alpha, words), (alpha, meaning)):
-        for rank, (key, _score) in enumerate(ranking, start=1):
-            fused[key] = fused.get(key, 0.0) + weight / (RRF_K + rank)
-    if not fused:
+        await _meaning(conn, where, params, turns, dimension, exact, min_similarity)
+    if not turns:
         recent = await episodes_of(
             conn, project_id, user_id, newest_first=True, limit=None if time_range else limit
         )
@@ -123,17 +239,55 @@ async def recall_scored(
             recent = [e for e in recent if lo <= e.occurred_at <= hi]
         neutral = 0.0 if query.strip() else 1.0  # LoomFlow's: no query is no evidence against
         return [EpisodeMatch(episode=e, score=neutral) for e in recent[:limit]]
-    bm25, cosine = dict(words), dict(meaning)
-    best = sorted(fused, key=lambda k: (-fused[k], -rows[k].occurred_at.timestamp(), k))
+    total = await _partition_size(conn, where, params)
+    first = rank(turns, query, alpha=alpha, total=total, lexemes=lexemes)
+    best = sorted(first, key=lambda k: -first[k])[:CONTEXT_SESSIONS]
+    sessions = sorted({turns[k].session for k in best if turns[k].session is not None})
+    if sessions:
+        await _context(conn, where, params, turns, sessions, dimension, min_similarity)
+    scored = rank(turns, query, alpha=alpha, total=total, lexemes=lexemes)
+    chosen = sorted(scored, key=lambda k: (-scored[k], k))[:limit]
+    rows = await conn.execute(
+        text(f"SELECT {EPISODE_COLUMNS} FROM episodes WHERE id = ANY(CAST(:ids AS uuid[]))"),
+        {"ids": chosen},
+    )
+    by_id = {str(r.id): r for r in rows}
+    bm25 = {k: v for k, v in _bm25_of(turns, total, lexemes).items() if k in words_found}
     return [
         EpisodeMatch(
-            episode=episode_from_row(rows[k]),
-            score=fused[k],
+            episode=episode_from_row(by_id[k]),
+            score=scored[k],
             bm25_score=bm25.get(k),
-            vector_score=cosine.get(k),
+            vector_score=turns[k].cosine
+            if turns[k].cosine is not None and turns[k].cosine >= min_similarity
+            else None,
         )
-        for k in best[:limit]
+        for k in chosen
+        if k in by_id
     ]
+
+
+PARTITION_BOUND = 100_000
+
+
+async def _partition_size(conn: AsyncConnection, where: list[str], params: dict[str, Any]) -> int:
+    """How many episodes the partition (and time range) holds, up to ``PARTITION_BOUND``:
+    BM25's ``N``."""
+    statement = text(
+        "SELECT count(*) FROM (SELECT 1 FROM episodes e"
+        f" WHERE {' AND '.join(where)} LIMIT {PARTITION_BOUND}) s"
+    )
+    return int((await conn.execute(statement, params)).scalar_one())
+
+
+def _bm25_of(turns: dict[str, Turn], total: int, lexemes: Sequence[str]) -> dict[str, float]:
+    from worker.user_memory.turn_ranking import bm25, idf_of
+
+    matched = [t for t in turns.values() if t.counts]
+    idf = idf_of(matched, lexemes, total)
+    lengths = [t.length for t in turns.values() if t.length]
+    average = sum(lengths) / len(lengths) if lengths else 1.0
+    return {t.id: bm25(t.counts, t.length, idf, average) for t in matched}
 
 
 async def embed_query(embedder: Embedder | None, query: str) -> list[float] | None:

@@ -1,0 +1,173 @@
+"""How ``recall_scored`` ranks a user's turns: BM25 over the words, the cosine of the meaning, a
+turn's neighbours in its session, and the speaker a query names (pure functions, no server).
+
+Measured on LoCoMo's tuning conversations (``bench/recall_locomo.py``, BENCHMARKS.md):
+
+- **Words** are scored by BM25 (Robertson et al.) over the turns matching any word of the query
+  (the lexemes and their counts Postgres' ``search_vector`` holds): ``k1`` 0.9 and ``b`` 0.4,
+  a lighter length penalty than the usual 1.2-1.5 / 0.75 (turns are short and a long one is
+  not less about its words). A turn is also scored **with its neighbours** (the turns before
+  and after it in its session, their counts summed): a question's answer is often the reply
+  to the turn that shares its words.
+- **Meaning** is the cosine of the query's vector and the turn's, min-max scaled over the
+  turns considered so the closest counts 1 and the farthest 0 (cosines of one model crowd a
+  narrow band: raw, they would swamp or vanish beside the words).
+- The halves are summed, each scaled to its best turn and weighted (``alpha``: LoomFlow's, 0
+  words only, 1 meaning only); a half whose best score is weak (BM25 of a few common words, a
+  cosine near the unrelated band) counts less (``confidence``).
+- **Context**: a turn gains a share (``NEIGHBOUR_SHARE``) of its best neighbour's score.
+- **Speaker**: a turn said by someone the query names (``"Caroline: ..."`` and a question
+  about Caroline) is scaled up by ``SPEAKER_BOOST``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+K1 = 0.9
+B = 0.4
+WINDOW_WEIGHT = 0.5
+"""Of a turn's BM25 with its neighbours, beside its own (each scaled to its best)."""
+NEIGHBOUR_SHARE = 0.3
+"""Of the best neighbour's score a turn gains."""
+SPEAKER_BOOST = 0.15
+VECTOR_WEIGHT = 0.8
+"""Of the meaning half beside the words half at ``alpha`` 0.5."""
+
+_LEXEME = re.compile(r"'((?:[^']|'')*)'(?::([0-9A-D,]+))?")
+_SPEAKER = re.compile(r"^\s*([A-Z][\w'.-]*(?: [A-Z][\w'.-]*){0,2}):\s")
+_WORD = re.compile(r"[A-Za-z][\w'-]*")
+
+
+def lexeme_counts(tsvector: str, wanted: set[str]) -> tuple[dict[str, int], int]:
+    """Of a ``tsvector``'s text (``'word':1,5B 'other':3``): how often each ``wanted`` lexeme
+    occurs, and how many words the vector holds (its positions; a lexeme without one counts
+    one)."""
+    counts: dict[str, int] = {}
+    length = 0
+    for match in _LEXEME.finditer(tsvector):
+        n = match.group(2).count(",") + 1 if match.group(2) else 1
+        length += n
+        lexeme = match.group(1).replace("''", "'")
+        if lexeme in wanted:
+            counts[lexeme] = n
+    return counts, length
+
+
+@dataclass
+class Turn:
+    """One turn considered: where it sits, its words' counts and its cosine."""
+
+    id: str
+    session: str | None = None
+    counts: dict[str, int] = field(default_factory=dict)
+    length: int = 0
+    cosine: float | None = None
+    speaker: str | None = None
+    before: str | None = None
+    after: str | None = None
+
+
+def speaker_of(text: str | None) -> str | None:
+    """The ``Name:`` a turn's input starts with (one to three capitalised words), lowercased."""
+    match = _SPEAKER.match(text or "")
+    return match.group(1).lower() if match else None
+
+
+def named(query: str) -> set[str]:
+    """The query's words, lowercased (a speaker is named when all its words are there)."""
+    return {w.lower().removesuffix("'s") for w in _WORD.findall(query)}
+
+
+def bm25(
+    counts: Mapping[str, int],
+    length: float,
+    idf: Mapping[str, float],
+    average: float,
+) -> float:
+    score = 0.0
+    norm = K1 * (1 - B + B * length / (average or 1.0))
+    for lexeme, tf in counts.items():
+        score += idf.get(lexeme, 0.0) * tf * (K1 + 1) / (tf + norm)
+    return score
+
+
+def idf_of(turns: Iterable[Turn], lexemes: Iterable[str], total: int) -> dict[str, float]:
+    """BM25's ``idf`` of each lexeme over ``total`` turns, its document frequency counted
+    among ``turns`` (every turn holding a lexeme of the query is one of them)."""
+    frequency = dict.fromkeys(lexemes, 0)
+    for turn in turns:
+        for lexeme in turn.counts:
+            frequency[lexeme] = frequency.get(lexeme, 0) + 1
+    total = max(total, max(frequency.values(), default=0))
+    return {t: math.log(1 + (total - n + 0.5) / (n + 0.5)) for t, n in frequency.items()}
+
+
+def _scaled(values: Mapping[str, float]) -> dict[str, float]:
+    best = max(values.values(), default=0.0)
+    return {k: v / best for k, v in values.items()} if best > 0 else {}
+
+
+def _min_max(values: Mapping[str, float]) -> dict[str, float]:
+    if not values:
+        return {}
+    lo, hi = min(values.values()), max(values.values())
+    if hi <= lo:
+        return dict.fromkeys(values, 1.0)
+    return {k: (v - lo) / (hi - lo) for k, v in values.items()}
+
+
+def rank(
+    turns: Mapping[str, Turn],
+    query: str,
+    *,
+    alpha: float,
+    total: int,
+    lexemes: Sequence[str],
+) -> dict[str, float]:
+    """Each turn's score (module doc); a turn neither half found (and no neighbour of one)
+    scores 0 and is left out."""
+    idf = idf_of((t for t in turns.values() if t.counts), lexemes, total)
+    lengths = [t.length for t in turns.values() if t.length]
+    average = sum(lengths) / len(lengths) if lengths else 1.0
+    own: dict[str, float] = {}
+    window: dict[str, float] = {}
+    for key, turn in turns.items():
+        if turn.counts:
+            own[key] = bm25(turn.counts, turn.length, idf, average)
+        summed = dict(turn.counts)
+        length = turn.length
+        for side in (turn.before, turn.after):
+            neighbour = turns.get(side) if side else None
+            if neighbour is not None:
+                for lexeme, n in neighbour.counts.items():
+                    summed[lexeme] = summed.get(lexeme, 0) + n
+                length += neighbour.length
+        if summed:
+            window[key] = bm25(summed, length, idf, 3 * average)
+    words = _scaled(own)
+    for key, value in _scaled(window).items():
+        words[key] = words.get(key, 0.0) + WINDOW_WEIGHT * value
+    words = _scaled(words)
+    cosines = {k: t.cosine for k, t in turns.items() if t.cosine is not None}
+    meaning = _min_max(cosines)
+    word_weight, vector_weight = 1.0 - alpha, alpha * VECTOR_WEIGHT
+    fused: dict[str, float] = {}
+    for weight, half in ((word_weight, words), (vector_weight, meaning)):
+        if weight > 0:
+            for key, value in half.items():
+                fused[key] = fused.get(key, 0.0) + weight * value
+    scored: dict[str, float] = {}
+    names = named(query)
+    for key, turn in turns.items():
+        neighbours = [fused.get(side, 0.0) for side in (turn.before, turn.after) if side]
+        score = fused.get(key, 0.0) + NEIGHBOUR_SHARE * max(neighbours, default=0.0)
+        if score <= 0:
+            continue
+        if turn.speaker and set(turn.speaker.split()) <= names:
+            score *= 1 + SPEAKER_BOOST
+        scored[key] = score
+    return scored
