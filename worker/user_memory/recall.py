@@ -9,8 +9,9 @@ turn before and after in its session, the speaker the query names), weighted by 
   query matches; at most ``TEXT_CAP`` matches are considered, as in ``episodes.text_search``),
   scored by BM25 over the lexemes of each match; ``bm25_score`` is that BM25. Findable as soon
   as ``remember`` returns.
-- **Meaning**: pgvector cosine over the vectors the indexer made (``episode_embeddings``);
-  ``vector_score`` is the cosine similarity (-1..1). Used only when pgvector is there, the
+- **Meaning**: pgvector cosine over the vectors the indexer made (``episode_embeddings``, and
+  ``episode_chunk_embeddings`` for a long output's chunks: a turn's best); ``vector_score`` is
+  the cosine similarity (-1..1). Used only when pgvector is there, the
   project has vectors of the model, and an embedder is configured (``Memory(embedder=...)``
   or the settings'). **Relevance floor**: a turn whose cosine is below ``min_similarity``
   (``MEMWORKER_RECALL_MIN_SIMILARITY``, default ``MIN_SIMILARITY``) is not a match by meaning:
@@ -27,13 +28,13 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Text, cast, column, func, select, table, text
+from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from worker.db.models import SEARCH_CONFIG
-from worker.db.vectors import VECTOR_TABLE, vector_literal
+from worker.db.vectors import CHUNK_TABLE, VECTOR_TABLE, has_chunk_table, vector_literal
 from worker.episodes.embedding import Embedder
-from worker.episodes.text_search import BY_INDEX, TEXT_CAP, UNSET_BY_INDEX, ranked_matches
+from worker.episodes.text_search import BY_INDEX, TEXT_CAP
 from worker.user_memory.models import EpisodeMatch, as_utc
 from worker.user_memory.turn_ranking import Turn, lexeme_counts, rank, speaker_of
 from worker.user_memory.turns import EPISODE_COLUMNS, episode_from_row, episodes_of, partition
@@ -46,20 +47,7 @@ CANDIDATES = 50
 CONTEXT_SESSIONS = 30
 """The sessions of the best this many turns are read whole, for their turns' neighbours."""
 CONTEXT_ROWS = 5_000
-_E_COLUMNS = ", ".join(f"e.{c.strip()}" for c in EPISODE_COLUMNS.split(","))
-_NAMES = [c.strip() for c in EPISODE_COLUMNS.split(",")]
-_MATCHED = table(
-    "episodes", *(column(c) for c in [*_NAMES, "importance_score", "search_vector"])
-).alias("e")
-"""``episodes`` as the words search reads it (the filters name it ``e``)."""
-_SCORED = table(
-    "episodes",
-    column("id"),
-    column("session_id"),
-    column("turn_id"),
-    column("input"),
-    column("search_vector"),
-).alias("x")
+PARTITION_BOUND = 100_000
 HEAD = 80
 """Characters of a turn's input read for its speaker."""
 
@@ -71,44 +59,53 @@ def _filters(user_id: str | None, time_range: tuple[datetime, datetime] | None) 
     return where
 
 
+_ANY_WORD = f"replace(plainto_tsquery('{SEARCH_CONFIG}', :q)::text, '&', '|')::tsquery"
+_ALL_WORDS = f"plainto_tsquery('{SEARCH_CONFIG}', :q)"
+
+
 async def _words(
     conn: AsyncConnection,
     query: str,
     where: list[str],
     params: dict[str, Any],
     turns: dict[str, Turn],
-) -> tuple[list[str], dict[str, float]]:
-    """The query's lexemes; each match's counts of them into ``turns``."""
-    lexemes = (
-        await conn.execute(select(func.tsvector_to_array(func.to_tsvector(SEARCH_CONFIG, query))))
-    ).scalar_one()
+) -> tuple[list[str], int]:
+    """The query's lexemes and the partition's size (BM25's ``N``, up to
+    ``PARTITION_BOUND``); each match's counts of the lexemes into ``turns``. At most ``TEXT_CAP``
+    turns holding any word, plus up to as many holding all of them (``episodes.text_search``:
+    the GIN index finds them; only these are read)."""
+    head = await conn.execute(
+        text(
+            f"SELECT tsvector_to_array(to_tsvector('{SEARCH_CONFIG}', :q)) AS lexemes,"
+            " (SELECT count(*) FROM (SELECT 1 FROM episodes e"
+            f" WHERE {' AND '.join(where)} LIMIT {PARTITION_BOUND}) s) AS total"
+        ),
+        {**params, "q": query},
+    )
+    lexemes, total = head.one()
     wanted = set(lexemes or [])
     if not wanted:
-        return [], {}
-    matched = ranked_matches(
-        _MATCHED, query, [text(w) for w in where], TEXT_CAP, TEXT_CAP
-    ).subquery("m")
-    x = _SCORED
-    statement = select(
-        x.c.id,
-        x.c.session_id,
-        x.c.turn_id,
-        func.left(x.c.input, HEAD),
-        cast(x.c.search_vector, Text),
-    ).join_from(x, matched, x.c.id == matched.c.id)
-    await conn.execute(text(BY_INDEX))
-    for row in await conn.execute(statement, params):
-        key = str(row[0])
-        counts, length = lexeme_counts(row[4], wanted)
+        return [], 0
+    columns = (
+        f"e.id, e.session_id, e.turn_id, left(e.input, {HEAD}) AS head,"
+        " length(e.search_vector) AS n, e.search_vector::text AS lexemes"
+    )
+    tiers = [
+        f"(SELECT {columns} FROM episodes e WHERE {' AND '.join(where)}"
+        f" AND e.search_vector @@ {words} LIMIT {TEXT_CAP})"
+        for words in (_ALL_WORDS, _ANY_WORD)
+    ]
+    await conn.execute(text(BY_INDEX))  # for the rest of the recall's transaction
+    for row in await conn.execute(text(" UNION ".join(tiers)), {**params, "q": query}):
+        key = str(row.id)
         turns[key] = Turn(
             key,
-            session=row[1] if row[2] is not None else None,
-            counts=counts,
-            length=length,
-            speaker=speaker_of(row[3]),
+            session=row.session_id if row.turn_id is not None else None,
+            counts=lexeme_counts(row.lexemes, wanted),
+            length=int(row.n),
+            speaker=speaker_of(row.head),
         )
-    await conn.execute(text(UNSET_BY_INDEX))
-    return sorted(wanted), {}
+    return sorted(wanted), int(total)
 
 
 def _cosine_sql(dimension: int) -> str:
@@ -137,10 +134,20 @@ async def _meaning(
     )
     if not exact:
         await conn.execute(text(f"SET LOCAL hnsw.ef_search = {min(1000, max(40, params['n']))}"))
-    for row in await conn.execute(nearest, params):
+    found = list(await conn.execute(nearest, params))
+    if await _has_chunks(conn):
+        chunked = text(
+            f"SELECT e.id, e.session_id, e.turn_id, left(e.input, {HEAD}) AS head,"
+            f" max(1 - ({distance})) AS cosine FROM {CHUNK_TABLE} v"
+            " JOIN episodes e ON e.id = v.episode_id"
+            f" WHERE v.project_id = :p AND v.model = :m AND v.dimension = {dimension}"
+            f" AND {' AND '.join(where)} GROUP BY e.id ORDER BY 5 DESC LIMIT :n"
+        )
+        found.extend(await conn.execute(chunked, params))
+    for row in found:
         cosine = float(row.cosine)
         if cosine < floor:
-            break
+            continue
         key = str(row.id)
         turn = turns.get(key)
         if turn is None:
@@ -149,7 +156,20 @@ async def _meaning(
                 session=row.session_id if row.turn_id is not None else None,
                 speaker=speaker_of(row.head),
             )
-        turn.cosine = cosine
+        turn.cosine = max(cosine, turn.cosine or -1.0)
+
+
+_CHUNKS: set[str] = set()
+"""The databases (by URL) seen to have the chunks' table: checked again until one has."""
+
+
+async def _has_chunks(conn: AsyncConnection) -> bool:
+    """Whether the chunks' table is there (``worker.db.vectors.CHUNK_TABLE``; a schema migrated
+    before it has none until ``memworker migrate``)."""
+    key = str(conn.engine.url)
+    if key not in _CHUNKS and await has_chunk_table(conn):
+        _CHUNKS.add(key)
+    return key in _CHUNKS
 
 
 async def _context(
@@ -221,15 +241,15 @@ async def recall_scored(
         params["lo"], params["hi"] = as_utc(time_range[0]), as_utc(time_range[1])
     where = _filters(user_id, time_range)
     turns: dict[str, Turn] = {}
-    lexemes: list[str] = []
-    if query.strip() and alpha < 1.0:
-        lexemes, _ = await _words(conn, query, where, {**params, "q": query}, turns)
-    words_found = {k for k, t in turns.items() if t.counts}
     dimension = None
     if query.strip() and alpha > 0.0 and query_vector is not None and model is not None:
         dimension = len(query_vector)
         params.update(qv=vector_literal(query_vector), m=model)
         await _meaning(conn, where, params, turns, dimension, exact, min_similarity)
+    lexemes: list[str] = []
+    total = 0
+    if query.strip() and alpha < 1.0:
+        lexemes, total = await _words(conn, query, where, params, turns)
     if not turns:
         recent = await episodes_of(
             conn, project_id, user_id, newest_first=True, limit=None if time_range else limit
@@ -239,55 +259,28 @@ async def recall_scored(
             recent = [e for e in recent if lo <= e.occurred_at <= hi]
         neutral = 0.0 if query.strip() else 1.0  # LoomFlow's: no query is no evidence against
         return [EpisodeMatch(episode=e, score=neutral) for e in recent[:limit]]
-    total = await _partition_size(conn, where, params)
-    first = rank(turns, query, alpha=alpha, total=total, lexemes=lexemes)
+    first, _bm25 = rank(turns, query, alpha=alpha, total=total, lexemes=lexemes)
     best = sorted(first, key=lambda k: -first[k])[:CONTEXT_SESSIONS]
-    sessions = sorted({turns[k].session for k in best if turns[k].session is not None})
+    sessions = sorted({s for s in (turns[k].session for k in best) if s is not None})
     if sessions:
         await _context(conn, where, params, turns, sessions, dimension, min_similarity)
-    scored = rank(turns, query, alpha=alpha, total=total, lexemes=lexemes)
+    scored, bm25 = rank(turns, query, alpha=alpha, total=total, lexemes=lexemes)
     chosen = sorted(scored, key=lambda k: (-scored[k], k))[:limit]
     rows = await conn.execute(
         text(f"SELECT {EPISODE_COLUMNS} FROM episodes WHERE id = ANY(CAST(:ids AS uuid[]))"),
         {"ids": chosen},
     )
     by_id = {str(r.id): r for r in rows}
-    bm25 = {k: v for k, v in _bm25_of(turns, total, lexemes).items() if k in words_found}
     return [
         EpisodeMatch(
             episode=episode_from_row(by_id[k]),
             score=scored[k],
             bm25_score=bm25.get(k),
-            vector_score=turns[k].cosine
-            if turns[k].cosine is not None and turns[k].cosine >= min_similarity
-            else None,
+            vector_score=turns[k].cosine,
         )
         for k in chosen
         if k in by_id
     ]
-
-
-PARTITION_BOUND = 100_000
-
-
-async def _partition_size(conn: AsyncConnection, where: list[str], params: dict[str, Any]) -> int:
-    """How many episodes the partition (and time range) holds, up to ``PARTITION_BOUND``:
-    BM25's ``N``."""
-    statement = text(
-        "SELECT count(*) FROM (SELECT 1 FROM episodes e"
-        f" WHERE {' AND '.join(where)} LIMIT {PARTITION_BOUND}) s"
-    )
-    return int((await conn.execute(statement, params)).scalar_one())
-
-
-def _bm25_of(turns: dict[str, Turn], total: int, lexemes: Sequence[str]) -> dict[str, float]:
-    from worker.user_memory.turn_ranking import bm25, idf_of
-
-    matched = [t for t in turns.values() if t.counts]
-    idf = idf_of(matched, lexemes, total)
-    lengths = [t.length for t in turns.values() if t.length]
-    average = sum(lengths) / len(lengths) if lengths else 1.0
-    return {t.id: bm25(t.counts, t.length, idf, average) for t in matched}
 
 
 async def embed_query(embedder: Embedder | None, query: str) -> list[float] | None:

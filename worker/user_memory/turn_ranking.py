@@ -4,20 +4,25 @@ turn's neighbours in its session, and the speaker a query names (pure functions,
 Measured on LoCoMo's tuning conversations (``bench/recall_locomo.py``, BENCHMARKS.md):
 
 - **Words** are scored by BM25 (Robertson et al.) over the turns matching any word of the query
-  (the lexemes and their counts Postgres' ``search_vector`` holds): ``k1`` 0.9 and ``b`` 0.4,
-  a lighter length penalty than the usual 1.2-1.5 / 0.75 (turns are short and a long one is
-  not less about its words). A turn is also scored **with its neighbours** (the turns before
-  and after it in its session, their counts summed): a question's answer is often the reply
-  to the turn that shares its words.
+  (the lexemes and their counts Postgres' ``search_vector`` holds; a turn's length is its
+  number of distinct lexemes): ``k1`` 0.6 and ``b`` 0.3, a lighter length penalty than the
+  usual 1.2-1.5 / 0.75 (turns are short, and a long one is not less about its words). A turn
+  is also scored **with its neighbours** (the turns before and after it in its session, their
+  counts summed; ``WINDOW_WEIGHT``): a question's answer is often the reply to the turn that
+  shares its words.
 - **Meaning** is the cosine of the query's vector and the turn's, min-max scaled over the
-  turns considered so the closest counts 1 and the farthest 0 (cosines of one model crowd a
-  narrow band: raw, they would swamp or vanish beside the words).
-- The halves are summed, each scaled to its best turn and weighted (``alpha``: LoomFlow's, 0
-  words only, 1 meaning only); a half whose best score is weak (BM25 of a few common words, a
-  cosine near the unrelated band) counts less (``confidence``).
+  turns considered so the closest counts 1 and the farthest 0 (the cosines of one model crowd
+  a narrow band: raw, they would swamp or vanish beside the words).
+- The halves are summed, each scaled to its best turn, the words weighted ``1 - alpha`` and
+  the meaning ``alpha × VECTOR_WEIGHT`` (``alpha``: LoomFlow's, 0 words only, 1 meaning
+  only), the meaning less when its best cosine is weak (``CONFIDENT_COSINE``). A weighted sum
+  of scaled scores beat reciprocal rank fusion, which let the weak half push the strong
+  half's first places down.
 - **Context**: a turn gains a share (``NEIGHBOUR_SHARE``) of its best neighbour's score.
 - **Speaker**: a turn said by someone the query names (``"Caroline: ..."`` and a question
-  about Caroline) is scaled up by ``SPEAKER_BOOST``.
+  about Caroline) is scaled up by ``1 + SPEAKER_BOOST``.
+
+The constants were chosen on those five conversations only (each lever's gain: BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -27,34 +32,41 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-K1 = 0.9
-B = 0.4
-WINDOW_WEIGHT = 0.5
+K1 = 0.6
+B = 0.3
+WINDOW_WEIGHT = 1.5
 """Of a turn's BM25 with its neighbours, beside its own (each scaled to its best)."""
-NEIGHBOUR_SHARE = 0.3
+NEIGHBOUR_SHARE = 0.4
 """Of the best neighbour's score a turn gains."""
-SPEAKER_BOOST = 0.15
-VECTOR_WEIGHT = 0.8
+SPEAKER_BOOST = 0.5
+CONFIDENT_COSINE = 0.7
+"""The meaning half counts fully only when its best cosine reaches this; below, in proportion
+(a query whose nearest turn is at 0.35 is one the model is unsure of)."""
+VECTOR_WEIGHT = 0.5
 """Of the meaning half beside the words half at ``alpha`` 0.5."""
 
-_LEXEME = re.compile(r"'((?:[^']|'')*)'(?::([0-9A-D,]+))?")
 _SPEAKER = re.compile(r"^\s*([A-Z][\w'.-]*(?: [A-Z][\w'.-]*){0,2}):\s")
 _WORD = re.compile(r"[A-Za-z][\w'-]*")
 
 
-def lexeme_counts(tsvector: str, wanted: set[str]) -> tuple[dict[str, int], int]:
+def lexeme_counts(tsvector: str, wanted: set[str]) -> dict[str, int]:
     """Of a ``tsvector``'s text (``'word':1,5B 'other':3``): how often each ``wanted`` lexeme
-    occurs, and how many words the vector holds (its positions; a lexeme without one counts
-    one)."""
+    occurs (its positions; one without positions counts one)."""
     counts: dict[str, int] = {}
-    length = 0
-    for match in _LEXEME.finditer(tsvector):
-        n = match.group(2).count(",") + 1 if match.group(2) else 1
-        length += n
-        lexeme = match.group(1).replace("''", "'")
-        if lexeme in wanted:
-            counts[lexeme] = n
-    return counts, length
+    for lexeme in wanted:
+        quoted = "'" + lexeme.replace("'", "''") + "'"
+        at = tsvector.find(quoted)
+        while at > 0 and tsvector[at - 1] != " ":  # inside another lexeme: look further
+            at = tsvector.find(quoted, at + 1)
+        if at < 0:
+            continue
+        end = at + len(quoted)
+        if tsvector.startswith(":", end):
+            stop = tsvector.find(" ", end)
+            counts[lexeme] = tsvector.count(",", end, len(tsvector) if stop < 0 else stop) + 1
+        else:
+            counts[lexeme] = 1
+    return counts
 
 
 @dataclass
@@ -127,9 +139,9 @@ def rank(
     alpha: float,
     total: int,
     lexemes: Sequence[str],
-) -> dict[str, float]:
-    """Each turn's score (module doc); a turn neither half found (and no neighbour of one)
-    scores 0 and is left out."""
+) -> tuple[dict[str, float], dict[str, float]]:
+    """Each turn's score (module doc; a turn neither half found, nor a neighbour of one, is
+    left out) and each words match's own BM25."""
     idf = idf_of((t for t in turns.values() if t.counts), lexemes, total)
     lengths = [t.length for t in turns.values() if t.length]
     average = sum(lengths) / len(lengths) if lengths else 1.0
@@ -155,6 +167,8 @@ def rank(
     cosines = {k: t.cosine for k, t in turns.items() if t.cosine is not None}
     meaning = _min_max(cosines)
     word_weight, vector_weight = 1.0 - alpha, alpha * VECTOR_WEIGHT
+    if cosines and CONFIDENT_COSINE > 0:
+        vector_weight *= min(1.0, max(cosines.values()) / CONFIDENT_COSINE)
     fused: dict[str, float] = {}
     for weight, half in ((word_weight, words), (vector_weight, meaning)):
         if weight > 0:
@@ -170,4 +184,4 @@ def rank(
         if turn.speaker and set(turn.speaker.split()) <= names:
             score *= 1 + SPEAKER_BOOST
         scored[key] = score
-    return scored
+    return scored, own
