@@ -45,7 +45,7 @@ async def remember_excerpt(memory: Memory, user: str) -> list[list[Episode]]:
     return sessions
 
 
-async def test_the_reply_to_the_turn_a_question_names_is_found_in_the_first_two(
+async def test_the_reply_to_the_turn_a_question_names_is_found_first(
     vector_engine: AsyncEngine, redis: Redis, vector_settings: Settings, embedder: LocalEmbedder
 ) -> None:
     async with Memory(
@@ -55,7 +55,7 @@ async def test_the_reply_to_the_turn_a_question_names_is_found_in_the_first_two(
         await Indexer(vector_settings, redis, vector_engine, embedder).run_once()
         for q in json.loads(EXCERPT.read_text())["questions"]:
             answer = sessions[q["session"]][q["turn"]]
-            found = await memory.recall_scored(q["question"], user_id="u1", limit=2)
+            found = await memory.recall_scored(q["question"], user_id="u1", limit=q["within"])
             assert answer.id in [m.episode.id for m in found], q["question"]
 
 
