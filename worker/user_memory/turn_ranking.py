@@ -39,10 +39,10 @@ WINDOW_WEIGHT = 1.5
 NEIGHBOUR_SHARE = 0.4
 """Of the best neighbour's score a turn gains."""
 SPEAKER_BOOST = 0.5
-CONFIDENT_COSINE = 0.7
+CONFIDENT_COSINE = 0.8
 """The meaning half counts fully only when its best cosine reaches this; below, in proportion
 (a query whose nearest turn is at 0.35 is one the model is unsure of)."""
-VECTOR_WEIGHT = 0.5
+VECTOR_WEIGHT = 0.6
 """Of the meaning half beside the words half at ``alpha`` 0.5."""
 
 _SPEAKER = re.compile(r"^\s*([A-Z][\w'.-]*(?: [A-Z][\w'.-]*){0,2}):\s")
