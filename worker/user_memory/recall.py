@@ -69,47 +69,55 @@ async def _words(
     where: list[str],
     params: dict[str, Any],
     turns: dict[str, Turn],
+    by_index: bool,
 ) -> tuple[list[str], int]:
     """The query's lexemes and the partition's size (BM25's ``N``, up to
     ``PARTITION_BOUND``); each match's counts of the lexemes into ``turns``. At most ``TEXT_CAP``
     turns holding any word, plus up to as many holding all of them (``episodes.text_search``:
-    the GIN index finds them; only these are read)."""
-    head = await conn.execute(
-        text(
-            f"SELECT tsvector_to_array(to_tsvector('{SEARCH_CONFIG}', :q)) AS lexemes,"
-            " (SELECT count(*) FROM (SELECT 1 FROM episodes e"
-            f" WHERE {' AND '.join(where)} LIMIT {PARTITION_BOUND}) s) AS total"
-        ),
-        {**params, "q": query},
-    )
-    lexemes, total = head.one()
-    wanted = set(lexemes or [])
-    if not wanted:
-        return [], 0
+    the GIN index finds them; only these are read). ``by_index``: the transaction already reads
+    by index (``_meaning`` set it), else this sets it first. One statement."""
     columns = (
         f"e.id, e.session_id, e.turn_id, left(e.input, {HEAD}) AS head,"
-        " length(e.search_vector) AS n, e.search_vector::text AS lexemes"
+        " length(e.search_vector) AS n, e.search_vector::text AS vector"
     )
-    tiers = [
+    tiers = " UNION ".join(
         f"(SELECT {columns} FROM episodes e WHERE {' AND '.join(where)}"
         f" AND e.search_vector @@ {words} LIMIT {TEXT_CAP})"
         for words in (_ALL_WORDS, _ANY_WORD)
-    ]
-    await conn.execute(text(BY_INDEX))  # for the rest of the recall's transaction
-    for row in await conn.execute(text(" UNION ".join(tiers)), {**params, "q": query}):
+    )
+    statement = (
+        f"WITH q AS (SELECT tsvector_to_array(to_tsvector('{SEARCH_CONFIG}', :q)) AS lexemes,"
+        " (SELECT count(*) FROM (SELECT 1 FROM episodes e"
+        f" WHERE {' AND '.join(where)} LIMIT {PARTITION_BOUND}) s) AS total)"
+        f" SELECT q.lexemes, q.total, m.* FROM q LEFT JOIN ({tiers}) m ON true"
+    )
+    if not by_index:
+        await conn.execute(text(BY_INDEX))  # for the rest of the recall's transaction
+    lexemes: list[str] = []
+    total = 0
+    for row in await conn.execute(text(statement), {**params, "q": query}):
+        lexemes, total = row.lexemes or [], int(row.total)
+        if row.id is None:
+            break
         key = str(row.id)
         turns[key] = Turn(
             key,
             session=row.session_id if row.turn_id is not None else None,
-            counts=lexeme_counts(row.lexemes, wanted),
+            counts=lexeme_counts(row.vector, set(lexemes)),
             length=int(row.n),
             speaker=speaker_of(row.head),
         )
-    return sorted(wanted), int(total)
+    return sorted(set(lexemes)), total
 
 
 def _cosine_sql(dimension: int) -> str:
     return f"1 - (v.embedding::vector({dimension}) <=> CAST(CAST(:qv AS text) AS vector))"
+
+
+_READ_BY_INDEX = "(SELECT set_config('enable_seqscan', 'off', true)) = 'off'"
+"""``BY_INDEX`` as a condition evaluated once when the statement starts: it holds for the
+statements after it in the transaction (this one is planned already), saving the words search
+a round trip (each costs most on loaded cores)."""
 
 
 async def _meaning(
@@ -121,27 +129,37 @@ async def _meaning(
     exact: bool,
     floor: float,
 ) -> None:
-    """The nearest vectors at or above the floor, their cosines into ``turns``."""
+    """The nearest vectors (a long output's chunks among them) at or above the floor, their
+    cosines into ``turns``; leaves the transaction reading by index (``_READ_BY_INDEX``)."""
     distance = f"v.embedding::vector({dimension}) <=> CAST(CAST(:qv AS text) AS vector)"
+    mine = f"project_id = :p AND model = :m AND dimension = {dimension}"
+    chunks = await _has_chunks(conn)
+    vectors = VECTOR_TABLE
+    if exact and chunks:  # a small partition: its chunks in the same exact scan
+        vectors = (
+            f"(SELECT episode_id, embedding FROM {VECTOR_TABLE} WHERE {mine}"
+            f" UNION ALL SELECT episode_id, embedding FROM {CHUNK_TABLE} WHERE {mine})"
+        )
     # a small partition is ordered by an expression the HNSW index cannot serve: exactly
     order = f"({distance}) + 0" if exact else distance
+    condition = "true" if vectors != VECTOR_TABLE else f"v.{mine.replace(' AND ', ' AND v.')}"
     nearest = text(
         f"SELECT e.id, e.session_id, e.turn_id, left(e.input, {HEAD}) AS head,"
-        f" length(e.search_vector) AS n, 1 - ({distance}) AS cosine FROM {VECTOR_TABLE} v"
+        f" 1 - ({distance}) AS cosine FROM {vectors} v"
         " JOIN episodes e ON e.id = v.episode_id"
-        f" WHERE v.project_id = :p AND v.model = :m AND v.dimension = {dimension}"
-        f" AND {' AND '.join(where)} ORDER BY {order} LIMIT :n"
+        f" WHERE {condition} AND {' AND '.join(where)} AND {_READ_BY_INDEX}"
+        f" ORDER BY {order} LIMIT :n"
     )
     if not exact:
         await conn.execute(text(f"SET LOCAL hnsw.ef_search = {min(1000, max(40, params['n']))}"))
     found = list(await conn.execute(nearest, params))
-    if await _has_chunks(conn):
+    if chunks and not exact:
         chunked = text(
             f"SELECT e.id, e.session_id, e.turn_id, left(e.input, {HEAD}) AS head,"
             f" max(1 - ({distance})) AS cosine FROM {CHUNK_TABLE} v"
             " JOIN episodes e ON e.id = v.episode_id"
-            f" WHERE v.project_id = :p AND v.model = :m AND v.dimension = {dimension}"
-            f" AND {' AND '.join(where)} GROUP BY e.id ORDER BY 5 DESC LIMIT :n"
+            f" WHERE v.{mine.replace(' AND ', ' AND v.')} AND {' AND '.join(where)}"
+            " GROUP BY e.id ORDER BY 5 DESC LIMIT :n"
         )
         found.extend(await conn.execute(chunked, params))
     for row in found:
@@ -249,7 +267,8 @@ async def recall_scored(
     lexemes: list[str] = []
     total = 0
     if query.strip() and alpha < 1.0:
-        lexemes, total = await _words(conn, query, where, params, turns)
+        by_index = dimension is not None
+        lexemes, total = await _words(conn, query, where, params, turns, by_index)
     if not turns:
         recent = await episodes_of(
             conn, project_id, user_id, newest_first=True, limit=None if time_range else limit
