@@ -193,6 +193,12 @@ class Settings(BaseSettings):
     ``auto``, ``inline`` unless an indexer is running (group ``indexer`` on ``P:episodes`` has a
     consumer seen in the last 10 s; looked up at most every 2 s)."""
 
+    recall_min_similarity: float = Field(default=0.2, ge=-1.0, le=1.0)
+    """``Memory.recall``'s relevance floor: a turn whose cosine to the query is below this is
+    not a match by meaning (``worker.user_memory.recall``); a query nothing matches by words
+    or at the floor gets the most recent turns with score 0. Suits all-MiniLM-L6-v2 (unrelated
+    texts ~0..0.2); -1 turns it off."""
+
     # Agent access: memworker mcp, memworker serve (worker.access).
     api_token: str | None = None
     """The bearer token every call to ``memworker serve`` (and ``memworker mcp --http``) must

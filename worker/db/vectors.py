@@ -60,6 +60,26 @@ DO $$ BEGIN
 END $$"""
 """A table made when the key was ``episode_id`` alone gets ``(episode_id, model)`` (its key
 index is rebuilt once, by ``memworker migrate``); a no-op after."""
+
+CHUNK_TABLE = "episode_chunk_embeddings"
+CREATE_CHUNK_TABLE = f"""
+CREATE TABLE IF NOT EXISTS {CHUNK_TABLE} (
+    episode_id uuid NOT NULL REFERENCES episodes (id) ON DELETE CASCADE,
+    model text NOT NULL,
+    chunk integer NOT NULL,
+    project_id text NOT NULL,
+    dimension integer NOT NULL,
+    embedding vector NOT NULL,
+    PRIMARY KEY (episode_id, model, chunk)
+)"""
+"""The vectors of a long turn output's chunks (``worker.episodes.embedding.output_chunks``),
+beside the turn's own vector in ``episode_embeddings``: more than one vector per turn, so the
+whole turn is searchable by meaning. Deleted with the episode (``ON DELETE CASCADE``: forget
+and erasure delete episodes), replaced with the turn's vector (``store_chunk_vectors``)."""
+CREATE_CHUNK_INDEX = (
+    f"CREATE INDEX IF NOT EXISTS ix_{CHUNK_TABLE}_project_model"
+    f" ON {CHUNK_TABLE} (project_id, model)"
+)
 CREATE_PROJECT_INDEX = (
     f"CREATE INDEX IF NOT EXISTS ix_{VECTOR_TABLE}_project_model"
     f" ON {VECTOR_TABLE} (project_id, model)"
@@ -111,6 +131,8 @@ def create_vector_schema(conn: Connection, dimension: int) -> str | None:
     conn.execute(text(KEY_BY_MODEL))
     conn.execute(text(CREATE_PROJECT_INDEX))
     conn.execute(text(hnsw_index_sql(dimension)))
+    conn.execute(text(CREATE_CHUNK_TABLE))
+    conn.execute(text(CREATE_CHUNK_INDEX))
     return None
 
 
@@ -183,14 +205,73 @@ async def store_vectors(
     )
 
 
+async def has_chunk_table(conn: AsyncConnection) -> bool:
+    """Whether ``memworker migrate`` has made the chunks' table (a schema migrated before it
+    keeps one vector per episode until then)."""
+    row = (await conn.execute(text("SELECT to_regclass(:t)"), {"t": CHUNK_TABLE})).first()
+    return row is not None and row[0] is not None
+
+
+STORE_CHUNKS = f"""
+INSERT INTO {CHUNK_TABLE} (episode_id, model, chunk, project_id, dimension, embedding)
+SELECT e.id, :model, v.chunk, e.project_id, CAST(:dimension AS integer),
+    CAST((CAST(:flat AS real[]))[(v.n - 1) * :dimension + 1 : v.n * :dimension] AS vector)
+FROM unnest(CAST(:ids AS uuid[]), CAST(:chunks AS integer[])) WITH ORDINALITY AS v(id, chunk, n)
+JOIN episodes e ON e.id = v.id
+"""
+
+
+async def store_chunk_vectors(
+    conn: AsyncConnection,
+    model: str,
+    dimension: int,
+    episode_ids: Sequence[str],
+    chunks: Sequence[tuple[str, int, Sequence[float]]],
+) -> None:
+    """Replace the chunk vectors of ``model`` of ``episode_ids`` with ``chunks`` (episode id,
+    chunk number, vector): an episode re-embedded keeps no chunk of its old text."""
+    await conn.execute(
+        text(
+            f"DELETE FROM {CHUNK_TABLE} WHERE model = :model"
+            " AND episode_id = ANY(CAST(:ids AS uuid[]))"
+        ),
+        {"model": model, "ids": list(episode_ids)},
+    )
+    if not chunks:
+        return
+    flat: list[float] = []
+    for _id, _n, vector in chunks:
+        if len(vector) != dimension:
+            raise ValueError(f"a vector of {len(vector)} dimensions, expected {dimension}")
+        flat.extend(vector)
+    await conn.execute(
+        text(STORE_CHUNKS),
+        {
+            "model": model,
+            "dimension": dimension,
+            "ids": [c[0] for c in chunks],
+            "chunks": [c[1] for c in chunks],
+            "flat": flat,
+        },
+    )
+
+
 def include_name(name: str | None, type_: str, parent_names: object) -> bool:
     """Alembic's ``include_name`` hook: the models (``Base``) do not describe the vector table
     (it exists only with pgvector), so comparing them with a database leaves it out."""
+    return not (type_ == "table" and name in (VECTOR_TABLE, CHUNK_TABLE))
+
+
     return not (type_ == "table" and name == VECTOR_TABLE)
 
 
 DROP_OTHER_MODELS = f"""
 DELETE FROM {VECTOR_TABLE} o USING {VECTOR_TABLE} n
+WHERE n.episode_id = o.episode_id AND n.model = :model AND o.model <> :model
+  AND (CAST(:project AS text) IS NULL OR o.project_id = :project)
+"""
+DROP_OTHER_MODELS_CHUNKS = f"""
+DELETE FROM {CHUNK_TABLE} o USING {VECTOR_TABLE} n
 WHERE n.episode_id = o.episode_id AND n.model = :model AND o.model <> :model
   AND (CAST(:project AS text) IS NULL OR o.project_id = :project)
 """
@@ -200,5 +281,7 @@ async def drop_other_models(conn: AsyncConnection, model: str, project_id: str |
     """Delete the vectors of other models of every episode (of ``project_id``, or all) that has
     one of ``model``: the last step of a reindex to a new model, so an episode is never left
     without a vector; how many were deleted."""
-    result = await conn.execute(text(DROP_OTHER_MODELS), {"model": model, "project": project_id})
+    arguments = {"model": model, "project": project_id}
+    await conn.execute(text(DROP_OTHER_MODELS_CHUNKS), arguments)  # its long outputs' chunks
+    result = await conn.execute(text(DROP_OTHER_MODELS), arguments)
     return int(getattr(result, "rowcount", 0) or 0)

@@ -62,8 +62,8 @@ from worker.episodes.embedding import Embedder, EmbeddingError, embedder_from_se
 from worker.episodes.vectorising import (
     Embedded,
     embed_facts,
+    embed_rows,
     store_embedded,
-    texts_of,
     unindexed,
 )
 from worker.keys import all_changes_streams, episodes_dlq, episodes_stream
@@ -275,7 +275,7 @@ class Indexer(GroupService):
         if not rows:
             return Embedded([], [])
         async with self._embedding_turn:
-            return Embedded(rows, await self.embedder.embed(texts_of(rows)))
+            return await embed_rows(self.embedder, rows)
 
     def _cancel_embeddings(self) -> None:
         for future in list(self._embeddings):

@@ -289,6 +289,7 @@ class Memory:
                 query_vector=vector,
                 model=None if embedder is None else embedder.name,
                 exact=exact,
+                min_similarity=self.settings.recall_min_similarity,
             )
         self._turn_vectors.report_unindexed(self.project_id, user_id, matches.unindexed)
         return matches

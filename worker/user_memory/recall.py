@@ -1,37 +1,46 @@
 """``recall_scored``: a user's episodes (turns and sessions) by words and meaning together.
 
-Two searches, each inside the user's partition and the time range, fused by weighted
-Reciprocal Rank Fusion (LoomFlow's ``alpha``: 0 words only, 1 meaning only, 0.5 both;
-``k`` = 60): ``score = (1 - alpha) / (60 + word rank) + alpha / (60 + meaning rank)``.
+Two searches, each inside the user's partition and the time range, then one ranking of the
+turns they found and of those turns' neighbours (``turn_ranking``: BM25, the cosine, the
+turn before and after in its session, the speaker the query names), weighted by LoomFlow's
+``alpha`` (0 words only, 1 meaning only, 0.5 both).
 
 - **Words**: Postgres full text over ``search_vector`` (English stemming; any word of the
-  query matches; at most ``TEXT_CAP`` matches are ranked, as in ``episodes.text_search``);
-  ``bm25_score`` is its ``ts_rank``. Findable as soon as ``remember`` returns.
-- **Meaning**: pgvector cosine over the vectors the indexer made (``episode_embeddings``);
-  ``vector_score`` is the cosine similarity (-1..1; non-positive ones are dropped, as
-  LoomFlow does). Used only when pgvector is there, the project has vectors of the model, and
-  an embedder is configured (``Memory(embedder=...)`` or the settings').
+  query matches; at most ``TEXT_CAP`` matches are considered, as in ``episodes.text_search``),
+  scored by BM25 over the lexemes of each match; ``bm25_score`` is that BM25. Findable as soon
+  as ``remember`` returns.
+- **Meaning**: pgvector cosine over the vectors the indexer made (``episode_embeddings``, and
+  ``episode_chunk_embeddings`` for a long output's chunks: a turn's best); ``vector_score`` is
+  the cosine similarity (-1..1). Used only when pgvector is there, the
+  project has vectors of the model, and an embedder is configured (``Memory(embedder=...)``
+  or the settings'). **Relevance floor**: a turn whose cosine is below ``min_similarity``
+  (``MEMWORKER_RECALL_MIN_SIMILARITY``, default ``MIN_SIMILARITY``) is not a match by meaning:
+  the nearest vectors of a query about nothing stored are not evidence.
 
 A recall by meaning (``alpha`` > 0, a query) says which of the episodes it looked at (its word
 matches and what it returns) have no vector of its model yet: ``EpisodeMatch.unindexed`` and
-``ScoredMatches.unindexed`` (a lookup of at most ~60 vector keys).
+``ScoredMatches.unindexed`` (a lookup of their vector keys).
 
 As LoomFlow: an empty query returns the most recent episodes with score 1.0, and one nothing
-matches returns them with score 0.0, so an agent always gets some context.
+matches (no word, no cosine at the floor) returns them with score 0.0, so an agent always
+gets some context.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import column, desc, select, table, text
+from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from worker.db.vectors import VECTOR_TABLE, vector_literal
+from worker.db.models import SEARCH_CONFIG
+from worker.db.vectors import CHUNK_TABLE, VECTOR_TABLE, has_chunk_table, vector_literal
 from worker.episodes.embedding import Embedder
-from worker.episodes.text_search import BY_INDEX, TEXT_CAP, UNSET_BY_INDEX, ranked_matches
+from worker.episodes.text_search import BY_INDEX, TEXT_CAP
 from worker.user_memory.models import Episode, EpisodeMatch, ScoredMatches, as_utc
+from worker.user_memory.turn_ranking import Turn, lexeme_counts, rank, speaker_of
 from worker.user_memory.turns import (
     EPISODE_COLUMNS,
     SessionEpisode,
@@ -41,14 +50,17 @@ from worker.user_memory.turns import (
     turn_uuid,
 )
 
-RRF_K = 60
-_E_COLUMNS = ", ".join(f"e.{c.strip()}" for c in EPISODE_COLUMNS.split(","))
-_NAMES = [c.strip() for c in EPISODE_COLUMNS.split(",")]
-_MATCHED = table(
-    "episodes", *(column(c) for c in [*_NAMES, "importance_score", "search_vector"])
-).alias("e")
-"""``episodes`` as the words search reads it (the filters name it ``e``)."""
-_ROW = table("episodes", *(column(c) for c in _NAMES)).alias("r")
+MIN_SIMILARITY = 0.2
+"""Default of ``MEMWORKER_RECALL_MIN_SIMILARITY``: all-MiniLM-L6-v2 puts unrelated texts at
+~0..0.2 and paraphrases above ~0.4 (``tests/recall``)."""
+CANDIDATES = 50
+"""How many turns each search brings at least (the vector search's nearest)."""
+CONTEXT_SESSIONS = 30
+"""The sessions of the best this many turns are read whole, for their turns' neighbours."""
+CONTEXT_ROWS = 5_000
+PARTITION_BOUND = 100_000
+HEAD = 80
+"""Characters of a turn's input read for its speaker."""
 
 
 def _filters(user_id: str | None, time_range: tuple[datetime, datetime] | None) -> list[str]:
@@ -56,6 +68,179 @@ def _filters(user_id: str | None, time_range: tuple[datetime, datetime] | None) 
     if time_range is not None:
         where.append("e.occurred_at BETWEEN :lo AND :hi")
     return where
+
+
+_ANY_WORD = f"replace(plainto_tsquery('{SEARCH_CONFIG}', :q)::text, '&', '|')::tsquery"
+_ALL_WORDS = f"plainto_tsquery('{SEARCH_CONFIG}', :q)"
+
+
+async def _words(
+    conn: AsyncConnection,
+    query: str,
+    where: list[str],
+    params: dict[str, Any],
+    turns: dict[str, Turn],
+    by_index: bool,
+) -> tuple[list[str], int]:
+    """The query's lexemes and the partition's size (BM25's ``N``, up to
+    ``PARTITION_BOUND``); each match's counts of the lexemes into ``turns``. At most ``TEXT_CAP``
+    turns holding any word, plus up to as many holding all of them (``episodes.text_search``:
+    the GIN index finds them; only these are read). ``by_index``: the transaction already reads
+    by index (``_meaning`` set it), else this sets it first. One statement."""
+    columns = (
+        f"e.id, e.session_id, e.turn_id, left(e.input, {HEAD}) AS head,"
+        " length(e.search_vector) AS n, e.search_vector::text AS vector"
+    )
+    tiers = " UNION ".join(
+        f"(SELECT {columns} FROM episodes e WHERE {' AND '.join(where)}"
+        f" AND e.search_vector @@ {words} LIMIT {TEXT_CAP})"
+        for words in (_ALL_WORDS, _ANY_WORD)
+    )
+    statement = (
+        f"WITH q AS (SELECT tsvector_to_array(to_tsvector('{SEARCH_CONFIG}', :q)) AS lexemes,"
+        " (SELECT count(*) FROM (SELECT 1 FROM episodes e"
+        f" WHERE {' AND '.join(where)} LIMIT {PARTITION_BOUND}) s) AS total)"
+        f" SELECT q.lexemes, q.total, m.* FROM q LEFT JOIN ({tiers}) m ON true"
+    )
+    if not by_index:
+        await conn.execute(text(BY_INDEX))  # for the rest of the recall's transaction
+    lexemes: list[str] = []
+    total = 0
+    for row in await conn.execute(text(statement), {**params, "q": query}):
+        lexemes, total = row.lexemes or [], int(row.total)
+        if row.id is None:
+            break
+        key = str(row.id)
+        turns[key] = Turn(
+            key,
+            session=row.session_id if row.turn_id is not None else None,
+            counts=lexeme_counts(row.vector, set(lexemes)),
+            length=int(row.n),
+            speaker=speaker_of(row.head),
+        )
+    return sorted(set(lexemes)), total
+
+
+def _cosine_sql(dimension: int) -> str:
+    return f"1 - (v.embedding::vector({dimension}) <=> CAST(CAST(:qv AS text) AS vector))"
+
+
+_READ_BY_INDEX = "(SELECT set_config('enable_seqscan', 'off', true)) = 'off'"
+"""``BY_INDEX`` as a condition evaluated once when the statement starts: it holds for the
+statements after it in the transaction (this one is planned already), saving the words search
+a round trip (each costs most on loaded cores)."""
+
+
+async def _meaning(
+    conn: AsyncConnection,
+    where: list[str],
+    params: dict[str, Any],
+    turns: dict[str, Turn],
+    dimension: int,
+    exact: bool,
+    floor: float,
+) -> None:
+    """The nearest vectors (a long output's chunks among them) at or above the floor, their
+    cosines into ``turns``; leaves the transaction reading by index (``_READ_BY_INDEX``)."""
+    distance = f"v.embedding::vector({dimension}) <=> CAST(CAST(:qv AS text) AS vector)"
+    mine = f"project_id = :p AND model = :m AND dimension = {dimension}"
+    chunks = await _has_chunks(conn)
+    vectors = VECTOR_TABLE
+    if exact and chunks:  # a small partition: its chunks in the same exact scan
+        vectors = (
+            f"(SELECT episode_id, embedding FROM {VECTOR_TABLE} WHERE {mine}"
+            f" UNION ALL SELECT episode_id, embedding FROM {CHUNK_TABLE} WHERE {mine})"
+        )
+    # a small partition is ordered by an expression the HNSW index cannot serve: exactly
+    order = f"({distance}) + 0" if exact else distance
+    condition = "true" if vectors != VECTOR_TABLE else f"v.{mine.replace(' AND ', ' AND v.')}"
+    nearest = text(
+        f"SELECT e.id, e.session_id, e.turn_id, left(e.input, {HEAD}) AS head,"
+        f" 1 - ({distance}) AS cosine FROM {vectors} v"
+        " JOIN episodes e ON e.id = v.episode_id"
+        f" WHERE {condition} AND {' AND '.join(where)} AND {_READ_BY_INDEX}"
+        f" ORDER BY {order} LIMIT :n"
+    )
+    if not exact:
+        await conn.execute(text(f"SET LOCAL hnsw.ef_search = {min(1000, max(40, params['n']))}"))
+    found = list(await conn.execute(nearest, params))
+    if chunks and not exact:
+        chunked = text(
+            f"SELECT e.id, e.session_id, e.turn_id, left(e.input, {HEAD}) AS head,"
+            f" max(1 - ({distance})) AS cosine FROM {CHUNK_TABLE} v"
+            " JOIN episodes e ON e.id = v.episode_id"
+            f" WHERE v.{mine.replace(' AND ', ' AND v.')} AND {' AND '.join(where)}"
+            " GROUP BY e.id ORDER BY 5 DESC LIMIT :n"
+        )
+        found.extend(await conn.execute(chunked, params))
+    for row in found:
+        cosine = float(row.cosine)
+        if cosine < floor:
+            continue
+        key = str(row.id)
+        turn = turns.get(key)
+        if turn is None:
+            turn = turns[key] = Turn(
+                key,
+                session=row.session_id if row.turn_id is not None else None,
+                speaker=speaker_of(row.head),
+            )
+        turn.cosine = max(cosine, turn.cosine or -1.0)
+
+
+_CHUNKS: set[str] = set()
+"""The databases (by URL) seen to have the chunks' table: checked again until one has."""
+
+
+async def _has_chunks(conn: AsyncConnection) -> bool:
+    """Whether the chunks' table is there (``worker.db.vectors.CHUNK_TABLE``; a schema migrated
+    before it has none until ``memworker migrate``)."""
+    key = str(conn.engine.url)
+    if key not in _CHUNKS and await has_chunk_table(conn):
+        _CHUNKS.add(key)
+    return key in _CHUNKS
+
+
+async def _context(
+    conn: AsyncConnection,
+    where: list[str],
+    params: dict[str, Any],
+    turns: dict[str, Turn],
+    sessions: Sequence[str],
+    dimension: int | None,
+    floor: float,
+) -> None:
+    """Every turn of ``sessions`` into ``turns``, each linked to the one before and after it
+    (by time, then by when it was stored), with its length and, for a new one, its cosine
+    (at any value: a neighbour's meaning counts only through its share)."""
+    cosine = f", {_cosine_sql(dimension)} AS cosine" if dimension else ", NULL AS cosine"
+    join = (
+        f" LEFT JOIN {VECTOR_TABLE} v ON v.episode_id = e.id AND v.model = :m"
+        f" AND v.dimension = {dimension}"
+        if dimension
+        else ""
+    )
+    statement = text(
+        f"SELECT e.id, e.session_id, left(e.input, {HEAD}) AS head,"
+        f" length(e.search_vector) AS n{cosine} FROM episodes e{join}"
+        f" WHERE {' AND '.join(where)} AND e.turn_id IS NOT NULL"
+        " AND e.session_id = ANY(CAST(:sessions AS text[]))"
+        f" ORDER BY e.session_id, e.occurred_at, e.recorded_at, e.id LIMIT {CONTEXT_ROWS}"
+    )
+    previous: Turn | None = None
+    for row in await conn.execute(statement, {**params, "sessions": list(sessions)}):
+        key = str(row.id)
+        turn = turns.get(key)
+        if turn is None:
+            turn = turns[key] = Turn(key, speaker=speaker_of(row.head))
+        turn.session = row.session_id
+        if turn.cosine is None and row.cosine is not None and float(row.cosine) >= floor:
+            turn.cosine = float(row.cosine)
+        if not turn.counts:
+            turn.length = int(row.n or 0)
+        if previous is not None and previous.session == turn.session:
+            previous.after, turn.before = key, previous.id
+        previous = turn
 
 
 async def recall_scored(
@@ -70,6 +255,7 @@ async def recall_scored(
     query_vector: list[float] | None,
     model: str | None,
     exact: bool = False,
+    min_similarity: float = MIN_SIMILARITY,
 ) -> ScoredMatches:
     """The user's episodes best matching ``query`` (module doc), at most ``limit``; ``exact``:
     search the partition's vectors exactly rather than by the HNSW index (a small partition:
@@ -79,53 +265,22 @@ async def recall_scored(
     limit = max(0, int(limit))
     if limit == 0:
         return ScoredMatches()
-    params: dict[str, Any] = {"p": project_id, "u": user_id, "q": query, "n": max(limit, 50)}
+    params: dict[str, Any] = {"p": project_id, "u": user_id, "n": max(limit, CANDIDATES)}
     if time_range is not None:
         params["lo"], params["hi"] = as_utc(time_range[0]), as_utc(time_range[1])
     where = _filters(user_id, time_range)
-    rows: dict[str, Any] = {}
-    words: list[tuple[str, float]] = []
-    if query.strip() and alpha < 1.0:
-        matched = ranked_matches(
-            _MATCHED, query, [text(w) for w in where], params["n"], TEXT_CAP
-        ).subquery("m")
-        statement = (
-            select(*_ROW.c, matched.c.rank.label("bm25"))
-            .join_from(_ROW, matched, _ROW.c.id == matched.c.id)
-            .order_by(desc(matched.c.rank), desc(matched.c.occurred_at), matched.c.id)
-        )
-        await conn.execute(text(BY_INDEX))
-        for row in await conn.execute(statement, params):
-            key = str(row.id)
-            rows[key] = row
-            words.append((key, float(row.bm25)))
-        await conn.execute(text(UNSET_BY_INDEX))
-    meaning: list[tuple[str, float]] = []
+    turns: dict[str, Turn] = {}
+    dimension = None
     if query.strip() and alpha > 0.0 and query_vector is not None and model is not None:
         dimension = len(query_vector)
-        distance = f"v.embedding::vector({dimension}) <=> CAST(CAST(:qv AS text) AS vector)"
-        # a small partition is ordered by an expression the HNSW index cannot serve: exactly
-        order = f"({distance}) + 0" if exact else distance
-        nearest = text(
-            f"SELECT {_E_COLUMNS}, 1 - ({distance}) AS cosine FROM {VECTOR_TABLE} v"
-            " JOIN episodes e ON e.id = v.episode_id"
-            f" WHERE v.project_id = :p AND v.model = :m AND v.dimension = {dimension}"
-            f" AND {' AND '.join(where)} ORDER BY {order} LIMIT :n"
-        )
         params.update(qv=vector_literal(query_vector), m=model)
-        if not exact:
-            ef_search = min(1000, max(40, limit * 4))
-            await conn.execute(text(f"SET LOCAL hnsw.ef_search = {ef_search}"))
-        for row in await conn.execute(nearest, params):
-            if float(row.cosine) > 0:
-                key = str(row.id)
-                rows.setdefault(key, row)
-                meaning.append((key, float(row.cosine)))
-    fused: dict[str, float] = {}
-    for weight, ranking in ((1.0 - alpha, words), (alpha, meaning)):
-        for rank, (key, _score) in enumerate(ranking, start=1):
-            fused[key] = fused.get(key, 0.0) + weight / (RRF_K + rank)
-    if not fused:
+        await _meaning(conn, where, params, turns, dimension, exact, min_similarity)
+    lexemes: list[str] = []
+    total = 0
+    if query.strip() and alpha < 1.0:
+        by_index = dimension is not None
+        lexemes, total = await _words(conn, query, where, params, turns, by_index)
+    if not turns:
         recent = await episodes_of(
             conn, project_id, user_id, newest_first=True, limit=None if time_range else limit
         )
@@ -142,19 +297,31 @@ async def recall_scored(
             ],
             len(missing),
         )
-    bm25, cosine = dict(words), dict(meaning)
-    best = sorted(fused, key=lambda k: (-fused[k], -rows[k].occurred_at.timestamp(), k))
-    missing = await _unindexed(conn, list(rows), query, alpha, query_vector, model)
+    first, _bm25 = rank(turns, query, alpha=alpha, total=total, lexemes=lexemes)
+    best = sorted(first, key=lambda k: -first[k])[:CONTEXT_SESSIONS]
+    sessions = sorted({s for s in (turns[k].session for k in best) if s is not None})
+    if sessions:
+        await _context(conn, where, params, turns, sessions, dimension, min_similarity)
+    scored, bm25 = rank(turns, query, alpha=alpha, total=total, lexemes=lexemes)
+    chosen = sorted(scored, key=lambda k: (-scored[k], k))[:limit]
+    rows = await conn.execute(
+        text(f"SELECT {EPISODE_COLUMNS} FROM episodes WHERE id = ANY(CAST(:ids AS uuid[]))"),
+        {"ids": chosen},
+    )
+    by_id = {str(r.id): r for r in rows}
+    looked_at = sorted({*chosen, *(k for k, t in turns.items() if t.counts)})
+    missing = await _unindexed(conn, looked_at, query, alpha, query_vector, model)
     return _matches(
         [
             EpisodeMatch(
-                episode=episode_from_row(rows[k]),
-                score=fused[k],
+                episode=episode_from_row(by_id[k]),
+                score=scored[k],
                 bm25_score=bm25.get(k),
-                vector_score=cosine.get(k),
+                vector_score=turns[k].cosine,
                 unindexed=k in missing,
             )
-            for k in best[:limit]
+            for k in chosen
+            if k in by_id
         ],
         len(missing),
     )

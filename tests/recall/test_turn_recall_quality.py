@@ -1,0 +1,122 @@
+"""What makes recall find the right turn of a long conversation (``worker.user_memory.recall``,
+``turn_ranking``): the turn a question's words point at is often the reply after it; a query
+about nothing stored gets LoomFlow's fallback, not the nearest unrelated turns; and a long
+output is searchable by meaning to its end, not only its head."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from pathlib import Path
+
+from redis.asyncio import Redis
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from worker.db.vectors import CHUNK_TABLE
+from worker.episodes.embedding import LocalEmbedder
+from worker.episodes.indexer import Indexer
+from worker.settings import Settings
+from worker.user_memory.memory import Memory
+from worker.user_memory.models import Episode
+
+EXCERPT = Path(__file__).resolve().parent.parent / "data" / "conversation_excerpt.json"
+
+
+async def remember_excerpt(memory: Memory, user: str) -> list[list[Episode]]:
+    data = json.loads(EXCERPT.read_text())
+    sessions = []
+    for n, session in enumerate(data["sessions"]):
+        at = datetime.fromisoformat(session["date"])
+        turns = [
+            Episode(
+                id=f"{user}.s{n}.t{i}",
+                session_id=f"{user}.s{n}",
+                user_id=user,
+                input=line,
+                output="",
+                occurred_at=at,
+            )
+            for i, line in enumerate(session["turns"])
+        ]
+        for turn in turns:
+            await memory.remember(turn)
+        sessions.append(turns)
+    return sessions
+
+
+async def test_the_reply_to_the_turn_a_question_names_is_found_first(
+    vector_engine: AsyncEngine, redis: Redis, vector_settings: Settings, embedder: LocalEmbedder
+) -> None:
+    async with Memory(
+        "chat", settings=vector_settings, embedder=embedder, engine=vector_engine, redis=redis
+    ) as memory:
+        sessions = await remember_excerpt(memory, "u1")
+        await Indexer(vector_settings, redis, vector_engine, embedder).run_once()
+        for q in json.loads(EXCERPT.read_text())["questions"]:
+            answer = sessions[q["session"]][q["turn"]]
+            found = await memory.recall_scored(q["question"], user_id="u1", limit=q["within"])
+            assert answer.id in [m.episode.id for m in found], q["question"]
+
+
+async def test_a_query_about_nothing_stored_gets_the_recent_turns_with_score_zero(
+    vector_engine: AsyncEngine, redis: Redis, vector_settings: Settings, embedder: LocalEmbedder
+) -> None:
+    async with Memory(
+        "chat", settings=vector_settings, embedder=embedder, engine=vector_engine, redis=redis
+    ) as memory:
+        await remember_excerpt(memory, "u1")
+        await Indexer(vector_settings, redis, vector_engine, embedder).run_once()
+        nothing = await memory.recall_scored("quantum chromodynamics lattice", user_id="u1")
+        assert nothing and all(m.score == 0.0 and m.vector_score is None for m in nothing)
+        newest = max(m.episode.occurred_at for m in nothing)
+        assert newest == datetime.fromisoformat("2024-03-16T18:30:00+00:00")
+        # the floor is a setting: with it off, the nearest vectors count again
+        settings = vector_settings.model_copy(update={"recall_min_similarity": -1.0})
+        async with Memory(
+            "chat", settings=settings, embedder=embedder, engine=vector_engine, redis=redis
+        ) as loose:
+            near = await loose.recall_scored("quantum chromodynamics lattice", user_id="u1")
+            assert near and all(m.score > 0 and m.vector_score is not None for m in near)
+
+
+FILLER = "We talked about the weather and the traffic on the long drive home. " * 45
+WEDDING = "My sister is getting married in a lighthouse by the sea next June."
+
+
+async def test_a_long_outputs_end_is_found_by_meaning_and_forgotten_with_the_turn(
+    vector_engine: AsyncEngine, redis: Redis, vector_settings: Settings, embedder: LocalEmbedder
+) -> None:
+    turns = [
+        Episode(
+            session_id="s1", user_id="ann", input="How was your weekend?", output=FILLER + WEDDING
+        ),
+        Episode(
+            session_id="s1",
+            user_id="ann",
+            input="Any plans for dinner?",
+            output="Pasta with mushrooms.",
+        ),
+        Episode(
+            session_id="s1",
+            user_id="ann",
+            input="How is work going?",
+            output="The quarterly report is late.",
+        ),
+    ]
+    assert len(FILLER) > 3000
+    async with Memory(
+        "long", settings=vector_settings, embedder=embedder, engine=vector_engine, redis=redis
+    ) as memory:
+        for turn in turns:
+            await memory.remember(turn)
+        await Indexer(vector_settings, redis, vector_engine, embedder).run_once()
+        [best] = await memory.recall_scored(
+            "Where will the wedding ceremony take place?", user_id="ann", limit=1, alpha=1.0
+        )
+        assert best.episode.id == turns[0].id
+        assert best.vector_score is not None and best.vector_score >= 0.3
+        await memory.forget(user_id="ann")
+        async with vector_engine.connect() as conn:
+            left = await conn.execute(text(f"SELECT count(*) FROM {CHUNK_TABLE}"))
+            assert left.scalar_one() == 0

@@ -1,0 +1,54 @@
+"""How a user's turns are ranked (``worker.user_memory.turn_ranking``) and how a long output is
+split for embedding (``worker.episodes.embedding.output_chunks``), without a server."""
+
+from __future__ import annotations
+
+from worker.episodes.embedding import CHUNK_CHARS, MAX_CHUNKS, SUMMARY_CHARS, output_chunks
+from worker.user_memory.turn_ranking import Turn, lexeme_counts, rank, speaker_of
+
+
+def test_lexeme_counts_reads_positions_and_skips_a_lexeme_inside_another() -> None:
+    vector = "'carolin':1A,5,9 'go':3A 'o''brien':2 'xgroup':7 'group':8"
+    counts = lexeme_counts(vector, {"carolin", "o'brien", "group", "absent"})
+    assert counts == {"carolin": 3, "o'brien": 1, "group": 1}
+
+
+def test_a_rare_word_outranks_a_common_one() -> None:
+    turns = {f"c{i}": Turn(f"c{i}", counts={"walk": 1}, length=6) for i in range(20)}
+    turns["rare"] = Turn("rare", counts={"greyhound": 1}, length=6)
+    scores, bm25 = rank(turns, "walk greyhound", alpha=0.0, total=40, lexemes=["walk", "greyhound"])
+    assert max(scores, key=scores.__getitem__) == "rare"
+    assert bm25["rare"] > bm25["c0"] > 0
+
+
+def test_the_reply_after_a_matching_turn_gains_from_it_and_the_named_speaker_counts() -> None:
+    turns = {
+        "ask": Turn(
+            "ask", session="s", counts={"adopt": 1}, length=8, speaker="maya", after="reply"
+        ),
+        "reply": Turn("reply", session="s", length=8, speaker="jonas", before="ask"),
+        "far": Turn("far", session="t", length=8, speaker="maya"),
+    }
+    scores, _ = rank(turns, "What did Jonas adopt?", alpha=0.0, total=3, lexemes=["adopt"])
+    assert scores["reply"] > 0 and "far" not in scores  # context, and nothing for an unrelated turn
+    alone = dict(turns, reply=Turn("reply", session="s", length=8, speaker="maya", before="ask"))
+    unnamed, _ = rank(alone, "What did Jonas adopt?", alpha=0.0, total=3, lexemes=["adopt"])
+    assert scores["reply"] > unnamed["reply"]  # Jonas said it and the question names him
+
+
+def test_speaker_of_reads_a_leading_name() -> None:
+    assert speaker_of("Caroline: hi there") == "caroline"
+    assert speaker_of("Mary Ann: hello") == "mary ann"
+    assert speaker_of("note: lower case is not a speaker") is None
+    assert speaker_of(None) is None
+
+
+def test_a_long_output_is_split_to_its_end_and_a_short_one_not_at_all() -> None:
+    assert output_chunks("short answer") == []
+    assert output_chunks("x" * SUMMARY_CHARS) == []
+    text = "".join(f"{i:05d} " for i in range(600))  # 3,600 characters, every piece unique
+    chunks = output_chunks(text)
+    assert all(len(c) <= CHUNK_CHARS for c in chunks)
+    assert chunks[0] == text[:CHUNK_CHARS] and text.endswith(chunks[-1])
+    assert all(any(f"{i:05d}" in c for c in chunks) for i in range(600))  # none is lost
+    assert len(output_chunks("y" * (CHUNK_CHARS * MAX_CHUNKS * 2))) == MAX_CHUNKS

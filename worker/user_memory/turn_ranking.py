@@ -1,0 +1,187 @@
+"""How ``recall_scored`` ranks a user's turns: BM25 over the words, the cosine of the meaning, a
+turn's neighbours in its session, and the speaker a query names (pure functions, no server).
+
+Measured on LoCoMo's tuning conversations (``bench/recall_locomo.py``, BENCHMARKS.md):
+
+- **Words** are scored by BM25 (Robertson et al.) over the turns matching any word of the query
+  (the lexemes and their counts Postgres' ``search_vector`` holds; a turn's length is its
+  number of distinct lexemes): ``k1`` 0.6 and ``b`` 0.3, a lighter length penalty than the
+  usual 1.2-1.5 / 0.75 (turns are short, and a long one is not less about its words). A turn
+  is also scored **with its neighbours** (the turns before and after it in its session, their
+  counts summed; ``WINDOW_WEIGHT``): a question's answer is often the reply to the turn that
+  shares its words.
+- **Meaning** is the cosine of the query's vector and the turn's, min-max scaled over the
+  turns considered so the closest counts 1 and the farthest 0 (the cosines of one model crowd
+  a narrow band: raw, they would swamp or vanish beside the words).
+- The halves are summed, each scaled to its best turn, the words weighted ``1 - alpha`` and
+  the meaning ``alpha × VECTOR_WEIGHT`` (``alpha``: LoomFlow's, 0 words only, 1 meaning
+  only), the meaning less when its best cosine is weak (``CONFIDENT_COSINE``). A weighted sum
+  of scaled scores beat reciprocal rank fusion, which let the weak half push the strong
+  half's first places down.
+- **Context**: a turn gains a share (``NEIGHBOUR_SHARE``) of its best neighbour's score.
+- **Speaker**: a turn said by someone the query names (``"Caroline: ..."`` and a question
+  about Caroline) is scaled up by ``1 + SPEAKER_BOOST``.
+
+The constants were chosen on those five conversations only (each lever's gain: BENCHMARKS.md).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+K1 = 0.6
+B = 0.3
+WINDOW_WEIGHT = 1.5
+"""Of a turn's BM25 with its neighbours, beside its own (each scaled to its best)."""
+NEIGHBOUR_SHARE = 0.4
+"""Of the best neighbour's score a turn gains."""
+SPEAKER_BOOST = 0.5
+CONFIDENT_COSINE = 0.8
+"""The meaning half counts fully only when its best cosine reaches this; below, in proportion
+(a query whose nearest turn is at 0.35 is one the model is unsure of)."""
+VECTOR_WEIGHT = 0.6
+"""Of the meaning half beside the words half at ``alpha`` 0.5."""
+
+_SPEAKER = re.compile(r"^\s*([A-Z][\w'.-]*(?: [A-Z][\w'.-]*){0,2}):\s")
+_WORD = re.compile(r"[A-Za-z][\w'-]*")
+
+
+def lexeme_counts(tsvector: str, wanted: set[str]) -> dict[str, int]:
+    """Of a ``tsvector``'s text (``'word':1,5B 'other':3``): how often each ``wanted`` lexeme
+    occurs (its positions; one without positions counts one)."""
+    counts: dict[str, int] = {}
+    for lexeme in wanted:
+        quoted = "'" + lexeme.replace("'", "''") + "'"
+        at = tsvector.find(quoted)
+        while at > 0 and tsvector[at - 1] != " ":  # inside another lexeme: look further
+            at = tsvector.find(quoted, at + 1)
+        if at < 0:
+            continue
+        end = at + len(quoted)
+        if tsvector.startswith(":", end):
+            stop = tsvector.find(" ", end)
+            counts[lexeme] = tsvector.count(",", end, len(tsvector) if stop < 0 else stop) + 1
+        else:
+            counts[lexeme] = 1
+    return counts
+
+
+@dataclass
+class Turn:
+    """One turn considered: where it sits, its words' counts and its cosine."""
+
+    id: str
+    session: str | None = None
+    counts: dict[str, int] = field(default_factory=dict)
+    length: int = 0
+    cosine: float | None = None
+    speaker: str | None = None
+    before: str | None = None
+    after: str | None = None
+
+
+def speaker_of(text: str | None) -> str | None:
+    """The ``Name:`` a turn's input starts with (one to three capitalised words), lowercased."""
+    match = _SPEAKER.match(text or "")
+    return match.group(1).lower() if match else None
+
+
+def named(query: str) -> set[str]:
+    """The query's words, lowercased (a speaker is named when all its words are there)."""
+    return {w.lower().removesuffix("'s") for w in _WORD.findall(query)}
+
+
+def bm25(
+    counts: Mapping[str, int],
+    length: float,
+    idf: Mapping[str, float],
+    average: float,
+) -> float:
+    score = 0.0
+    norm = K1 * (1 - B + B * length / (average or 1.0))
+    for lexeme, tf in counts.items():
+        score += idf.get(lexeme, 0.0) * tf * (K1 + 1) / (tf + norm)
+    return score
+
+
+def idf_of(turns: Iterable[Turn], lexemes: Iterable[str], total: int) -> dict[str, float]:
+    """BM25's ``idf`` of each lexeme over ``total`` turns, its document frequency counted
+    among ``turns`` (every turn holding a lexeme of the query is one of them)."""
+    frequency = dict.fromkeys(lexemes, 0)
+    for turn in turns:
+        for lexeme in turn.counts:
+            frequency[lexeme] = frequency.get(lexeme, 0) + 1
+    total = max(total, max(frequency.values(), default=0))
+    return {t: math.log(1 + (total - n + 0.5) / (n + 0.5)) for t, n in frequency.items()}
+
+
+def _scaled(values: Mapping[str, float]) -> dict[str, float]:
+    best = max(values.values(), default=0.0)
+    return {k: v / best for k, v in values.items()} if best > 0 else {}
+
+
+def _min_max(values: Mapping[str, float]) -> dict[str, float]:
+    if not values:
+        return {}
+    lo, hi = min(values.values()), max(values.values())
+    if hi <= lo:
+        return dict.fromkeys(values, 1.0)
+    return {k: (v - lo) / (hi - lo) for k, v in values.items()}
+
+
+def rank(
+    turns: Mapping[str, Turn],
+    query: str,
+    *,
+    alpha: float,
+    total: int,
+    lexemes: Sequence[str],
+) -> tuple[dict[str, float], dict[str, float]]:
+    """Each turn's score (module doc; a turn neither half found, nor a neighbour of one, is
+    left out) and each words match's own BM25."""
+    idf = idf_of((t for t in turns.values() if t.counts), lexemes, total)
+    lengths = [t.length for t in turns.values() if t.length]
+    average = sum(lengths) / len(lengths) if lengths else 1.0
+    own: dict[str, float] = {}
+    window: dict[str, float] = {}
+    for key, turn in turns.items():
+        if turn.counts:
+            own[key] = bm25(turn.counts, turn.length, idf, average)
+        summed = dict(turn.counts)
+        length = turn.length
+        for side in (turn.before, turn.after):
+            neighbour = turns.get(side) if side else None
+            if neighbour is not None:
+                for lexeme, n in neighbour.counts.items():
+                    summed[lexeme] = summed.get(lexeme, 0) + n
+                length += neighbour.length
+        if summed:
+            window[key] = bm25(summed, length, idf, 3 * average)
+    words = _scaled(own)
+    for key, value in _scaled(window).items():
+        words[key] = words.get(key, 0.0) + WINDOW_WEIGHT * value
+    words = _scaled(words)
+    cosines = {k: t.cosine for k, t in turns.items() if t.cosine is not None}
+    meaning = _min_max(cosines)
+    word_weight, vector_weight = 1.0 - alpha, alpha * VECTOR_WEIGHT
+    if cosines and CONFIDENT_COSINE > 0:
+        vector_weight *= min(1.0, max(cosines.values()) / CONFIDENT_COSINE)
+    fused: dict[str, float] = {}
+    for weight, half in ((word_weight, words), (vector_weight, meaning)):
+        if weight > 0:
+            for key, value in half.items():
+                fused[key] = fused.get(key, 0.0) + weight * value
+    scored: dict[str, float] = {}
+    names = named(query)
+    for key, turn in turns.items():
+        neighbours = [fused.get(side, 0.0) for side in (turn.before, turn.after) if side]
+        score = fused.get(key, 0.0) + NEIGHBOUR_SHARE * max(neighbours, default=0.0)
+        if score <= 0:
+            continue
+        if turn.speaker and set(turn.speaker.split()) <= names:
+            score *= 1 + SPEAKER_BOOST
+        scored[key] = score
+    return scored, own
