@@ -261,7 +261,6 @@ def include_name(name: str | None, type_: str, parent_names: object) -> bool:
     (it exists only with pgvector), so comparing them with a database leaves it out."""
     return not (type_ == "table" and name in (VECTOR_TABLE, CHUNK_TABLE))
 
-
     return not (type_ == "table" and name == VECTOR_TABLE)
 
 
