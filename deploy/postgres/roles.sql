@@ -5,7 +5,8 @@
 --                      as this role. Not a superuser, cannot create roles or databases.
 --   memworker_runtime  `memworker consolidate`, `memworker index` and the memory API
 --                      (`memworker serve`, forget, export) run as this role: SELECT, INSERT,
---                      DELETE (forget) on lifecycle_events, episodes, episode_embeddings,
+--                      DELETE (forget) on lifecycle_events, episodes, episode_embeddings (and a long output's
+--                      chunk vectors, episode_chunk_embeddings: replaced by DELETE + INSERT),
 --                      memory_blocks, facts and memory_changes; UPDATE of the columns they
 --                      change: episodes.announced_at and consolidated_at (the outbox flag, the
 --                      extractor's mark), a vector's model/dimension/embedding/embedded_at
@@ -100,6 +101,10 @@ BEGIN
     GRANT SELECT, INSERT, DELETE ON memworker.episode_embeddings TO memworker_runtime;
     GRANT UPDATE (model, dimension, embedding, embedded_at)
       ON memworker.episode_embeddings TO memworker_runtime;
+  END IF;
+  IF to_regclass('memworker.episode_chunk_embeddings') IS NOT NULL THEN
+    REVOKE ALL ON memworker.episode_chunk_embeddings FROM memworker_runtime;
+    GRANT SELECT, INSERT, DELETE ON memworker.episode_chunk_embeddings TO memworker_runtime;
   END IF;
   IF to_regclass('memworker.memory_blocks') IS NOT NULL THEN
     REVOKE ALL ON memworker.memory_blocks FROM memworker_runtime;

@@ -37,7 +37,12 @@ asyncpg: Any = importlib.import_module("asyncpg")  # untyped: imported as Any, n
 ROLES_SQL = Path(__file__).resolve().parents[2] / "deploy" / "postgres" / "roles.sql"
 ROW_TABLES = ("lifecycle_events", "episodes", "memory_blocks", "facts", "memory_changes")
 """The tables the runtime role reads, writes and deletes rows of (forget deletes)."""
-EMBEDDINGS = {("episode_embeddings", p) for p in ("SELECT", "INSERT", "DELETE")}
+EMBEDDINGS = {
+    (table, p)
+    for table in ("episode_embeddings", "episode_chunk_embeddings")
+    for p in ("SELECT", "INSERT", "DELETE")
+}
+"""pgvector's tables: a turn's vector, and its long output's chunk vectors."""
 OWNER = "memworker_owner"
 RUNTIME = "memworker_runtime"
 
@@ -213,7 +218,7 @@ async def test_roles_sql_runs_again_without_changing_any_privilege(roles: RoleUr
         ("erasures", "INSERT"),
         ("erasures", "SELECT"),
     }
-    # episode_embeddings exists only where the server has pgvector (its own test below)
+    # the vector tables exist only where the server has pgvector (its own test below)
     assert set(before) & EMBEDDINGS in (set(), EMBEDDINGS)
     check = await connect(roles.runtime)  # the password set first still works
     await check.close()
