@@ -79,6 +79,8 @@ _STORED_MANY = text(
     f"SELECT {EPISODE_COLUMNS}, announced_at IS NULL AS owed FROM episodes"
     " WHERE project_id = :p AND turn_id = ANY(CAST(:ts AS text[]))"
 )
+
+
 def _json(value: Any) -> str | None:
     return None if value is None else orjson.dumps(value).decode()
 
@@ -143,8 +145,9 @@ async def insert_turns(
     events: list[dict[str, Any]],
 ) -> list[tuple[bool, bool]]:
     """Insert the turns (distinct ids, checked) with ``events[k]`` owed for each new one, in
-    one statement; ``(new, owed)`` per turn (owed: its ``episode.recorded`` is not published yet). A turn stored with other
-    content raises ``EpisodeConflictError`` naming its index (the caller rolls back)."""
+    one statement; ``(new, owed)`` per turn (owed: its ``episode.recorded`` is not published
+    yet). A turn stored with other content raises ``EpisodeConflictError`` naming its index
+    (the caller rolls back)."""
     contents = [_content(e) for e in episodes]
     inserted = await conn.execute(
         _INSERT_MANY,

@@ -24,6 +24,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from schemas.inputs import InvalidInputError
+from schemas.limits import MAX_REMEMBER_BATCH
 from worker.episodes.announcements import Announcement
 from worker.episodes.changes import OwedPublisher, change_event
 from worker.logs import get_logger
@@ -33,10 +34,6 @@ from worker.user_memory.inputs import check_episode
 from worker.user_memory.models import Episode, as_episode
 
 log = get_logger("worker.user_memory")
-
-MAX_REMEMBER_BATCH = 1_000
-"""The most turns one ``remember_many`` (``POST /v1/remember_many``, the ``remember_many``
-tool) takes; a bulk import sends batches of at most this many."""
 
 
 class BatchTooLargeError(ValueError):
