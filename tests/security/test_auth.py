@@ -44,6 +44,7 @@ SAMPLES: dict[str, Any] = {
     "content": "Bob likes ferries.",
     "key": "plan",
     "value": {"step": 1},
+    "turns": [{"session_id": BOBS_SESSION, "input": "bob's turn", "output": "ok"}],
 }
 """A value for every required argument of every tool (a new one must be added here)."""
 
@@ -63,7 +64,9 @@ def other_tenants_call(tool: Tool) -> dict[str, Any]:
 
 def api_routes() -> list[tuple[str, str]]:
     """(method, path) of every route of ``memworker serve``'s app but the open probes."""
-    app = create_app(lambda: None, token=TOKEN, max_bytes=1 << 20).app  # type: ignore[arg-type,return-value]
+    app: Any = create_app(lambda: None, token=TOKEN, max_bytes=1 << 20)  # type: ignore[arg-type,return-value]
+    while not hasattr(app, "routes"):
+        app = app.app  # the middlewares in front of it
     found = []
     for route in app.routes:
         assert isinstance(route, Route)

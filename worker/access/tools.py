@@ -212,6 +212,13 @@ async def remember(access: Access, a: RememberArguments) -> Any:
 
 async def remember_many(access: Access, a: RememberManyArguments) -> Any:
     user = access.user(a.user_id)
+    if len(a.turns) > MAX_REMEMBER_BATCH:
+        from worker.user_memory.writes import BatchTooLargeError
+
+        raise BatchTooLargeError(
+            f"turns: {len(a.turns)} turns in one batch; the most is {MAX_REMEMBER_BATCH}"
+            " (MAX_REMEMBER_BATCH): send smaller batches"
+        )
     episodes = []
     for turn in a.turns:
         fields: dict[str, Any] = {"id": turn.id, "occurred_at": turn.occurred_at}
