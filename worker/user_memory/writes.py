@@ -23,6 +23,8 @@ import asyncio
 from collections.abc import Iterable
 from typing import Any
 
+from pydantic import BaseModel
+
 from schemas.inputs import InvalidInputError
 from schemas.limits import MAX_REMEMBER_BATCH
 from worker.episodes.announcements import Announcement
@@ -100,7 +102,7 @@ class TurnWriter:
 def checked_batch(episodes: Iterable[Episode | Any]) -> list[Episode]:
     """The batch's turns, each checked by the input rule; the first bad one refuses the batch
     (``InvalidInputError`` naming ``episodes[k].<field>``), as does a batch too large."""
-    if isinstance(episodes, str | bytes | dict) or not isinstance(episodes, Iterable):
+    if isinstance(episodes, str | bytes | dict | BaseModel) or not isinstance(episodes, Iterable):
         raise InvalidInputError("episodes", "must be a list of episodes")
     items = list(episodes)
     if len(items) > MAX_REMEMBER_BATCH:
