@@ -212,3 +212,21 @@ async def test_the_http_batch_door_stores_a_batch_and_refuses_a_bad_or_large_one
     finally:
         process.close()
     assert await counts(engine) == (3, 0)
+
+
+async def test_concurrent_remembers_of_one_id_are_one_turn_or_one_conflict(
+    engine: AsyncEngine, redis: Redis, write_settings: Settings
+) -> None:
+    """Calls inserted together in one round: the same id twice is one turn, other content
+    for it fails that call alone, and the round's other turns are stored."""
+    async with Memory(PROJECT, settings=write_settings, engine=engine, redis=redis) as memory:
+        calls = [memory.remember(turn(f"n{k}", "ann")) for k in range(10)]
+        calls += [memory.remember(turn("dup", "ann")), memory.remember(turn("dup", "ann"))]
+        calls += [memory.remember(turn("dup", "ann", "other words"))]
+        got = await asyncio.gather(*calls, return_exceptions=True)
+    assert got[:12] == [f"n{k}" for k in range(10)] + ["dup", "dup"]
+    assert isinstance(got[12], EpisodeConflictError), got[12]
+    assert await counts(engine) == (11, 0)
+    assert sorted(e["episode_id"] for e in await feed(redis, write_settings)) == sorted(
+        [f"n{k}" for k in range(10)] + ["dup"]
+    )

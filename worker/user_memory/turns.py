@@ -138,16 +138,23 @@ def same_content(a: Episode, b: Episode) -> bool:
     return _content(a) == _content(b)
 
 
+Stored = tuple[bool, bool] | EpisodeConflictError
+"""What ``insert_turns`` says of a turn: ``(new, owed)``, or why it was not stored."""
+
+
 async def insert_turns(
     conn: AsyncConnection,
     project_id: str,
     episodes: list[Episode],
     events: list[dict[str, Any]],
-) -> list[tuple[bool, bool]]:
+    *,
+    indexed: bool = True,
+) -> list[Stored]:
     """Insert the turns (distinct ids, checked) with ``events[k]`` owed for each new one, in
-    one statement; ``(new, owed)`` per turn (owed: its ``episode.recorded`` is not published
-    yet). A turn stored with other content raises ``EpisodeConflictError`` naming its index
-    (the caller rolls back)."""
+    one statement; per turn ``(new, owed)`` (owed: its ``episode.recorded`` is not published
+    yet), or the ``EpisodeConflictError`` of a turn stored with other content (naming its
+    index ``episodes[k]`` when ``indexed``): the caller raises it (and rolls back) or hands it
+    to that turn's caller alone, the others stored."""
     contents = [_content(e) for e in episodes]
     inserted = await conn.execute(
         _INSERT_MANY,
@@ -168,26 +175,27 @@ async def insert_turns(
         },
     )
     new = {row.id for row in inserted}
+    results: list[Stored] = [(True, True)] * len(episodes)
     old = [k for k, e in enumerate(episodes) if turn_uuid(project_id, e.id) not in new]
     if not old:
-        return [(True, True)] * len(episodes)
+        return results
     found = await conn.execute(_STORED_MANY, {"p": project_id, "ts": [episodes[k].id for k in old]})
     stored = {row.turn_id: row for row in found}
-    results = [(True, True)] * len(episodes)
     for k in old:
         episode, row = episodes[k], stored.get(episodes[k].id)
-        where = "" if len(episodes) == 1 else f"episodes[{k}]: "
+        where = f"episodes[{k}]: " if indexed else ""
         if row is None:
-            raise EpisodeConflictError(
+            results[k] = EpisodeConflictError(
                 f"{where}episode {episode.id!r}: its session {episode.session_id!r} already has"
                 " a session episode of that id"
             )
-        if _content(episode_from_row(row)) != contents[k]:
-            raise EpisodeConflictError(
+        elif _content(episode_from_row(row)) != contents[k]:
+            results[k] = EpisodeConflictError(
                 f"{where}episode {episode.id!r} is already remembered with other content; an"
                 " episode is immutable: remember the change under a new id"
             )
-        results[k] = (False, bool(row.owed))
+        else:
+            results[k] = (False, bool(row.owed))
     return results
 
 

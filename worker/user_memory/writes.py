@@ -1,11 +1,15 @@
 """Writing turns: ``Memory.remember`` and ``Memory.remember_many`` (``TurnWriter``).
 
-A call is one transaction of one statement (``turns.insert_turns``: the rows and their owed
-``episode.remembered`` events), then one group-committed publish shared with the calls that
-came meanwhile (``worker.episodes.changes.OwedPublisher``: the events on the change feed and
-the turns' ``episode.recorded`` on ``P:episodes`` in one Redis pipeline, marked in one
-transaction). So a call costs two transactions and, under load, a share of a pipeline, and
-concurrent agents of a project no longer queue one by one behind its outbox lock.
+Group commit, twice. Concurrent ``remember`` calls of one ``Memory`` are inserted together: a
+round of one transaction of one statement (``turns.insert_turns``: the rows and their owed
+``episode.remembered`` events) while the round before it commits; each caller returns once
+its round committed (a conflicting id fails that call alone, the others are stored). Then one
+publish shared with the calls that came meanwhile (``worker.episodes.changes.OwedPublisher``:
+the events on the change feed and the turns' ``episode.recorded`` on ``P:episodes`` in one
+Redis pipeline, marked in one transaction). So under load a call costs a share of two
+transactions and a pipeline, and concurrent agents of a project no longer queue one by one
+behind its outbox lock. A user's next turn is only sent once the last returned, so it is in a
+later round: the feed keeps each user's order.
 
 **Batches.** ``remember_many(episodes)`` stores up to ``MAX_REMEMBER_BATCH`` turns in one
 round trip. A batch is refused whole, nothing stored: a bad item raises the input rule's
@@ -49,21 +53,82 @@ class TurnWriter:
         self.project_id = project_id
         self.publisher = publisher
         self.vectors = vectors
+        self._waiting: list[tuple[Episode, asyncio.Future[turns.Stored]]] = []
+        self._task: asyncio.Task[None] | None = None
 
     async def remember(self, episode: Episode | Any) -> str:
         episode = check_episode(as_episode(episode))
-        await self._store([episode])
+        loop = asyncio.get_running_loop()
+        if self._task is not None and self._task.get_loop() is not loop:
+            self._task, self._waiting = None, []  # a former event loop's (asyncio.run per call)
+        future: asyncio.Future[turns.Stored] = loop.create_future()
+        future.add_done_callback(_retrieve)
+        self._waiting.append((episode, future))
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._insert_waiting())
+        stored = await asyncio.shield(future)
+        if isinstance(stored, Exception):
+            raise stored
+        await self._after([episode], [stored])
         return episode.id
 
     async def remember_many(self, episodes: Iterable[Episode | Any]) -> list[str]:
         batch = checked_batch(episodes)
-        await self._store(distinct(batch))
+        unique = distinct(batch)
+        if unique:
+            async with self.publisher.engine.begin() as conn:
+                stored = await turns.insert_turns(
+                    conn, self.project_id, unique, self._events(unique)
+                )
+                for result in stored:
+                    if isinstance(result, Exception):
+                        raise result  # the transaction rolls back: nothing of the batch stays
+            await self._after(unique, [r for r in stored if not isinstance(r, Exception)])
         return [episode.id for episode in batch]
 
-    async def _store(self, episodes: list[Episode]) -> None:
-        if not episodes:
-            return
-        events = [
+    async def _insert_waiting(self) -> None:
+        """Insert the turns of concurrent ``remember`` calls together, a transaction per
+        round of up to ``MAX_REMEMBER_BATCH``, until none waits: each caller gets its turn's
+        result (a conflict fails that call alone)."""
+        while self._waiting:
+            batch = self._waiting[:MAX_REMEMBER_BATCH]
+            self._waiting = self._waiting[MAX_REMEMBER_BATCH:]
+            first: dict[str, int] = {}
+            unique: list[Episode] = []
+            for episode, _future in batch:
+                if episode.id not in first:
+                    first[episode.id] = len(unique)
+                    unique.append(episode)
+            try:
+                async with self.publisher.engine.begin() as conn:
+                    stored = await turns.insert_turns(
+                        conn, self.project_id, unique, self._events(unique), indexed=False
+                    )
+            except BaseException as exc:
+                for _episode, future in batch:
+                    if not future.done():
+                        future.set_exception(exc)
+                if isinstance(exc, asyncio.CancelledError):
+                    raise
+                continue
+            taken: set[int] = set()
+            for episode, future in batch:
+                k = first[episode.id]
+                result = stored[k]
+                if k in taken and not isinstance(result, Exception):
+                    if turns.same_content(unique[k], episode):
+                        result = (False, False)  # the other call stored and announces it
+                    else:
+                        result = turns.EpisodeConflictError(
+                            f"episode {episode.id!r} is already remembered with other content;"
+                            " an episode is immutable: remember the change under a new id"
+                        )
+                taken.add(k)
+                if not future.done():
+                    future.set_result(result)
+
+    def _events(self, episodes: list[Episode]) -> list[dict[str, Any]]:
+        return [
             change_event(
                 "episode.remembered",
                 self.project_id,
@@ -74,8 +139,9 @@ class TurnWriter:
             )
             for e in episodes
         ]
-        async with self.publisher.engine.begin() as conn:
-            stored = await turns.insert_turns(conn, self.project_id, episodes, events)
+
+    async def _after(self, episodes: list[Episode], stored: list[tuple[bool, bool]]) -> None:
+        """Embed the new turns when this memory embeds, then publish (group commit)."""
         await asyncio.gather(
             *(
                 self.vectors.remembered(str(turns.turn_uuid(self.project_id, episode.id)))
@@ -97,6 +163,12 @@ class TurnWriter:
         row_id = turns.turn_uuid(self.project_id, episode.id)
         source = f"{turns.TURN_SOURCE_PREFIX}{self.project_id}/{episode.id}"
         return row_id, Announcement(row_id, self.project_id, episode.session_id, source).wire()
+
+
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    """Mark a round's failure seen: its caller may have been cancelled."""
+    if not future.cancelled():
+        future.exception()
 
 
 def checked_batch(episodes: Iterable[Episode | Any]) -> list[Episode]:
