@@ -4,7 +4,7 @@ HTTP (``memworker serve``), beside a plain Postgres INSERT (the limit being chas
 previous release's ``remember`` against this one's, alternated in the same process.
 
     .venv/bin/python bench/user_memory_load.py [--redis-url URL] [--database-url URL] \\
-        [--seconds 8] [--clients 1,10,50] [--rounds 2] [--batch 1000] [--no-http]
+        [--seconds 8] [--clients 1,10,50] [--rounds 2] [--batch 1000] [--sustain 60] [--no-http]
 
 Every point runs ``--seconds`` against a fresh migrated database (dropped at the end) and the
 given Redis, with ``MEMWORKER_REMEMBER_EMBEDDING=indexer`` (``remember`` stores and announces;
@@ -12,8 +12,9 @@ the indexer, which embeds, is not run: this measures the write path; the embedde
 freshness by meaning, not this). Clients are closed loops (each sends its next call when the
 last returned: the offered rate is "as fast as answered", ``max``), plus points paced at half
 the 50-client rate (an open loop: latency counted from the scheduled send, so queueing shows).
-A client is one user of its own (its turns in order); every fourth call of a client is a
-recall of that user by three words (words only: the server has no pgvector unless given).
+A client is one user of its own (its turns in order, 12 words of a 32-word vocabulary each);
+remembers only, then mixed: every fourth call of a client a recall of that user by three such
+words (words only: the server has no pgvector unless given).
 
 - **baseline**: one INSERT of a turn-sized row per transaction into a table of its own, same
   pool (10 connections) and clients: what Postgres alone does here;
@@ -69,10 +70,49 @@ from worker.user_memory.memory import Memory
 from worker.user_memory.models import Episode, as_utc
 from worker.user_memory.turns import TURN_SOURCE_PREFIX, turn_uuid
 
-INPUT = "please book the vegan meal and a window seat on the lisbon flight tomorrow"
-OUTPUT = "done: seat 14A, vegan meal requested, confirmation sent by email"
-QUERIES = ["vegan meal seat", "lisbon flight", "window seat email"]
+WORDS = [
+    "invoice",
+    "refund",
+    "shipping",
+    "parcel",
+    "delay",
+    "warehouse",
+    "customer",
+    "address",
+    "payment",
+    "card",
+    "bank",
+    "transfer",
+    "flight",
+    "hotel",
+    "booking",
+    "lisbon",
+    "porto",
+    "train",
+    "ticket",
+    "seat",
+    "window",
+    "aisle",
+    "vegan",
+    "meal",
+    "email",
+    "reply",
+    "urgent",
+    "contract",
+    "renewal",
+    "price",
+    "discount",
+]
+OUTPUT = "done, confirmation sent by email"
 RECALL_EVERY = 4
+MIXED = "max, every 4th call a recall"
+
+
+def words(c: int, n: int, count: int) -> str:
+    """``count`` words of the vocabulary, a different mix for each call."""
+    rng = random.Random(c * 1_000_003 + n)
+    return " ".join(rng.choice(WORDS) for _ in range(count))
+
 
 _PREVIOUS_INSERT = text(
     "INSERT INTO episodes (id, source_event_id, project_id, session_id, user_id, turn_id, input,"
@@ -230,20 +270,29 @@ HEADER = [
 
 def turn(tag: str, c: int, n: int) -> Episode:
     return Episode(
-        id=f"{tag}-{c}-{n}", session_id=f"s{c}", user_id=f"u{c}", input=INPUT, output=OUTPUT
+        id=f"{tag}-{c}-{n}",
+        session_id=f"s{c}",
+        user_id=f"u{c}",
+        input=f"please {words(c, n, 12)}",
+        output=OUTPUT,
     )
 
 
 async def python_point(
-    memories: list[Memory], tag: str, clients: int, seconds: float, rate: float | None = None
+    memories: list[Memory],
+    tag: str,
+    clients: int,
+    seconds: float,
+    rate: float | None = None,
+    mixed: bool = False,
 ) -> Point:
     async def remember(c: int, n: int) -> object:
         return await memories[c % len(memories)].remember(turn(tag, c, n))
 
     async def recall(c: int, n: int) -> object:
-        return await memories[c % len(memories)].recall(QUERIES[n % 3], user_id=f"u{c}")
+        return await memories[c % len(memories)].recall(words(c, -n, 3), user_id=f"u{c}")
 
-    return await drive(remember, recall, clients, seconds, rate)
+    return await drive(remember, recall if mixed else None, clients, seconds, rate)
 
 
 async def baseline_point(engine: AsyncEngine, tag: str, clients: int, seconds: float) -> Point:
@@ -254,7 +303,13 @@ async def baseline_point(engine: AsyncEngine, tag: str, clients: int, seconds: f
     async def insert(c: int, n: int) -> object:
         async with engine.begin() as conn:
             await conn.execute(
-                statement, {"id": f"{tag}-{c}-{n}", "u": f"u{c}", "i": INPUT, "o": OUTPUT}
+                statement,
+                {
+                    "id": f"{tag}-{c}-{n}",
+                    "u": f"u{c}",
+                    "i": f"please {words(c, n, 12)}",
+                    "o": OUTPUT,
+                },
             )
         return None
 
@@ -300,7 +355,12 @@ async def serve(redis_url: str, database_url: str, prefix: str, project: str) ->
 
 
 async def http_point(
-    base: str, tag: str, clients: int, seconds: float, rate: float | None = None
+    base: str,
+    tag: str,
+    clients: int,
+    seconds: float,
+    rate: float | None = None,
+    mixed: bool = False,
 ) -> Point:
     limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
     async with httpx.AsyncClient(base_url=base, limits=limits, timeout=60) as http:
@@ -310,7 +370,7 @@ async def http_point(
                 "id": f"{tag}-{c}-{n}",
                 "session_id": f"s{c}",
                 "user_id": f"u{c}",
-                "input": INPUT,
+                "input": f"please {words(c, n, 12)}",
                 "output": OUTPUT,
             }
             reply = await http.post("/v1/remember", json=body)
@@ -319,13 +379,13 @@ async def http_point(
             return None
 
         async def recall(c: int, n: int) -> object:
-            body = {"query": QUERIES[n % 3], "user_id": f"u{c}"}
+            body = {"query": words(c, -n, 3), "user_id": f"u{c}"}
             reply = await http.post("/v1/recall", json=body)
             if reply.status_code != 200:
                 raise RuntimeError(f"{reply.status_code} {reply.text[:100]}")
             return None
 
-        return await drive(remember, recall, clients, seconds, rate)
+        return await drive(remember, recall if mixed else None, clients, seconds, rate)
 
 
 async def check_stored(engine: AsyncEngine, expected: int) -> str:
@@ -415,24 +475,27 @@ async def run(args: argparse.Namespace) -> str:
                         if len(memories) > clients:
                             continue
                         tag = f"py{len(memories)}-{clients}"
+                        door = "Python `Memory`"
                         point = await python_point(memories, tag, clients, args.seconds)
                         acknowledged += len(point.remember)
-                        rows.append(row("Python `Memory`", len(memories), clients, "max", point))
+                        rows.append(row(door, len(memories), clients, "max", point))
                         if clients == max(clients_list):
-                            half = point.rate() / 2 * RECALL_EVERY / (RECALL_EVERY - 1)
+                            half = point.rate() / 2
                             paced = await python_point(
                                 memories, tag + "h", clients, args.seconds, half
                             )
                             acknowledged += len(paced.remember)
-                            rows.append(
-                                row(
-                                    "Python `Memory`",
-                                    len(memories),
-                                    clients,
-                                    f"{half:,.0f}/s (half)",
-                                    paced,
-                                )
-                            )
+                            offered = f"{half:,.0f}/s (half)"
+                            rows.append(row(door, len(memories), clients, offered, paced))
+                        mixed = await python_point(
+                            memories, tag + "m", clients, args.seconds, mixed=True
+                        )
+                        acknowledged += len(mixed.remember)
+                        rows.append(row(door, len(memories), clients, MIXED, mixed))
+                if args.sustain:
+                    point = await python_point(one, "sustain", 50, args.sustain)
+                    acknowledged += len(point.remember)
+                    rows.append(row("Python `Memory`", 1, 50, f"max, {args.sustain:g} s", point))
                 started = time.perf_counter()
                 imported = 0
                 batches = max(1, args.batch_turns // args.batch)
@@ -458,13 +521,16 @@ async def run(args: argparse.Namespace) -> str:
                         point = await http_point(base, f"h{clients}", clients, args.seconds)
                         rows.append(row("HTTP `serve`", 1, clients, "max", point))
                         if clients == max(clients_list):
-                            half = point.rate() / 2 * RECALL_EVERY / (RECALL_EVERY - 1)
+                            half = point.rate() / 2
                             paced = await http_point(
                                 base, f"h{clients}h", clients, args.seconds, half
                             )
-                            rows.append(
-                                row("HTTP `serve`", 1, clients, f"{half:,.0f}/s (half)", paced)
-                            )
+                            offered = f"{half:,.0f}/s (half)"
+                            rows.append(row("HTTP `serve`", 1, clients, offered, paced))
+                        mixed = await http_point(
+                            base, f"h{clients}m", clients, args.seconds, mixed=True
+                        )
+                        rows.append(row("HTTP `serve`", 1, clients, MIXED, mixed))
             await engine.dispose()
     finally:
         await cleanup(redis, prefix)
@@ -498,6 +564,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=1_000)
     parser.add_argument("--batch-turns", type=int, default=20_000)
     parser.add_argument("--no-http", action="store_true")
+    parser.add_argument("--sustain", type=float, default=0.0, help="seconds of a last point")
     args = parser.parse_args()
     random.seed(7)
     print(asyncio.run(run(args)))

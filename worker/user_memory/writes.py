@@ -1,15 +1,15 @@
 """Writing turns: ``Memory.remember`` and ``Memory.remember_many`` (``TurnWriter``).
 
 Group commit, twice. Concurrent ``remember`` calls of one ``Memory`` are inserted together: a
-round of one transaction of one statement (``turns.insert_turns``: the rows and their owed
-``episode.remembered`` events) while the round before it commits; each caller returns once
-its round committed (a conflicting id fails that call alone, the others are stored). Then one
-publish shared with the calls that came meanwhile (``worker.episodes.changes.OwedPublisher``:
-the events on the change feed and the turns' ``episode.recorded`` on ``P:episodes`` in one
-Redis pipeline, marked in one transaction). So under load a call costs a share of two
-transactions and a pipeline, and concurrent agents of a project no longer queue one by one
-behind its outbox lock. A user's next turn is only sent once the last returned, so it is in a
-later round: the feed keeps each user's order.
+round is one transaction of one statement (``turns.insert_turns``: the rows and their owed
+``episode.remembered`` events), and the calls that come while it commits make the next one;
+each caller goes on once its round committed (a conflicting id fails that call alone, the
+others are stored). Then one publish shared with the calls that came meanwhile
+(``worker.episodes.changes.OwedPublisher``: the events on the change feed and the turns'
+``episode.recorded`` on ``P:episodes`` in one Redis pipeline, marked in one transaction). So
+under load a call costs a share of two transactions and a pipeline, and concurrent agents of
+a project no longer queue one by one behind its outbox lock. A user's next turn is only sent
+once the last returned, so it is in a later round: the feed keeps each user's order.
 
 **Batches.** ``remember_many(episodes)`` stores up to ``MAX_REMEMBER_BATCH`` turns in one
 round trip. A batch is refused whole, nothing stored: a bad item raises the input rule's
