@@ -230,3 +230,37 @@ async def test_concurrent_remembers_of_one_id_are_one_turn_or_one_conflict(
     assert sorted(e["episode_id"] for e in await feed(redis, write_settings)) == sorted(
         [f"n{k}" for k in range(10)] + ["dup"]
     )
+
+
+async def test_a_turn_postgres_refuses_fails_its_own_call_not_its_rounds(
+    engine: AsyncEngine, redis: Redis, write_settings: Settings
+) -> None:
+    """Calls inserted in one round: when Postgres refuses one turn's data (a trigger here
+    stands for whatever the input rule might miss), the others are stored all the same."""
+    async with engine.begin() as conn:
+        await conn.execute(
+            text(
+                "CREATE FUNCTION refuse_poison() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
+                " IF NEW.input = 'poison' THEN RAISE EXCEPTION 'poison refused'"
+                " USING ERRCODE = '22023'; END IF; RETURN NEW; END $$"
+            )
+        )
+        await conn.execute(
+            text(
+                "CREATE TRIGGER refuse_poison BEFORE INSERT ON episodes"
+                " FOR EACH ROW EXECUTE FUNCTION refuse_poison()"
+            )
+        )
+    try:
+        async with Memory(PROJECT, settings=write_settings, engine=engine, redis=redis) as memory:
+            calls = [memory.remember(turn(f"p{k}", "ann")) for k in range(9)]
+            calls.insert(4, memory.remember(turn("bad", "ann", "poison")))
+            got = await asyncio.gather(*calls, return_exceptions=True)
+        assert [g for g in got if isinstance(g, str)] == [f"p{k}" for k in range(9)]
+        [refused] = [g for g in got if isinstance(g, Exception)]
+        assert "poison refused" in str(refused)
+        assert await counts(engine) == (9, 0)
+    finally:
+        async with engine.begin() as conn:
+            await conn.execute(text("DROP TRIGGER refuse_poison ON episodes"))
+            await conn.execute(text("DROP FUNCTION refuse_poison()"))

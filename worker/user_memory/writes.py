@@ -31,6 +31,7 @@ from pydantic import BaseModel
 
 from schemas.inputs import InvalidInputError
 from schemas.limits import MAX_REMEMBER_BATCH
+from worker.db.outages import is_connection_error
 from worker.episodes.announcements import Announcement
 from worker.episodes.changes import OwedPublisher, change_event
 from worker.logs import get_logger
@@ -53,7 +54,7 @@ class TurnWriter:
         self.project_id = project_id
         self.publisher = publisher
         self.vectors = vectors
-        self._waiting: list[tuple[Episode, asyncio.Future[turns.Stored]]] = []
+        self._waiting: list[tuple[Episode, asyncio.Future[turns.Stored | Exception]]] = []
         self._task: asyncio.Task[None] | None = None
 
     async def remember(self, episode: Episode | Any) -> str:
@@ -61,7 +62,7 @@ class TurnWriter:
         loop = asyncio.get_running_loop()
         if self._task is not None and self._task.get_loop() is not loop:
             self._task, self._waiting = None, []  # a former event loop's (asyncio.run per call)
-        future: asyncio.Future[turns.Stored] = loop.create_future()
+        future: asyncio.Future[turns.Stored | Exception] = loop.create_future()
         future.add_done_callback(_retrieve)
         self._waiting.append((episode, future))
         if self._task is None or self._task.done():
@@ -100,10 +101,7 @@ class TurnWriter:
                     first[episode.id] = len(unique)
                     unique.append(episode)
             try:
-                async with self.publisher.engine.begin() as conn:
-                    stored = await turns.insert_turns(
-                        conn, self.project_id, unique, self._events(unique), indexed=False
-                    )
+                stored = await self._insert_round(unique)
             except BaseException as exc:
                 for _episode, future in batch:
                     if not future.done():
@@ -126,6 +124,34 @@ class TurnWriter:
                 taken.add(k)
                 if not future.done():
                     future.set_result(result)
+
+    async def _insert_round(self, unique: list[Episode]) -> list[turns.Stored | Exception]:
+        """One round in one transaction; when Postgres refuses it for something other than
+        an outage (a turn's data it will not hold), each turn alone, so one caller's bad turn
+        fails that call only."""
+        try:
+            async with self.publisher.engine.begin() as conn:
+                return list(
+                    await turns.insert_turns(
+                        conn, self.project_id, unique, self._events(unique), indexed=False
+                    )
+                )
+        except Exception as exc:
+            if len(unique) == 1 or is_connection_error(exc):
+                raise
+        results: list[turns.Stored | Exception] = []
+        for episode in unique:
+            try:
+                async with self.publisher.engine.begin() as conn:
+                    [one] = await turns.insert_turns(
+                        conn, self.project_id, [episode], self._events([episode]), indexed=False
+                    )
+                results.append(one)
+            except Exception as exc:
+                if is_connection_error(exc):
+                    raise
+                results.append(exc)
+        return results
 
     def _events(self, episodes: list[Episode]) -> list[dict[str, Any]]:
         return [
