@@ -27,6 +27,7 @@ from redis.asyncio import Redis
 
 import worker.episodes.vectorising as vectorising
 from worker.settings import Settings
+from worker.user_memory import turns
 from worker.user_memory.memory import Memory
 from worker.user_memory.models import Episode
 
@@ -65,8 +66,7 @@ async def measure(settings: Settings, mode: str, count: int) -> None:
         for i in range(WARM):  # loads the model, warms the pools
             await memory.remember(turn(-1 - i))
         PARTS.clear()
-        wrap(memory, "_announce", "announce (XADD, mark announced)")
-        wrap(memory, "_flush_quietly", "publish the change feed")
+        wrap(memory._publisher, "flush", "publish: the feed and the announcement, one pipeline")
         wrap(memory._turn_vectors, "remembered", "embed at remember, all of it")
         wrap(memory._settings_embedder(), "embed", "of which: the model, in a thread")
         for i in range(count):
@@ -79,6 +79,8 @@ async def run(args: argparse.Namespace) -> str:
     redis = Redis.from_url(args.redis_url)
     prefix = "bench-remember-breakdown"
     unindexed, store_embedded = vectorising.unindexed, vectorising.store_embedded
+    insert_turns = turns.insert_turns
+    wrap(turns, "insert_turns", "insert the turn and its owed event (one statement)")
     wrap(vectorising, "unindexed", "of which: read the turn's text (a SELECT)")
     wrap(vectorising, "store_embedded", "of which: write the vector and its event")
     rows: list[list[str]] = []
@@ -103,6 +105,7 @@ async def run(args: argparse.Namespace) -> str:
                         )
     finally:
         vectorising.unindexed, vectorising.store_embedded = unindexed, store_embedded
+        turns.insert_turns = insert_turns
         await cleanup(redis, prefix)
         await redis.aclose()
     head = (

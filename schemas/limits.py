@@ -24,6 +24,9 @@ MAX_QUERY_BYTES = 32_768
 prompt; a longer one is refused with an error naming ``query``)."""
 MAX_FACT_FIELD_BYTES = 4_096
 """A fact's ``subject``, ``predicate``, ``object`` and each of its ``sources``, UTF-8."""
+MAX_REMEMBER_BATCH = 1_000
+"""The most turns one ``Memory.remember_many`` (the ``remember_many`` tool, ``POST
+/v1/remember_many``) takes; more is refused whole (HTTP 413): send smaller batches."""
 MAX_RESULTS = 10_000
 """The largest ``limit`` a read takes in Python (the HTTP and MCP tools take up to 100, or
 1,000 messages)."""

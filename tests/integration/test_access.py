@@ -51,6 +51,7 @@ async def test_mcp_over_stdio_lists_the_tools_and_remembers_then_recalls(
         tools = {tool.name: tool for tool in (await session.list_tools()).tools}
         assert set(tools) == {
             "remember",
+            "remember_many",
             "recall",
             "recall_facts",
             "add_fact",

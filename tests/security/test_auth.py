@@ -44,6 +44,7 @@ SAMPLES: dict[str, Any] = {
     "content": "Bob likes ferries.",
     "key": "plan",
     "value": {"step": 1},
+    "turns": [{"session_id": BOBS_SESSION, "input": "bob's turn", "output": "ok"}],
 }
 """A value for every required argument of every tool (a new one must be added here)."""
 

@@ -31,7 +31,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from schemas.ids import ID_PATTERN
-from schemas.limits import MAX_VALUE_BYTES
+from schemas.limits import MAX_REMEMBER_BATCH, MAX_VALUE_BYTES
 from tests.cli_process import Memworker
 from tests.helpers import spawn_session, worker_env
 from tests.integration.test_access import free_port, migrated
@@ -111,6 +111,8 @@ def kind_of(name: str, schema: dict[str, Any]) -> str:
         return {"key": "key", "query": "query", "content": "content"}.get(name, "text")
     if not field or field.get("$ref", "").endswith("/JsonValue"):
         return "json"  # any JSON value
+    if field.get("type") == "array" and "$ref" in field.get("items", {}):
+        return "list"  # a batch of objects: each item's fields get their own cases
     raise AssertionError(f"field {name} of a shape this suite does not know: {schema}")
 
 
@@ -145,6 +147,8 @@ def hostile(kind: str) -> Iterator[Any]:
             *NON_FINITE,
             [],
         ]
+    if kind == "list":
+        yield from ["x", 12345, {"a": 1}, [1], ["x"], [None], distinct_words(1 << 20)]
     if kind == "json":
         yield from [
             {"text": "\ud800"},
@@ -166,22 +170,48 @@ def valid(name: str, kind: str) -> Any:
     }.get(kind, "hello")
 
 
+def item_schema(schema: dict[str, Any], field: dict[str, Any]) -> dict[str, Any]:
+    """The JSON Schema of the items of a ``list`` field (a ``$ref`` into ``$defs``)."""
+    options = [o for o in field.get("anyOf", [field]) if o.get("type") != "null"]
+    ref: str = options[0]["items"]["$ref"]
+    item: dict[str, Any] = schema["$defs"][ref.rsplit("/", 1)[1]]
+    return {**item, "$defs": schema["$defs"]}
+
+
 def baseline(tool: str, schema: dict[str, Any]) -> dict[str, Any]:
-    """Valid arguments of ``tool``: its required fields (and what ``BASELINE`` adds)."""
+    """Valid arguments of ``tool``: its required fields (and what ``BASELINE`` adds); a list
+    of objects holds one valid object."""
     properties: dict[str, Any] = schema.get("properties", {})
-    base = {
-        name: valid(name, kind_of(name, properties[name])) for name in schema.get("required", [])
-    }
+    base = {}
+    for name in schema.get("required", []):
+        kind = kind_of(name, properties[name])
+        if kind == "list":
+            base[name] = [baseline(tool, item_schema(schema, properties[name]))]
+        else:
+            base[name] = valid(name, kind)
     return base | BASELINE.get(tool, {})
 
 
 def cases(tool: str, schema: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
-    """(the field, the arguments) for each hostile value of each field of ``tool``."""
+    """(the field, the arguments) for each hostile value of each field of ``tool``; for a
+    list of objects, also each hostile value of each of the second object's fields (the
+    field named ``list.1.field``), and one object more than the batch limit."""
     properties: dict[str, Any] = schema.get("properties", {})
     base = baseline(tool, schema)
     for name, field in properties.items():
-        for value in hostile(kind_of(name, field)):
+        kind = kind_of(name, field)
+        for value in hostile(kind):
             yield name, {**base, name: value}
+        if kind != "list":
+            continue
+        item = item_schema(schema, field)
+        good = baseline(tool, item)
+        for inner, inner_field in item.get("properties", {}).items():
+            for value in hostile(kind_of(inner, inner_field)):
+                yield f"{name}.1.{inner}", {**base, name: [good, {**good, inner: value}]}
+        yield f"{name}.1.nothing", {**base, name: [good, {**good, "nothing": 1}]}
+        too_many = [good] * (MAX_REMEMBER_BATCH + 1)
+        yield name, {**base, name: too_many}
     yield "nothing", {**base, "nothing": 1}  # an unknown field
 
 

@@ -35,6 +35,7 @@ from worker.user_memory.blocks import BlockTooLargeError
 from worker.user_memory.memory import Memory
 from worker.user_memory.models import IsolationWarning
 from worker.user_memory.turns import EpisodeConflictError
+from worker.user_memory.writes import BatchTooLargeError
 
 
 class AccessError(ActionableError):
@@ -136,7 +137,7 @@ def failure(exc: BaseException) -> tuple[int, str]:
         return exc.status, _first(exc)
     if isinstance(exc, ValidationError):
         return 422, invalid_arguments(exc)
-    if isinstance(exc, LimitExceededError | BlockTooLargeError):
+    if isinstance(exc, LimitExceededError | BlockTooLargeError | BatchTooLargeError):
         return 413, _first(exc)
     if isinstance(exc, InvalidInputError):
         return 422, "invalid arguments: " + _first(exc)

@@ -26,6 +26,7 @@ from schemas.inputs import IdText, When, text_rule
 from schemas.limits import (
     MAX_FACT_FIELD_BYTES,
     MAX_QUERY_BYTES,
+    MAX_REMEMBER_BATCH,
     MAX_TTL_SECONDS,
     MAX_TURN_TEXT_BYTES,
 )
@@ -84,6 +85,27 @@ class RememberArguments(UserArguments):
     )
     occurred_at: When | None = Field(
         default=None, description="When the turn happened (RFC 3339). Default: now."
+    )
+
+
+class TurnArguments(Arguments):
+    session_id: IdText = Field(description=SESSION)
+    input: TurnText = Field(description="What the user said or asked (the turn's input).")
+    output: TurnText = Field(description="What the agent answered or did (the turn's output).")
+    id: IdText | None = Field(
+        default=None,
+        description="The turn's id (the same id again stores nothing more). Default: a new id.",
+    )
+    occurred_at: When | None = Field(
+        default=None, description="When the turn happened (RFC 3339). Default: now."
+    )
+
+
+class RememberManyArguments(UserArguments):
+    turns: list[TurnArguments] = Field(
+        description=f"The turns, oldest first: at most {MAX_REMEMBER_BATCH} (more is refused "
+        "with 413). A batch with one bad turn, or one id already stored with other content, is "
+        "refused whole (nothing stored), naming the turn's index and field."
     )
 
 
@@ -186,6 +208,30 @@ async def remember(access: Access, a: RememberArguments) -> Any:
         **{k: v for k, v in fields.items() if v is not None},
     )
     return {"id": await access.memory.remember(episode)}
+
+
+async def remember_many(access: Access, a: RememberManyArguments) -> Any:
+    user = access.user(a.user_id)
+    if len(a.turns) > MAX_REMEMBER_BATCH:
+        from worker.user_memory.writes import BatchTooLargeError
+
+        raise BatchTooLargeError(
+            f"turns: {len(a.turns)} turns in one batch; the most is {MAX_REMEMBER_BATCH}"
+            " (MAX_REMEMBER_BATCH): send smaller batches"
+        )
+    episodes = []
+    for turn in a.turns:
+        fields: dict[str, Any] = {"id": turn.id, "occurred_at": turn.occurred_at}
+        episodes.append(
+            Episode(
+                session_id=turn.session_id,
+                user_id=user,
+                input=turn.input,
+                output=turn.output,
+                **{k: v for k, v in fields.items() if v is not None},
+            )
+        )
+    return {"ids": await access.memory.remember_many(episodes)}
 
 
 def relevant(match: Any, min_score: float | None) -> bool:
@@ -314,6 +360,15 @@ TOOLS: tuple[Tool, ...] = (
         "indexed.",
         RememberArguments,
         remember,
+        False,
+    ),
+    Tool(
+        "remember_many",
+        "Store a batch of conversation turns (up to "
+        f"{MAX_REMEMBER_BATCH}, one user) in one call, e.g. to import history; returns their "
+        "ids in order. A batch with a bad turn is refused whole, naming its index.",
+        RememberManyArguments,
+        remember_many,
         False,
     ),
     Tool(

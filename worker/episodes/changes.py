@@ -15,6 +15,13 @@ outage leaves owed goes with the project's next change, ``Memory.flush_changes()
 ``Memory.close()``. So an event is never lost and, without a crash between XADD and DELETE,
 published once.
 
+**Group commit.** A ``Memory`` publishes through one ``OwedPublisher``: the callers whose
+changes committed while a publish ran share the next one (one transaction, one lock, one
+pipeline for all of them, with the turns' ``episode.recorded`` announcements), so concurrent
+agents of a project no longer queue one by one behind its lock. A caller returns once a
+publish that started after its commit is done, so the order stays the order of ``seq``: a
+change committed after another returned is always published after it (per user too).
+
 **Retention.** The streams are trimmed like ``P:episodes`` (``consumers.retention``: below what
 every group has acknowledged, keeping ``MEMWORKER_RETENTION_SECONDS``), by the consolidator.
 ``memworker forget`` deletes a forgotten user's entries.
@@ -22,7 +29,10 @@ every group has acknowledged, keeping ``MEMWORKER_RETENTION_SECONDS``), by the c
 
 from __future__ import annotations
 
-from collections.abc import Collection
+import asyncio
+import contextlib
+import uuid
+from collections.abc import Collection, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -33,9 +43,10 @@ from redis.exceptions import RedisError
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from worker.db.batch import mark_announced
 from worker.db.models import EPISODE_NAMESPACE
 from worker.ids import uuid5_text
-from worker.keys import changes_stream
+from worker.keys import changes_stream, episodes_stream
 from worker.logs import get_logger
 
 log = get_logger("worker.episodes.changes")
@@ -123,29 +134,131 @@ async def publish_owed_many(
     """``publish_owed`` for several projects at once: one transaction (their locks taken in
     order), one read, one pipeline and one DELETE per ``PUBLISH_BATCH`` events, each project's
     in ``seq`` order on its own stream (the indexer's batch owes events to many projects)."""
+    published, _announced = await _publish(engine, redis, prefix, shards, project_ids, ())
+    return published
+
+
+async def _publish(
+    engine: AsyncEngine,
+    redis: Redis | RedisCluster,
+    prefix: str,
+    shards: int,
+    project_ids: Collection[str],
+    announcements: Sequence[tuple[uuid.UUID, bytes]],
+) -> tuple[int, bool]:
+    """Publish the projects' owed events and ``announcements`` (episode row id, its
+    ``episode.recorded`` as JSON) on ``P:episodes``, marking those announced, in the same
+    transactions and pipelines; (events published, whether the announcements went)."""
     projects = sorted(set(project_ids))
     published = 0
+    owed_announcements = list(announcements)
     while projects:
         async with engine.begin() as conn:
             await conn.execute(_LOCK_MANY, {"ps": projects})
             rows = (await conn.execute(_OWED_MANY, {"ps": projects, "n": PUBLISH_BATCH})).all()
-            if not rows:
-                return published
+            if not rows and not owed_announcements:
+                return published, True
             try:
                 pipe = redis.pipeline(transaction=False)
                 for row in rows:
                     pipe.xadd(changes_stream(prefix, row.project_id, shards), {"data": row.payload})
+                for _row_id, wire in owed_announcements:
+                    pipe.xadd(episodes_stream(prefix), {"data": wire})
                 await pipe.execute()
             except RedisError as exc:
                 log.warning(
                     "change feed: events stay owed until Redis takes them",
                     project_id=projects[0] if len(projects) == 1 else projects,
                     owed=len(rows),
+                    announcements=len(owed_announcements),
                     error=str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
                 )
-                return published
-            await conn.execute(_DONE, {"s": [row.seq for row in rows]})
+                return published, not owed_announcements
+            if rows:
+                await conn.execute(_DONE, {"s": [row.seq for row in rows]})
+            if owed_announcements:
+                await mark_announced(conn, [row_id for row_id, _wire in owed_announcements])
+                owed_announcements = []
         published += len(rows)
         if len(rows) < PUBLISH_BATCH:
-            return published
-    return published
+            return published, True
+    return published, True
+
+
+class OwedPublisher:
+    """Group commit of one project's outbox (module doc): ``flush`` publishes what is owed,
+    sharing a publish with the callers that came while the one before it ran."""
+
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        redis: Redis | RedisCluster,
+        prefix: str,
+        shards: int,
+        project_id: str,
+    ) -> None:
+        self.engine = engine
+        self.redis = redis
+        self.prefix = prefix
+        self.shards = shards
+        self.project_id = project_id
+        self._next: tuple[asyncio.Future[tuple[int, bool]], list[tuple[uuid.UUID, bytes]]] | None
+        self._next = None
+        self._task: asyncio.Task[None] | None = None
+
+    async def flush(self, announcements: Sequence[tuple[uuid.UUID, bytes]] = ()) -> int:
+        """Publish the project's owed events (and ``announcements``, ``_publish``) in a
+        publish that starts after this call; how many events it published. Raises what the
+        publish met (Postgres's error; a Redis that refuses only leaves them owed)."""
+        published, _announced = await self.flush_announcing(announcements)
+        return published
+
+    async def flush_announcing(
+        self, announcements: Sequence[tuple[uuid.UUID, bytes]] = ()
+    ) -> tuple[int, bool]:
+        """``flush``, and whether the announcements went (else the relay owes them)."""
+        loop = asyncio.get_running_loop()
+        if self._task is not None and self._task.get_loop() is not loop:
+            self._task, self._next = None, None  # a former event loop's (asyncio.run per call)
+        if self._next is None:
+            future: asyncio.Future[tuple[int, bool]] = loop.create_future()
+            future.add_done_callback(_retrieve)
+            self._next = (future, [])
+        future, owed = self._next
+        owed.extend(announcements)
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._run())
+        return await asyncio.shield(future)
+
+    async def _run(self) -> None:
+        """Publish for the callers waiting, round after round, until none waits."""
+        while self._next is not None:
+            future, owed = self._next
+            self._next = None
+            try:
+                result = await _publish(
+                    self.engine, self.redis, self.prefix, self.shards, [self.project_id], owed
+                )
+            except BaseException as exc:
+                if not future.done():
+                    future.set_exception(exc)
+                if isinstance(exc, asyncio.CancelledError):
+                    raise
+                continue
+            if not future.done():
+                future.set_result(result)
+
+    async def close(self) -> None:
+        """Stop a publish of a former caller still running (what it owed stays owed)."""
+        task, self._task, self._next = self._task, None, None
+        if task is None or task.done() or task.get_loop() is not asyncio.get_running_loop():
+            return  # done, or a former event loop's
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    """Mark a publish's failure seen: every caller waiting on it may have been cancelled."""
+    if not future.cancelled():
+        future.exception()

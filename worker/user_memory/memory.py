@@ -22,25 +22,22 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from worker.connections import client_for
-from worker.db.batch import mark_announced
 from worker.db.engine import create_database_engine
 from worker.db.models import Episode as EpisodeRow
 from worker.db.vectors import VECTOR_TABLE, has_vector_table
-from worker.episodes.announcements import Announcement
-from worker.episodes.changes import change_event, owe, publish_owed
+from worker.episodes.changes import OwedPublisher, change_event, owe
 from worker.episodes.embedding import Embedder, EmbeddingError, embedder_from_settings
 from worker.episodes.vector_search import VectorSearch
 from worker.erasure.forget import forget_project
 from worker.erasure.scope import check_before
 from worker.ids import validate_id
-from worker.keys import episodes_stream
 from worker.logs import get_logger
 from worker.settings import Settings
 from worker.user_memory import blocks, turns
 from worker.user_memory.extractors import Extractor, run_extractor
 from worker.user_memory.facts import FactStore
 from worker.user_memory.indexing import TurnVectors
-from worker.user_memory.inputs import check_episode, check_recall, check_recall_facts, check_session
+from worker.user_memory.inputs import check_recall, check_recall_facts, check_session
 from worker.user_memory.models import (
     Episode,
     Fact,
@@ -49,12 +46,12 @@ from worker.user_memory.models import (
     MemoryProfile,
     Message,
     ScoredMatches,
-    as_episode,
     as_utc,
     check_user_id,
     warn_isolation,
 )
 from worker.user_memory.recall import embed_query, recall_scored
+from worker.user_memory.writes import TurnWriter
 
 log = get_logger("worker.user_memory")
 
@@ -102,6 +99,10 @@ class Memory:
         self._turn_vectors = TurnVectors(
             engine, redis, self.settings, lambda: self._embedder or self._settings_embedder()
         )
+        self._publisher = OwedPublisher(
+            engine, redis, self.settings.stream_prefix, self.settings.shards, self.project_id
+        )
+        self._writer = TurnWriter(self.project_id, self._publisher, self._turn_vectors)
         self.facts: Any = fact_store or FactStore(
             engine,
             self.project_id,
@@ -127,19 +128,14 @@ class Memory:
             await self.flush_changes()
         except Exception as exc:
             log.warning("change feed not flushed on close", error=str(exc).splitlines()[:1])
+        await self._publisher.close()
         for closer in reversed(self._owned):
             await closer()
         self._owned.clear()
 
     async def flush_changes(self) -> int:
         """Publish the project's owed change events (``changes``); how many."""
-        return await publish_owed(
-            self.engine,
-            self.redis,
-            self.settings.stream_prefix,
-            self.settings.shards,
-            self.project_id,
-        )
+        return await self._publisher.flush()
 
     # -- working blocks ---------------------------------------------------------------------
 
@@ -175,45 +171,12 @@ class Memory:
     async def remember(self, episode: Episode | Any) -> str:
         """Store a turn (LoomFlow's ``Episode`` too), once; its id (``turns`` module doc).
         Recallable by meaning when it returns unless an indexer embeds it (``indexing``)."""
-        episode = check_episode(as_episode(episode))
-        row_id = turns.turn_uuid(self.project_id, episode.id)
-        async with self.engine.begin() as conn:
-            new, owed = await turns.insert_turn(conn, self.project_id, episode)
-            if new:
-                await owe(
-                    conn,
-                    self.project_id,
-                    [
-                        change_event(
-                            "episode.remembered",
-                            self.project_id,
-                            episode.user_id,
-                            episode.id,
-                            episode_id=episode.id,
-                            session_id=episode.session_id,
-                        )
-                    ],
-                )
-        await self._turn_vectors.remembered(str(row_id))
-        if not owed or await self._announce(row_id, episode):
-            await self._flush_quietly()  # Redis refused the announcement: not this too
-        return episode.id
+        return await self._writer.remember(episode)
 
-    async def _announce(self, row_id: Any, episode: Episode) -> bool:
-        """``episode.recorded`` on ``P:episodes`` so the indexer embeds the turn; a Redis that
-        refuses leaves it owed to the consolidator's relay (``announced_at`` stays null)."""
-        source = f"{turns.TURN_SOURCE_PREFIX}{self.project_id}/{episode.id}"
-        announcement = Announcement(row_id, self.project_id, episode.session_id, source)
-        try:
-            await self.redis.xadd(
-                episodes_stream(self.settings.stream_prefix), {"data": announcement.wire()}
-            )
-        except Exception as exc:
-            log.warning("episode.recorded owed to the relay", error=str(exc).splitlines()[:1])
-            return False
-        async with self.engine.begin() as conn:
-            await mark_announced(conn, [row_id])
-        return True
+    async def remember_many(self, episodes: Sequence[Episode | Any]) -> list[str]:
+        """Store a batch of turns in one round trip, each once; their ids in order. A batch
+        with a bad item is refused whole, nothing stored (``writes`` module doc)."""
+        return await self._writer.remember_many(episodes)
 
     async def wait_recallable(self, ids: Sequence[str], *, timeout: float = 30.0) -> None:
         """Return once each of ``ids`` (remembered turns, or sessions' episodes) is recallable

@@ -7,6 +7,10 @@ its ``source_event_id`` is ``turn:<project>/<turn_id>``, so a session's episode 
 collide. A session's episode reads as a LoomFlow ``Episode`` (``SessionEpisode``): its task as
 ``input``, its outcome and lessons as ``output``, its uuid as ``id``.
 
+``insert_turns`` stores a batch in one statement: the new turns and their owed change events
+(the outbox, ``worker.episodes.changes``) in batch order; a batch with a conflicting id changes
+nothing (its transaction is rolled back).
+
 ``remember`` is idempotent: the same id with the same content is one row (the first call's
 ``occurred_at`` stays); the same id with other content raises ``EpisodeConflictError`` and
 changes nothing. A turn is findable by its words as soon as ``remember`` returns (the
@@ -54,16 +58,26 @@ EPISODE_COLUMNS = (
     " task_description, outcome, lessons_learned, agent_type_id"
 )
 
-_INSERT = text(
-    "INSERT INTO episodes (id, source_event_id, project_id, session_id, user_id, turn_id, input,"
-    " output, tool_calls, tool_transcript, outcome, lessons_learned, context_summary,"
-    " importance_score, occurred_at) VALUES (:id, :src, :p, :s, :u, :t, :i, :o,"
-    " CAST(:calls AS jsonb), CAST(:transcript AS jsonb), :outcome, '[]'::jsonb, '', 0.5, :at)"
-    " ON CONFLICT DO NOTHING RETURNING id"
+_INSERT_MANY = text(
+    "WITH r AS (SELECT * FROM unnest(CAST(:ids AS uuid[]), CAST(:srcs AS text[]),"
+    " CAST(:ss AS text[]), CAST(:us AS text[]), CAST(:ts AS text[]), CAST(:is AS text[]),"
+    " CAST(:os AS text[]), CAST(:calls AS text[]), CAST(:transcripts AS text[]),"
+    " CAST(:ats AS timestamptz[]), CAST(:events AS text[]))"
+    " WITH ORDINALITY AS r(id, src, s, u, t, i, o, calls, transcript, at, event, n)),"
+    " ins AS (INSERT INTO episodes (id, source_event_id, project_id, session_id, user_id, turn_id,"
+    " input, output, tool_calls, tool_transcript, outcome, lessons_learned, context_summary,"
+    " importance_score, occurred_at) SELECT id, src, :p, s, u, t, i, o, CAST(calls AS jsonb),"
+    " CAST(transcript AS jsonb), :outcome, '[]'::jsonb, '', 0.5, at FROM r ORDER BY n"
+    " ON CONFLICT DO NOTHING RETURNING id),"
+    " owed AS (INSERT INTO memory_changes (project_id, payload)"
+    " SELECT :p, CAST(r.event AS jsonb) FROM r JOIN ins USING (id) ORDER BY r.n RETURNING seq)"
+    " SELECT id FROM ins"
 )
-_STORED = text(
+"""The batch's new turns and, for each, its change event, in batch order (``seq`` follows
+``n``: the outbox order), in one round trip."""
+_STORED_MANY = text(
     f"SELECT {EPISODE_COLUMNS}, announced_at IS NULL AS owed FROM episodes"
-    " WHERE project_id = :p AND turn_id = :t"
+    " WHERE project_id = :p AND turn_id = ANY(CAST(:ts AS text[]))"
 )
 
 
@@ -119,48 +133,70 @@ def _content(episode: Episode) -> dict[str, Any]:
     }
 
 
-async def insert_turn(
-    conn: AsyncConnection, project_id: str, episode: Episode
-) -> tuple[bool, bool]:
-    """Insert the turn; ``(new, owed)``: new is False when that id was stored with the same
-    content; owed, when its ``episode.recorded`` is not published yet (the outbox flag)."""
-    if not isinstance(episode.id, str) or not 0 < len(episode.id) <= MAX_TURN_ID:
-        raise ValueError(f"an episode id is 1-{MAX_TURN_ID} characters, not {episode.id!r:.80}")
-    if not episode.session_id:
-        raise ValueError("an episode needs a session_id")
-    content = _content(episode)
-    row_id = turn_uuid(project_id, episode.id)
+def same_content(a: Episode, b: Episode) -> bool:
+    """Whether two turns of one id are the same episode (what ``remember`` compares)."""
+    return _content(a) == _content(b)
+
+
+Stored = tuple[bool, bool] | EpisodeConflictError
+"""What ``insert_turns`` says of a turn: ``(new, owed)``, or why it was not stored."""
+
+
+async def insert_turns(
+    conn: AsyncConnection,
+    project_id: str,
+    episodes: list[Episode],
+    events: list[dict[str, Any]],
+    *,
+    indexed: bool = True,
+) -> list[Stored]:
+    """Insert the turns (distinct ids, checked) with ``events[k]`` owed for each new one, in
+    one statement; per turn ``(new, owed)`` (owed: its ``episode.recorded`` is not published
+    yet), or the ``EpisodeConflictError`` of a turn stored with other content (naming its
+    index ``episodes[k]`` when ``indexed``): the caller raises it (and rolls back) or hands it
+    to that turn's caller alone, the others stored."""
+    contents = [_content(e) for e in episodes]
     inserted = await conn.execute(
-        _INSERT,
+        _INSERT_MANY,
         {
-            "id": row_id,
-            "src": f"{TURN_SOURCE_PREFIX}{project_id}/{episode.id}",
+            "ids": [turn_uuid(project_id, e.id) for e in episodes],
+            "srcs": [f"{TURN_SOURCE_PREFIX}{project_id}/{e.id}" for e in episodes],
+            "ss": [e.session_id for e in episodes],
+            "us": [e.user_id for e in episodes],
+            "ts": [e.id for e in episodes],
+            "is": [e.input for e in episodes],
+            "os": [e.output for e in episodes],
+            "calls": [_json(c["tool_calls"]) for c in contents],
+            "transcripts": [_json(c["tool_transcript"]) for c in contents],
+            "ats": [as_utc(e.occurred_at) for e in episodes],
+            "events": [orjson.dumps(event).decode() for event in events],
             "p": project_id,
-            "s": episode.session_id,
-            "u": episode.user_id,
-            "t": episode.id,
-            "i": episode.input,
-            "o": episode.output,
-            "calls": _json(content["tool_calls"]),
-            "transcript": _json(content["tool_transcript"]),
             "outcome": TURN_OUTCOME,
-            "at": as_utc(episode.occurred_at),
         },
     )
-    if inserted.first() is not None:
-        return True, True
-    stored = (await conn.execute(_STORED, {"p": project_id, "t": episode.id})).first()
-    if stored is None:
-        raise EpisodeConflictError(
-            f"episode {episode.id!r}: its session {episode.session_id!r} already has a"
-            " session episode of that id"
-        )
-    if _content(episode_from_row(stored)) != content:
-        raise EpisodeConflictError(
-            f"episode {episode.id!r} is already remembered with other content; an episode is"
-            " immutable: remember the change under a new id"
-        )
-    return False, bool(stored.owed)
+    new = {row.id for row in inserted}
+    results: list[Stored] = [(True, True)] * len(episodes)
+    old = [k for k, e in enumerate(episodes) if turn_uuid(project_id, e.id) not in new]
+    if not old:
+        return results
+    found = await conn.execute(_STORED_MANY, {"p": project_id, "ts": [episodes[k].id for k in old]})
+    stored = {row.turn_id: row for row in found}
+    for k in old:
+        episode, row = episodes[k], stored.get(episodes[k].id)
+        where = f"episodes[{k}]: " if indexed else ""
+        if row is None:
+            results[k] = EpisodeConflictError(
+                f"{where}episode {episode.id!r}: its session {episode.session_id!r} already has"
+                " a session episode of that id"
+            )
+        elif _content(episode_from_row(row)) != contents[k]:
+            results[k] = EpisodeConflictError(
+                f"{where}episode {episode.id!r} is already remembered with other content; an"
+                " episode is immutable: remember the change under a new id"
+            )
+        else:
+            results[k] = (False, bool(row.owed))
+    return results
 
 
 def partition(user_id: str | None, column: str = "user_id") -> str:

@@ -1,0 +1,613 @@
+"""User memory under many agents at once: offered rate vs achieved vs p50/p99 of ``remember``
+and ``recall``, 1 → 50 clients, one project and ten, through the Python API (``Memory``) and
+HTTP (``memworker serve``), beside a plain Postgres INSERT (the limit being chased), and the
+previous release's ``remember`` against this one's, alternated in the same process.
+
+    .venv/bin/python bench/user_memory_load.py [--redis-url URL] [--database-url URL] \\
+        [--seconds 8] [--clients 1,10,50] [--rounds 2] [--batch 1000] [--sustain 60] [--no-http]
+
+Every point runs ``--seconds`` against a fresh migrated database (dropped at the end) and the
+given Redis, with ``MEMWORKER_REMEMBER_EMBEDDING=indexer`` (``remember`` stores and announces;
+the indexer, which embeds, is not run: this measures the write path; the embedder bounds
+freshness by meaning, not this). Clients are closed loops (each sends its next call when the
+last returned: the offered rate is "as fast as answered", ``max``), plus points paced at half
+the 50-client rate (an open loop: latency counted from the scheduled send, so queueing shows).
+A client is one user of its own (its turns in order, 12 words of a 32-word vocabulary each);
+remembers only, then mixed: every fourth call of a client a recall of that user by three such
+words (words only: the server has no pgvector unless given).
+
+- **baseline**: one INSERT of a turn-sized row per transaction into a table of its own, same
+  pool (10 connections) and clients: what Postgres alone does here;
+- **before / after**: 50 tasks, one project, remembers only, the previous release's sequence
+  (INSERT and its event in one transaction; XADD the announcement and mark it in a second; then
+  the project's outbox published under its lock, one caller at a time) against this one's
+  (one statement, then a group-committed publish), alternating ``--rounds`` times;
+- **remember_many**: a bulk import in batches of ``--batch`` turns, one client.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import platform
+import random
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import orjson
+from harness import (
+    DEFAULT_DATABASE_URL,
+    DEFAULT_REDIS_URL,
+    cancel_on_sigterm,
+    cleanup,
+    fresh_database,
+    invocation,
+    markdown_table,
+    memworker_command,
+    percentile,
+    service_env,
+    unique_prefix,
+)
+from redis.asyncio import Redis
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from worker.db.batch import mark_announced
+from worker.db.engine import create_database_engine
+from worker.db.models import TURN_OUTCOME
+from worker.episodes.announcements import Announcement
+from worker.episodes.changes import change_event, owe, publish_owed
+from worker.keys import episodes_stream
+from worker.settings import Settings
+from worker.user_memory.inputs import check_episode
+from worker.user_memory.memory import Memory
+from worker.user_memory.models import Episode, as_utc
+from worker.user_memory.turns import TURN_SOURCE_PREFIX, turn_uuid
+
+WORDS = [
+    "invoice",
+    "refund",
+    "shipping",
+    "parcel",
+    "delay",
+    "warehouse",
+    "customer",
+    "address",
+    "payment",
+    "card",
+    "bank",
+    "transfer",
+    "flight",
+    "hotel",
+    "booking",
+    "lisbon",
+    "porto",
+    "train",
+    "ticket",
+    "seat",
+    "window",
+    "aisle",
+    "vegan",
+    "meal",
+    "email",
+    "reply",
+    "urgent",
+    "contract",
+    "renewal",
+    "price",
+    "discount",
+]
+OUTPUT = "done, confirmation sent by email"
+RECALL_EVERY = 4
+MIXED = "max, every 4th call a recall"
+
+
+def words(c: int, n: int, count: int) -> str:
+    """``count`` words of the vocabulary, a different mix for each call."""
+    rng = random.Random(c * 1_000_003 + n)
+    return " ".join(rng.choice(WORDS) for _ in range(count))
+
+
+_PREVIOUS_INSERT = text(
+    "INSERT INTO episodes (id, source_event_id, project_id, session_id, user_id, turn_id, input,"
+    " output, tool_calls, tool_transcript, outcome, lessons_learned, context_summary,"
+    " importance_score, occurred_at) VALUES (:id, :src, :p, :s, :u, :t, :i, :o,"
+    " CAST(:calls AS jsonb), CAST(:transcript AS jsonb), :outcome, '[]'::jsonb, '', 0.5, :at)"
+    " ON CONFLICT DO NOTHING RETURNING id"
+)
+
+
+async def previous_remember(memory: Memory, episode: Episode) -> str:
+    """The previous release's ``Memory.remember`` (new ids only), step for step."""
+    episode = check_episode(episode)
+    project = memory.project_id
+    row_id = turn_uuid(project, episode.id)
+    async with memory.engine.begin() as conn:
+        inserted = await conn.execute(
+            _PREVIOUS_INSERT,
+            {
+                "id": row_id,
+                "src": f"{TURN_SOURCE_PREFIX}{project}/{episode.id}",
+                "p": project,
+                "s": episode.session_id,
+                "u": episode.user_id,
+                "t": episode.id,
+                "i": episode.input,
+                "o": episode.output,
+                "calls": "[]",
+                "transcript": None,
+                "outcome": TURN_OUTCOME,
+                "at": as_utc(episode.occurred_at),
+            },
+        )
+        if inserted.first() is not None:
+            event = change_event(
+                "episode.remembered",
+                project,
+                episode.user_id,
+                episode.id,
+                episode_id=episode.id,
+                session_id=episode.session_id,
+            )
+            await owe(conn, project, [event])
+    source = f"{TURN_SOURCE_PREFIX}{project}/{episode.id}"
+    wire = Announcement(row_id, project, episode.session_id, source).wire()
+    await memory.redis.xadd(episodes_stream(memory.settings.stream_prefix), {"data": wire})
+    async with memory.engine.begin() as conn:
+        await mark_announced(conn, [row_id])
+    settings = memory.settings
+    await publish_owed(
+        memory.engine, memory.redis, settings.stream_prefix, settings.shards, project
+    )
+    return episode.id
+
+
+@dataclass
+class Point:
+    """One measured point: latencies (s) of each kind, errors, wall time."""
+
+    remember: list[float] = field(default_factory=list)
+    recall: list[float] = field(default_factory=list)
+    errors: int = 0
+    first_error: str = ""
+    seconds: float = 0.0
+
+    def rate(self) -> float:
+        return len(self.remember) / self.seconds if self.seconds else 0.0
+
+
+Call = Callable[[int, int], Awaitable[object]]
+
+
+async def drive(
+    remember: Call,
+    recall: Call | None,
+    clients: int,
+    seconds: float,
+    rate: float | None = None,
+) -> Point:
+    """``clients`` loops for ``seconds``: client ``c``'s call ``n`` is ``recall(c, n)`` every
+    ``RECALL_EVERY``th call (when given), else ``remember(c, n)``. ``rate``: calls per second
+    in all, paced (latency from the scheduled send); None: as fast as answered."""
+    point = Point()
+    clock = time.perf_counter
+    start = clock()
+    deadline = start + seconds
+    interval = clients / rate if rate else 0.0
+
+    async def client(c: int) -> None:
+        n = 0
+        due = start + interval * c / clients
+        while True:
+            if rate:
+                wait = due - clock()
+                if wait > 0:
+                    await asyncio.sleep(wait)
+                sent, due = due, due + interval
+            else:
+                sent = clock()
+            if sent >= deadline:
+                return
+            n += 1
+            is_recall = recall is not None and n % RECALL_EVERY == 0
+            try:
+                if is_recall and recall is not None:
+                    await recall(c, n)
+                else:
+                    await remember(c, n)
+            except Exception as exc:
+                point.errors += 1
+                point.first_error = point.first_error or f"{type(exc).__name__}: {exc}"[:160]
+                continue
+            (point.recall if is_recall else point.remember).append(clock() - sent)
+
+    await asyncio.gather(*(client(c) for c in range(clients)))
+    point.seconds = clock() - start
+    return point
+
+
+def ms(samples: list[float], q: float) -> str:
+    return "–" if not samples else f"{percentile(samples, q) * 1000:,.1f}"
+
+
+def row(door: str, projects: int, clients: int, offered: str, point: Point) -> list[str]:
+    recalls = f"{len(point.recall) / point.seconds:,.0f}/s" if point.recall else "–"
+    return [
+        door,
+        str(projects),
+        str(clients),
+        offered,
+        f"{point.rate():,.0f}/s",
+        ms(point.remember, 50),
+        ms(point.remember, 99),
+        recalls,
+        ms(point.recall, 50),
+        ms(point.recall, 99),
+        str(point.errors) + (f" ({point.first_error})" if point.errors else ""),
+    ]
+
+
+HEADER = [
+    "door",
+    "projects",
+    "clients",
+    "offered",
+    "remembers achieved",
+    "remember p50 ms",
+    "remember p99 ms",
+    "recalls",
+    "recall p50 ms",
+    "recall p99 ms",
+    "errors",
+]
+
+
+def turn(tag: str, c: int, n: int) -> Episode:
+    return Episode(
+        id=f"{tag}-{c}-{n}",
+        session_id=f"s{c}",
+        user_id=f"u{c}",
+        input=f"please {words(c, n, 12)}",
+        output=OUTPUT,
+    )
+
+
+async def python_point(
+    memories: list[Memory],
+    tag: str,
+    clients: int,
+    seconds: float,
+    rate: float | None = None,
+    mixed: bool = False,
+) -> Point:
+    async def remember(c: int, n: int) -> object:
+        return await memories[c % len(memories)].remember(turn(tag, c, n))
+
+    async def recall(c: int, n: int) -> object:
+        return await memories[c % len(memories)].recall(words(c, -n, 3), user_id=f"u{c}")
+
+    return await drive(remember, recall if mixed else None, clients, seconds, rate)
+
+
+async def baseline_point(engine: AsyncEngine, tag: str, clients: int, seconds: float) -> Point:
+    statement = text(
+        "INSERT INTO bench_plain (id, user_id, input, output) VALUES (:id, :u, :i, :o)"
+    )
+
+    async def insert(c: int, n: int) -> object:
+        async with engine.begin() as conn:
+            await conn.execute(
+                statement,
+                {
+                    "id": f"{tag}-{c}-{n}",
+                    "u": f"u{c}",
+                    "i": f"please {words(c, n, 12)}",
+                    "o": OUTPUT,
+                },
+            )
+        return None
+
+    return await drive(insert, None, clients, seconds)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.asynccontextmanager
+async def serve(redis_url: str, database_url: str, prefix: str, project: str) -> AsyncIterator[str]:
+    """``memworker serve`` for ``project`` on a free port; its base URL once ready."""
+    port = free_port()
+    env = service_env(redis_url, prefix, database_url, MEMWORKER_REMEMBER_EMBEDDING="indexer")
+    env.pop("MEMWORKER_API_TOKEN", None)
+    proc = subprocess.Popen(
+        memworker_command("serve", "--project", project, "--port", str(port)),
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        async with httpx.AsyncClient() as probe:
+            for _ in range(300):
+                with contextlib.suppress(httpx.HTTPError):
+                    if (await probe.get(f"{base}/readyz")).status_code == 200:
+                        break
+                if proc.poll() is not None:
+                    raise RuntimeError(f"memworker serve exited with {proc.returncode}")
+                await asyncio.sleep(0.1)
+        yield base
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+class Connection:
+    """A minimal HTTP/1.1 keep-alive client, one connection per bench client: httpx's pool
+    spent more CPU than the server at 50 clients (82/s against 875/s for the same server)."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader, self.writer = reader, writer
+
+    @classmethod
+    async def open(cls, base: str) -> Connection:
+        host, port = base.removeprefix("http://").rsplit(":", 1)
+        return cls(*await asyncio.open_connection(host, int(port)))
+
+    async def post(self, path: str, body: dict[str, Any]) -> tuple[int, bytes]:
+        data = orjson.dumps(body)
+        head = (
+            f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(data)}\r\n\r\n"
+        )
+        self.writer.write(head.encode() + data)
+        await self.writer.drain()
+        answer = await self.reader.readuntil(b"\r\n\r\n")
+        lines = answer.split(b"\r\n")
+        length = next(
+            int(line.split(b":", 1)[1])
+            for line in lines
+            if line.lower().startswith(b"content-length:")
+        )
+        return int(lines[0].split()[1]), await self.reader.readexactly(length)
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+async def http_point(
+    base: str,
+    tag: str,
+    clients: int,
+    seconds: float,
+    rate: float | None = None,
+    mixed: bool = False,
+) -> Point:
+    connections = [await Connection.open(base) for _ in range(clients)]
+
+    async def remember(c: int, n: int) -> object:
+        body = {
+            "id": f"{tag}-{c}-{n}",
+            "session_id": f"s{c}",
+            "user_id": f"u{c}",
+            "input": f"please {words(c, n, 12)}",
+            "output": OUTPUT,
+        }
+        status, text_ = await connections[c].post("/v1/remember", body)
+        if status != 200:
+            raise RuntimeError(f"{status} {text_[:100]!r}")
+        return None
+
+    async def recall(c: int, n: int) -> object:
+        body = {"query": words(c, -n, 3), "user_id": f"u{c}"}
+        status, text_ = await connections[c].post("/v1/recall", body)
+        if status != 200:
+            raise RuntimeError(f"{status} {text_[:100]!r}")
+        return None
+
+    try:
+        return await drive(remember, recall if mixed else None, clients, seconds, rate)
+    finally:
+        for connection in connections:
+            connection.close()
+
+
+async def check_stored(engine: AsyncEngine, expected: int) -> str:
+    async with engine.connect() as conn:
+        turns = (await conn.execute(text("SELECT count(*) FROM episodes"))).scalar_one()
+    return f"{turns:,} turns in Postgres, {expected:,} acknowledged"
+
+
+async def run(args: argparse.Namespace) -> str:
+    cancel_on_sigterm()
+    prefix = unique_prefix("user-memory-load")
+    redis = Redis.from_url(args.redis_url)
+    clients_list = [int(c) for c in args.clients.split(",")]
+    rows: list[list[str]] = []
+    ratios: list[list[str]] = []
+    notes: list[str] = []
+    acknowledged = 0
+    try:
+        async with fresh_database(args.database_url) as url:
+            settings = Settings(
+                redis_url=args.redis_url,
+                database_url=url,
+                stream_prefix=prefix,
+                remember_embedding="indexer",
+            )
+            engine = create_database_engine(url)
+            async with engine.begin() as conn:
+                await conn.execute(
+                    text(
+                        "CREATE TABLE bench_plain (id text PRIMARY KEY, user_id text,"
+                        " input text, output text, at timestamptz DEFAULT now())"
+                    )
+                )
+            one = [Memory("load0", settings=settings, engine=engine, redis=redis)]
+            ten = [
+                Memory(f"load{k}", settings=settings, engine=engine, redis=redis) for k in range(10)
+            ]
+            try:
+                for memory in ten:  # warm: connections, statements
+                    for n in range(5):
+                        await memory.remember(turn("warm", 0, n))
+                        acknowledged += 1
+                before: list[float] = []
+                after: list[float] = []
+                before_p99: list[float] = []
+                after_p99: list[float] = []
+                for r in range(args.rounds):
+                    for label in ("after", "before"):
+
+                        async def remember(
+                            c: int, n: int, label: str = label, r: int = r
+                        ) -> object:
+                            episode = turn(f"ab{label}{r}", c, n)
+                            if label == "before":
+                                return await previous_remember(one[0], episode)
+                            return await one[0].remember(episode)
+
+                        point = await drive(remember, None, 50, args.seconds)
+                        acknowledged += len(point.remember)
+                        (after if label == "after" else before).append(point.rate())
+                        (after_p99 if label == "after" else before_p99).append(
+                            percentile(point.remember, 99)
+                        )
+                        ratios.append(
+                            [
+                                f"{r + 1}",
+                                label,
+                                f"{point.rate():,.0f}/s",
+                                ms(point.remember, 50),
+                                ms(point.remember, 99),
+                                str(point.errors),
+                            ]
+                        )
+                ratio = sum(after) / sum(before) if sum(before) else float("nan")
+                notes.append(
+                    f"Python API, 50 tasks, one project, remembers only: this release "
+                    f"{sum(after) / len(after):,.0f}/s against the previous release's "
+                    f"{sum(before) / len(before):,.0f}/s: **{ratio:.1f}×** (mean of {args.rounds} "
+                    "alternated rounds); p99 "
+                    f"{1000 * sum(after_p99) / len(after_p99):,.0f} ms vs "
+                    f"{1000 * sum(before_p99) / len(before_p99):,.0f} ms."
+                )
+                for clients in clients_list:
+                    point = await baseline_point(engine, f"b{clients}", clients, args.seconds)
+                    rows.append(row("Postgres INSERT (baseline)", 1, clients, "max", point))
+                    for memories in (one, ten):
+                        if len(memories) > clients:
+                            continue
+                        tag = f"py{len(memories)}-{clients}"
+                        door = "Python `Memory`"
+                        point = await python_point(memories, tag, clients, args.seconds)
+                        acknowledged += len(point.remember)
+                        rows.append(row(door, len(memories), clients, "max", point))
+                        if clients == max(clients_list):
+                            half = point.rate() / 2
+                            paced = await python_point(
+                                memories, tag + "h", clients, args.seconds, half
+                            )
+                            acknowledged += len(paced.remember)
+                            offered = f"{half:,.0f}/s (half)"
+                            rows.append(row(door, len(memories), clients, offered, paced))
+                        mixed = await python_point(
+                            memories, tag + "m", clients, args.seconds, mixed=True
+                        )
+                        acknowledged += len(mixed.remember)
+                        rows.append(row(door, len(memories), clients, MIXED, mixed))
+                if args.sustain:
+                    point = await python_point(one, "sustain", 50, args.sustain)
+                    acknowledged += len(point.remember)
+                    rows.append(row("Python `Memory`", 1, 50, f"max, {args.sustain:g} s", point))
+                started = time.perf_counter()
+                imported = 0
+                batches = max(1, args.batch_turns // args.batch)
+                for b in range(batches):
+                    await one[0].remember_many(
+                        [turn(f"bulk{b}", k % 50, k) for k in range(args.batch)]
+                    )
+                    imported += args.batch
+                bulk_s = time.perf_counter() - started
+                acknowledged += imported
+                notes.append(
+                    f"`remember_many`, batches of {args.batch:,}, one client: {imported:,} turns"
+                    f" in {bulk_s:.2f} s = **{imported / bulk_s:,.0f} turns/s** "
+                    f"({1000 * bulk_s / batches:,.0f} ms a batch)."
+                )
+                notes.append(await check_stored(engine, acknowledged))
+            finally:
+                for memory in ten + one:
+                    await memory.close()
+            if not args.no_http:
+                async with serve(args.redis_url, url, prefix, "http0") as base:
+                    for clients in clients_list:
+                        point = await http_point(base, f"h{clients}", clients, args.seconds)
+                        rows.append(row("HTTP `serve`", 1, clients, "max", point))
+                        if clients == max(clients_list):
+                            half = point.rate() / 2
+                            paced = await http_point(
+                                base, f"h{clients}h", clients, args.seconds, half
+                            )
+                            offered = f"{half:,.0f}/s (half)"
+                            rows.append(row("HTTP `serve`", 1, clients, offered, paced))
+                        mixed = await http_point(
+                            base, f"h{clients}m", clients, args.seconds, mixed=True
+                        )
+                        rows.append(row("HTTP `serve`", 1, clients, MIXED, mixed))
+            await engine.dispose()
+    finally:
+        await cleanup(redis, prefix)
+        await redis.aclose()
+    header = (
+        f"`{invocation()}` — {platform.machine()}, {os.cpu_count()} cores (shared with other "
+        f"work: compare within the run), Python {platform.python_version()}, {args.seconds:g} s a "
+        "point\n\n"
+    )
+    return (
+        header
+        + markdown_table(HEADER, rows, "llrrrrrrrrl")
+        + "\n\n"
+        + markdown_table(
+            ["round", "remember", "achieved", "p50 ms", "p99 ms", "errors"], ratios, "llrrrr"
+        )
+        + "\n\n"
+        + "\n".join(f"- {n}" for n in notes)
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--redis-url", default=os.environ.get("REDIS_URL", DEFAULT_REDIS_URL))
+    parser.add_argument(
+        "--database-url", default=os.environ.get("DATABASE_URL", DEFAULT_DATABASE_URL)
+    )
+    parser.add_argument("--seconds", type=float, default=8.0)
+    parser.add_argument("--clients", default="1,10,50")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--batch", type=int, default=1_000)
+    parser.add_argument("--batch-turns", type=int, default=20_000)
+    parser.add_argument("--no-http", action="store_true")
+    parser.add_argument("--sustain", type=float, default=0.0, help="seconds of a last point")
+    args = parser.parse_args()
+    random.seed(7)
+    print(asyncio.run(run(args)))
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
