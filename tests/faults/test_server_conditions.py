@@ -397,7 +397,7 @@ async def test_an_orchestrator_publishing_to_a_full_redis_gets_one_clear_error(
     lifecycle = LifecycleClient(client, settings)
     refused, line = await _every_publisher_refused(client, settings, "Redis is full: ")
     assert refused.condition.kind == "full"
-    assert "reached maxmemory" in str(refused) and "Capacity" in str(refused)
+    assert "reached maxmemory" in str(refused) and "docs/guides/capacity.md" in str(refused)
     assert line.startswith("memworker: error: Redis is full: used_memory")
     assert "raise maxmemory" in line
 

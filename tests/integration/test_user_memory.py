@@ -158,7 +158,10 @@ async def test_user_id_is_a_hard_partition_of_blocks_episodes_and_facts(memory: 
             assert [b.content for b in await memory.working(user_id=user)] == [f"{name} persona"]
 
             found = await memory.recall("kafka consumer", user_id=user)
-            assert [e.id for e in found] == [f"t-{name}-1"]
+            # the match first; its session's next turn may follow as its context, never a
+            # turn of another partition
+            assert [e.id for e in found][:1] == [f"t-{name}-1"]
+            assert {e.id for e in found} <= {f"t-{name}-1", f"t-{name}-2"}
             assert found[0].user_id == user
             scored = await memory.recall_scored("kafka redis", user_id=user, limit=10)
             assert {m.episode.id for m in scored} == {f"t-{name}-1", f"t-{name}-2"}

@@ -39,7 +39,10 @@ CAKE = "Bake a chocolate birthday cake for Sunday"
 
 
 def turn(text_: str, user: str = "ann") -> Episode:
-    return Episode(session_id="s1", user_id=user, input=text_, output="Noted.")
+    """A turn in a session of its own: what these tests check is who embeds it and when, not
+    how a session's neighbouring turns lend each other context (``turn_ranking``)."""
+    session = "s-" + "".join(c for c in text_.lower() if c.isalnum())[:24]
+    return Episode(session_id=session, user_id=user, input=text_, output="Noted.")
 
 
 async def vectors(engine: AsyncEngine, model: str | None = None) -> list[tuple[str, str, str]]:
