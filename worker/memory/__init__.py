@@ -15,6 +15,7 @@ from worker.memory.errors import (
     SessionForgottenError,
     SessionPausedError,
     SessionTerminatedError,
+    UnstorableTextError,
     WorkingMemoryError,
 )
 from worker.memory.models import (
@@ -41,6 +42,7 @@ __all__ = [
     "SessionTerminatedError",
     "TaskState",
     "TaskStatus",
+    "UnstorableTextError",
     "WorkingMemory",
     "WorkingMemoryError",
 ]
