@@ -19,6 +19,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from schemas.inputs import InvalidInputError
 from worker.credentials import ShippedSecretError, mask
+from worker.redis_conditions import RedisConditionError
 
 
 class ActionableError(Exception):
@@ -111,6 +112,9 @@ def _redis(exc: BaseException) -> str | None:
                 "+function|load since it applies commands with a Redis function)"
             )
         return f"Redis refused the command: {text}"
+    if isinstance(exc, RedisConditionError) and exc.condition.kind != "unreachable":
+        # Reached, but full, busy, loading, failing over: say that, not "cannot reach".
+        return mask(_first_line(str(exc)))
     if isinstance(exc, RedisConnectionError):
         url = (
             os.environ.get("REDIS_URL")

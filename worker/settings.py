@@ -78,6 +78,8 @@ class Settings(BaseSettings):
     """variables per session"""
     max_value_bytes: int = Field(default=1_048_576, ge=1)
     """bytes of one variable's JSON"""
+    max_session_bytes: int = Field(default=64 * 1_048_576, ge=1)
+    """bytes of one session's variables (names plus JSON values; a write past it is refused)"""
     max_scratchpad_entries: int = Field(default=1_000, ge=1)
     """scratchpad length (oldest dropped)"""
     max_checkpoints_per_session: int = Field(default=50, ge=1)

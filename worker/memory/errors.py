@@ -45,6 +45,11 @@ class LimitExceededError(WorkingMemoryError):
         self.maximum = maximum
 
 
+class SessionBytesExceededError(LimitExceededError, ValueError):
+    """A write that would take the session's variables (names and JSON values) past
+    ``max_session_bytes`` (``MEMWORKER_MAX_SESSION_BYTES``); a ``ValueError`` too."""
+
+
 class SessionTerminatedError(WorkingMemoryError):
     """A write to a session the lifecycle worker has terminated."""
 
