@@ -63,8 +63,10 @@ def _configuration(exc: BaseException) -> str | None:
         return None
     problems = []
     for error in exc.errors():
-        field = ".".join(str(part) for part in error["loc"]) or "settings"
-        problems.append(f"{env_name(field)}: {error['msg'].removeprefix('Value error, ')}")
+        field = ".".join(str(part) for part in error["loc"])
+        message = error["msg"].removeprefix("Value error, ")
+        # A check of several settings at once has no field: its message names them.
+        problems.append(f"{env_name(field)}: {message}" if field else message)
     return "invalid configuration: " + "; ".join(problems)
 
 

@@ -9,9 +9,10 @@ from __future__ import annotations
 import json
 import re
 from functools import lru_cache
-from typing import Annotated, Literal
+from typing import Annotated, Literal, Self
+from urllib.parse import urlsplit
 
-from pydantic import AliasChoices, Field, field_validator
+from pydantic import AliasChoices, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from schemas.commands import MAX_SESSION_TTL_SECONDS
@@ -283,6 +284,19 @@ class Settings(BaseSettings):
                 "e.g. redis://127.0.0.1:6379/0"
             )
         return value
+
+    @model_validator(mode="after")
+    def _host_list_needs_sentinel(self) -> Self:
+        """``redis://h1:26379,h2:26379/0`` names Sentinels: only with the service they watch."""
+        if self.redis_sentinel_service or self.redis_cluster:
+            return self
+        netloc = urlsplit(self.redis_url).netloc.rsplit("@", 1)[-1]
+        if "," in netloc:
+            raise ValueError(
+                "REDIS_URL names several hosts (Sentinels); set "
+                "MEMWORKER_REDIS_SENTINEL_SERVICE to the service they watch, or name one host"
+            )
+        return self
 
 
 @lru_cache(maxsize=1)
