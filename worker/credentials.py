@@ -3,8 +3,9 @@
 ``mask(text)`` is the one masking function: every URL password (``scheme://user:PASSWORD@``,
 Redis, Sentinel and Cluster URLs, Postgres URLs; a Redis URL's lone userinfo,
 ``redis://SECRET@host``, which ``redis-cli -u`` reads as the password) and every
-``password=``/``token=``-style parameter in ``text`` becomes ``***``. Errors (``worker.errors.one_line``), log lines
-(``worker.logs``), probes and the CLI's output pass through it.
+``password=``/``token=``-style parameter in ``text`` becomes ``***``. Errors
+(``worker.errors.one_line``), log lines (``worker.logs``), probes and the CLI's output pass
+through it.
 
 ``shipped_secret(settings)`` names the setting that holds a secret this repository ships
 (``dev-<user>-change-me`` of ``deploy/redis/users.acl`` and ``docker-compose.yml``, the
