@@ -261,7 +261,13 @@ class Settings(BaseSettings):
     @field_validator("api_token")
     @classmethod
     def _empty_token_is_unset(cls, value: str | None) -> str | None:
-        """``MEMWORKER_API_TOKEN=""`` means what unset means: no authentication."""
+        """``MEMWORKER_API_TOKEN=""`` means what unset means: no authentication. A token of
+        whitespace only is refused: no client can send it (a header's value is trimmed)."""
+        if value and not value.strip():
+            raise ValueError(
+                "is only whitespace, which no client can send; unset it (or set it empty) for "
+                "no authentication, or set a real token"
+            )
         return value if value else None
 
     @field_validator("api_allowed_hosts", mode="before")
