@@ -219,6 +219,9 @@ class Settings(BaseSettings):
     user's memory only (a call naming another is refused). Unset: each call names its user."""
     api_max_request_bytes: int = Field(default=2_097_152, ge=1024)
     """The largest request body ``memworker serve`` (and ``mcp --http``) reads; larger: 413."""
+    api_body_timeout_seconds: float = Field(default=30.0, gt=0)
+    """A request body ``memworker serve`` (and ``mcp --http``) has not received whole within
+    this long is answered 408 and its connection closed (a slow body holds no connection)."""
 
     # Operations.
     metrics_port: int | None = Field(default=None, ge=0, le=65_535)

@@ -80,6 +80,7 @@ def create_app(
     token: str | None,
     max_bytes: int,
     allowed_hosts: frozenset[str] | None = LOCAL_HOSTS,
+    body_timeout_s: float = 30.0,
 ) -> Any:
     """The ASGI app: the API behind ``Guard`` (host, token, body limit). ``access`` makes the
     server's ``Access`` when the app starts; it is closed when the app stops."""
@@ -136,4 +137,10 @@ def create_app(
 
     app.router.routes.extend(probe_routes(lambda request: request.app.state.access))
 
-    return Guard(JsonBodies(app), token=token, max_bytes=max_bytes, allowed_hosts=allowed_hosts)
+    return Guard(
+        JsonBodies(app),
+        token=token,
+        max_bytes=max_bytes,
+        allowed_hosts=allowed_hosts,
+        body_timeout_s=body_timeout_s,
+    )

@@ -109,6 +109,7 @@ def http_app(
     allowed_hosts: frozenset[str] | None,
     max_sessions: int,
     idle_seconds: float,
+    body_timeout_s: float = 30.0,
 ) -> tuple[Server[Any], Any]:
     """The streamable HTTP app (path ``/mcp``, with ``/healthz``, ``/readyz``, ``/metrics``)
     behind ``Guard`` (which checks ``Host`` and ``Origin`` for both doors), and its server. At
@@ -132,7 +133,14 @@ def http_app(
     # Read at each scrape: the SDK's table of open sessions (no hook to count them by).
     MCP_SESSIONS_OPEN.set_function(lambda: len(getattr(manager, "_server_instances", ())))
     capped = SessionCapMessage(app, max_sessions)
-    return server, Guard(capped, token=token, max_bytes=max_bytes, allowed_hosts=allowed_hosts)
+    guarded = Guard(
+        capped,
+        token=token,
+        max_bytes=max_bytes,
+        allowed_hosts=allowed_hosts,
+        body_timeout_s=body_timeout_s,
+    )
+    return server, guarded
 
 
 class SessionCapMessage:
