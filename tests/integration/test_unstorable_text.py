@@ -121,3 +121,24 @@ async def test_cli_publish_refuses_unstorable_text_as_a_usage_error(
     assert option in done.stderr and ("NUL" in done.stderr or "surrogate" in done.stderr)
     assert "unexpected" not in done.stderr
     assert [k async for k in redis.scan_iter(match=f"{settings.stream_prefix}:*")] == []
+
+
+@pytest.mark.parametrize(
+    ("args", "field"),
+    [
+        (["--task", "bad\udcffbyte"], "task_description"),
+        (["--task", "ok", "--lesson", "bad\udcffbyte"], "lessons_learned[0]"),
+    ],
+)
+async def test_cli_remember_names_the_field_of_unstorable_text(
+    redis: Redis, settings: Settings, database_url: str, args: list[str], field: str
+) -> None:
+    """Before: "memworker: error: Postgres error 22000: invalid input for query argument $17…"."""
+    from tests.integration.test_access import migrated
+
+    settings = await migrated(settings, database_url)
+    done = memworker(settings, "remember", "-p", "projA", "--id", "clix1", *args)
+    assert done.returncode == 1
+    [line] = done.stderr.strip().splitlines()
+    assert line.startswith(f"memworker: error: {field}: contains a "), line
+    assert "Postgres" not in line
