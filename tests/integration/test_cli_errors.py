@@ -171,6 +171,8 @@ def test_a_taken_api_port_names_the_port_and_the_option(
             command,
             option,
             str(port),
+            "--host",  # on 0.0.0.0 a plain-HTTP warning line would come first
+            "127.0.0.1",
             REDIS_URL=redis_url,
             DATABASE_URL=database_url,
             MEMWORKER_API_TOKEN="t0ken",

@@ -63,7 +63,9 @@ def other_tenants_call(tool: Tool) -> dict[str, Any]:
 
 def api_routes() -> list[tuple[str, str]]:
     """(method, path) of every route of ``memworker serve``'s app but the open probes."""
-    app = create_app(lambda: None, token=TOKEN, max_bytes=1 << 20).app  # type: ignore[arg-type,return-value]
+    app: Any = create_app(lambda: None, token=TOKEN, max_bytes=1 << 20)  # type: ignore[arg-type,return-value]
+    while not hasattr(app, "routes"):  # Guard, JsonBodies, …: the FastAPI app inside
+        app = app.app
     found = []
     for route in app.routes:
         assert isinstance(route, Route)
