@@ -63,6 +63,19 @@ def _is_address(name: str) -> bool:
     return True
 
 
+_CHECKED = (b"host", b"origin", b"authorization")
+"""The headers the guard judges a request by: each at most once."""
+
+
+def _repeated(raw: list[tuple[bytes, bytes]]) -> str | None:
+    """The name of a checked header ``raw`` holds more than once, or None."""
+    names = [name for name, _ in raw]
+    for name in _CHECKED:
+        if names.count(name) > 1:
+            return name.decode()
+    return None
+
+
 class Guard:
     """Refuse a request naming a ``Host`` not served (421; ``allowed_hosts`` None: any), sent
     by a page of another site (its ``Origin``: 403), without ``Authorization: Bearer <token>``
@@ -129,7 +142,13 @@ class Guard:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        headers = dict(scope.get("headers") or [])
+        raw = scope.get("headers") or []
+        headers = dict(raw)
+        if len(headers) < len(raw) and (twice := _repeated(raw)):
+            # dict() keeps the last of each: a checked header sent twice is refused, never
+            # judged by one of its copies (an Origin of another site, then a local one)
+            await send_error(send, 400, f"bad request: the {twice} header is sent twice")
+            return
         if not self.host_allowed(headers.get(b"host")):
             name = host_name(headers.get(b"host", b""))[:100]
             await send_error(
