@@ -7,6 +7,7 @@ from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -17,6 +18,7 @@ from pydantic import (
 )
 
 from schemas.ids import Id
+from schemas.inputs import json_text_problem
 from schemas.limits import MAX_CORRELATION_ID_CHARS, MAX_TASK_DESCRIPTION_CHARS
 
 # -- Bounds at the stream door (docs/contract.md "Commands": each field's bound) -------------
@@ -36,6 +38,18 @@ MAX_TRACEPARENT_BYTES = 512
 MAX_ENVELOPE_EXTRA_BYTES = 4_096
 """What a stream entry may carry besides its command's JSON (``MEMWORKER_MAX_EVENT_BYTES``):
 field names, ``traceparent``, FastStream's envelope headers, fields the worker ignores."""
+
+
+def _storable(value: str) -> str:
+    if (bad := json_text_problem(value, "text")) is not None:
+        raise ValueError(bad[1])
+    return value
+
+
+Text = Annotated[str, AfterValidator(_storable)]
+"""A command's text field: no NUL character, no lone surrogate (the input rule,
+``schemas.inputs``); ``metadata`` and ``initial_state`` get the same rule at any depth at the
+stream door (``worker.lifecycle.intake``) and in ``LifecycleClient.publish``."""
 
 Outcome = Literal["success", "failure", "partial", "abandoned"]
 CommandType = Literal["spawn", "pause", "resume", "terminate"]
@@ -68,7 +82,7 @@ class CommandBase(BaseModel):
         "session id is then rejected stale_session, never applied to the new one. "
         "LifecycleClient sets it for the sessions it spawned.",
     )
-    correlation_id: Annotated[str, Field(max_length=MAX_CORRELATION_ID_CHARS)] | None = None
+    correlation_id: Annotated[Text, Field(max_length=MAX_CORRELATION_ID_CHARS)] | None = None
     occurred_at: datetime | None = None
     metadata: dict[str, Any] | None = None
     schema_version: Annotated[StrictInt, Field(ge=-MAX_SAFE_INT, le=MAX_SAFE_INT)] = 1
@@ -107,7 +121,7 @@ class PauseCommand(CommandBase):
     checkpoint_id: Id | None = Field(
         default=None, description="Generated deterministically from event_id when absent."
     )
-    description: Annotated[str, Field(max_length=MAX_TASK_DESCRIPTION_CHARS)] | None = None
+    description: Annotated[Text, Field(max_length=MAX_TASK_DESCRIPTION_CHARS)] | None = None
 
 
 class ResumeCommand(CommandBase):
@@ -123,9 +137,9 @@ class TerminateCommand(CommandBase):
 
     type: Literal["terminate"] = "terminate"
     outcome: Outcome = "success"
-    task_description: Annotated[str, Field(max_length=MAX_TASK_DESCRIPTION_CHARS)] | None = None
+    task_description: Annotated[Text, Field(max_length=MAX_TASK_DESCRIPTION_CHARS)] | None = None
     lessons_learned: Annotated[
-        list[Annotated[str, Field(max_length=MAX_TASK_DESCRIPTION_CHARS)]],
+        list[Annotated[Text, Field(max_length=MAX_TASK_DESCRIPTION_CHARS)]],
         Field(max_length=MAX_LESSONS),
     ] = Field(default_factory=list)
     tokens_used: Annotated[StrictInt, Field(ge=0, le=MAX_SAFE_INT)] | None = None

@@ -38,6 +38,7 @@ __all__ = [
     "check_ttl",
     "check_when",
     "id_problem",
+    "json_text_problem",
     "text_problem",
     "text_rule",
     "when_problem",
@@ -95,6 +96,41 @@ def text_problem(value: Any, max_bytes: int, *, empty: bool = True) -> str | Non
         )
     if size > max_bytes:
         return f"is {size} bytes (UTF-8); the most is {max_bytes}"
+    return None
+
+
+def _unstorable(text: str) -> str | None:
+    """Why ``text`` cannot be stored as text (a NUL, a lone surrogate), or None; no size."""
+    if "\x00" in text:
+        return "contains a NUL character (\\x00), which text cannot hold"
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return (
+            f"contains a lone surrogate ({text[exc.start]!r} at {exc.start}), which is not "
+            "Unicode text"
+        )
+    return None
+
+
+def json_text_problem(value: Any, where: str) -> tuple[str, str] | None:
+    """The first text in a JSON value (any depth, keys and values) that cannot be stored as
+    text: ``(where['key'][2], problem)``, or None. The text rule for values that are any JSON:
+    working-memory values, a command's ``metadata`` and ``initial_state``."""
+    stack: list[tuple[str, Any]] = [(where, value)]
+    while stack:
+        path, item = stack.pop()
+        if isinstance(item, str):
+            if (problem := _unstorable(item)) is not None:
+                return path, problem
+        elif isinstance(item, dict):
+            pairs = list(item.items())
+            for key, sub in reversed(pairs):
+                if isinstance(key, str) and (problem := _unstorable(key)) is not None:
+                    return f"{path} (a key, {key!r:.40})", problem
+                stack.append((f"{path}[{key!r:.40}]", sub))
+        elif isinstance(item, list | tuple):
+            stack.extend((f"{path}[{i}]", sub) for i, sub in reversed(list(enumerate(item))))
     return None
 
 

@@ -13,6 +13,8 @@ from typing import Any
 
 import orjson
 
+from schemas.inputs import InvalidInputError, json_text_problem
+
 FASTSTREAM_DATA_FIELD = "__data__"
 """Where a FastStream publisher puts its (binary-framed) body instead of ``data``."""
 
@@ -69,11 +71,19 @@ def json_bytes(value: Any, what: str) -> bytes:
     command's body, a working-memory value). NaN and Infinity are refused with a
     ``ValueError`` naming where they are (JSON has no such numbers; written as ``null`` they
     would be lost silently); a datetime without a zone is taken as UTC and written with
-    ``+00:00``; anything else JSON cannot hold raises a ``TypeError`` naming ``what``."""
+    ``+00:00``; anything else JSON cannot hold raises a ``TypeError`` naming ``what``. Text
+    that cannot be stored as text (a NUL, a lone surrogate, at any depth, in a key or a value:
+    Postgres cannot hold either) raises ``schemas.inputs.InvalidInputError`` (a
+    ``ValueError``) naming where."""
     try:
         text = orjson.dumps(value, option=orjson.OPT_NAIVE_UTC)
     except TypeError as exc:
+        if (bad := json_text_problem(value, what)) is not None:  # a lone surrogate
+            raise InvalidInputError(*bad) from exc
         raise TypeError(f"{what} is not JSON-serializable: {exc}") from exc
+    # A NUL is written \u0000: looked for in the bytes (one scan), found exactly by the walk.
+    if b"\\u0000" in text and (bad := json_text_problem(value, what)) is not None:
+        raise InvalidInputError(*bad)
     if b"null" in text and (where := _non_finite(value, what)) is not None:
         raise ValueError(
             f"{where} is not a JSON number (NaN and Infinity have no JSON form); "

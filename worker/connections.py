@@ -143,7 +143,8 @@ def client_for(
     It opens at most ``redis_max_connections`` connections a server (calls past them wait; on
     a Redis Cluster each node's pool opens what concurrent calls need) and
     retries a lost connection for ``retry_seconds`` (default ``redis_retry_seconds``)."""
-    kwargs.setdefault("socket_keepalive", True)
+    if not settings.redis_url.startswith("unix://"):  # a unix socket has no TCP keepalive
+        kwargs.setdefault("socket_keepalive", True)
     seconds = settings.redis_retry_seconds if retry_seconds is None else retry_seconds
     retry = retry_policy(seconds) if seconds > 0 else Retry(EqualJitterBackoff(), 0)
     errors = [RedisConnectionError, RedisTimeoutError]

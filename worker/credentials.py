@@ -1,9 +1,11 @@
 """Credentials: never shown, and never the ones the repository ships.
 
 ``mask(text)`` is the one masking function: every URL password (``scheme://user:PASSWORD@``,
-Redis, Sentinel and Cluster URLs, Postgres URLs) and every ``password=``/``token=``-style
-parameter in ``text`` becomes ``***``. Errors (``worker.errors.one_line``), log lines
-(``worker.logs``), probes and the CLI's output pass through it.
+Redis, Sentinel and Cluster URLs, Postgres URLs; a Redis URL's lone userinfo,
+``redis://SECRET@host``, which ``redis-cli -u`` reads as the password) and every
+``password=``/``token=``-style parameter in ``text`` becomes ``***``. Errors
+(``worker.errors.one_line``), log lines (``worker.logs``), probes and the CLI's output pass
+through it.
 
 ``shipped_secret(settings)`` names the setting that holds a secret this repository ships
 (``dev-<user>-change-me`` of ``deploy/redis/users.acl`` and ``docker-compose.yml``, the
@@ -28,6 +30,12 @@ _URL_PASSWORD = re.compile(
     r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^\s:/@'\"]*:)"
     r"(?P<secret>(?:[^\s'\"@/]|@(?=[^\s'\"/]*@))*)@"
 )
+_REDIS_LONE_USERINFO = re.compile(
+    # redis://SECRET@host: redis-py reads a lone userinfo as the user name, but redis-cli -u
+    # (and so a URL copied from it) as the password: shown as neither.
+    r"(?P<head>(?<![A-Za-z0-9+.-])(?:redis|rediss|valkey|valkeys|unix)://)"
+    r"(?P<secret>[^\s:/@'\"]+)@"
+)
 _PARAMETER = re.compile(
     r"(?P<head>\b(?:password|passwd|pwd|pass|token|api_key|apikey|access_token|secret)=)"
     r"(?P<secret>[^&\s'\";#,]+)",
@@ -40,6 +48,7 @@ def mask(text: str) -> str:
     if "=" not in text and "@" not in text:
         return text  # the common case: nothing that could carry one
     text = _URL_PASSWORD.sub(lambda m: f"{m['head']}{MASK}@", text)
+    text = _REDIS_LONE_USERINFO.sub(lambda m: f"{m['head']}{MASK}@", text)
     return _PARAMETER.sub(lambda m: f"{m['head']}{MASK}", text)
 
 

@@ -19,6 +19,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from schemas.inputs import InvalidInputError
 from worker.credentials import ShippedSecretError, mask
+from worker.redis_conditions import RedisConditionError
 
 
 class ActionableError(Exception):
@@ -62,8 +63,10 @@ def _configuration(exc: BaseException) -> str | None:
         return None
     problems = []
     for error in exc.errors():
-        field = ".".join(str(part) for part in error["loc"]) or "settings"
-        problems.append(f"{env_name(field)}: {error['msg'].removeprefix('Value error, ')}")
+        field = ".".join(str(part) for part in error["loc"])
+        message = error["msg"].removeprefix("Value error, ")
+        # A check of several settings at once has no field: its message names them.
+        problems.append(f"{env_name(field)}: {message}" if field else message)
     return "invalid configuration: " + "; ".join(problems)
 
 
@@ -111,6 +114,9 @@ def _redis(exc: BaseException) -> str | None:
                 "+function|load since it applies commands with a Redis function)"
             )
         return f"Redis refused the command: {text}"
+    if isinstance(exc, RedisConditionError) and exc.condition.kind != "unreachable":
+        # Reached, but full, busy, loading, failing over: say that, not "cannot reach".
+        return mask(_first_line(str(exc)))
     if isinstance(exc, RedisConnectionError):
         url = (
             os.environ.get("REDIS_URL")

@@ -84,6 +84,11 @@ ACCESS_SECONDS = Histogram(
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
 )
 READY = Gauge("memworker_ready", "1 when the worker can reach its servers and is consuming.")
+MCP_SESSIONS_OPEN = Gauge(
+    "memworker_mcp_sessions_open",
+    "Sessions open on memworker mcp --http (at most MEMWORKER_MCP_MAX_SESSIONS; idle ones are "
+    "closed after MEMWORKER_MCP_SESSION_IDLE_SECONDS).",
+)
 
 
 async def serve_http(

@@ -9,9 +9,10 @@ from __future__ import annotations
 import json
 import re
 from functools import lru_cache
-from typing import Annotated, Literal
+from typing import Annotated, Literal, Self
+from urllib.parse import urlsplit
 
-from pydantic import AliasChoices, Field, field_validator
+from pydantic import AliasChoices, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from schemas.commands import MAX_SESSION_TTL_SECONDS
@@ -78,6 +79,8 @@ class Settings(BaseSettings):
     """variables per session"""
     max_value_bytes: int = Field(default=1_048_576, ge=1)
     """bytes of one variable's JSON"""
+    max_session_bytes: int = Field(default=64 * 1_048_576, ge=1)
+    """bytes of one session's variables (names plus JSON values; a write past it is refused)"""
     max_scratchpad_entries: int = Field(default=1_000, ge=1)
     """scratchpad length (oldest dropped)"""
     max_checkpoints_per_session: int = Field(default=50, ge=1)
@@ -222,6 +225,9 @@ class Settings(BaseSettings):
     user's memory only (a call naming another is refused). Unset: each call names its user."""
     api_max_request_bytes: int = Field(default=2_097_152, ge=1024)
     """The largest request body ``memworker serve`` (and ``mcp --http``) reads; larger: 413."""
+    api_body_timeout_seconds: float = Field(default=30.0, gt=0)
+    """A request body ``memworker serve`` (and ``mcp --http``) has not received whole within
+    this long is answered 408 and its connection closed (a slow body holds no connection)."""
 
     # Operations.
     metrics_port: int | None = Field(default=None, ge=0, le=65_535)
@@ -264,7 +270,13 @@ class Settings(BaseSettings):
     @field_validator("api_token")
     @classmethod
     def _empty_token_is_unset(cls, value: str | None) -> str | None:
-        """``MEMWORKER_API_TOKEN=""`` means what unset means: no authentication."""
+        """``MEMWORKER_API_TOKEN=""`` means what unset means: no authentication. A token of
+        whitespace only is refused: no client can send it (a header's value is trimmed)."""
+        if value and not value.strip():
+            raise ValueError(
+                "is only whitespace, which no client can send; unset it (or set it empty) for "
+                "no authentication, or set a real token"
+            )
         return value if value else None
 
     @field_validator("api_allowed_hosts", mode="before")
@@ -287,6 +299,19 @@ class Settings(BaseSettings):
                 "e.g. redis://127.0.0.1:6379/0"
             )
         return value
+
+    @model_validator(mode="after")
+    def _host_list_needs_sentinel(self) -> Self:
+        """``redis://h1:26379,h2:26379/0`` names Sentinels: only with the service they watch."""
+        if self.redis_sentinel_service or self.redis_cluster:
+            return self
+        netloc = urlsplit(self.redis_url).netloc.rsplit("@", 1)[-1]
+        if "," in netloc:
+            raise ValueError(
+                "REDIS_URL names several hosts (Sentinels); set "
+                "MEMWORKER_REDIS_SENTINEL_SERVICE to the service they watch, or name one host"
+            )
+        return self
 
 
 @lru_cache(maxsize=1)

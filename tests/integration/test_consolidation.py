@@ -285,9 +285,11 @@ async def test_junk_entries_go_to_the_dlq_and_the_rest_of_the_batch_lands(
     assert await pending(redis, settings) == 0
 
 
-async def test_a_result_postgres_rejects_is_dead_lettered_after_max_attempts(
+async def test_a_result_postgres_refuses_as_data_is_dead_lettered_at_once_alone(
     redis: Redis, prefix: str, redis_url: str, engine: AsyncEngine
 ) -> None:
+    """A NUL byte is a data error (SQLSTATE 22): the same every time, so the one result is
+    dead-lettered on its first delivery, naming the problem; the rest of its batch is stored."""
     settings = Settings(redis_url=redis_url, stream_prefix=prefix, consolidation_max_attempts=3)
     good = [terminated("proj-a", f"s-{i}", i) for i in range(40)]
     poison = terminated(
@@ -301,8 +303,9 @@ async def test_a_result_postgres_rejects_is_dead_lettered_after_max_attempts(
     assert await count(engine, Episode) == 40
     letters = await dead_letters(redis, settings)
     assert [(letter["reason"], letter["deliveries"]) for letter in letters] == [
-        ("storage_failed", "3")
+        ("unstorable_data", "1")
     ]
+    assert letters[0]["error"].startswith("Postgres refused its data: ")
     assert orjson.loads(orjson.loads(letters[0]["data"])["data"])["event_id"] == poison["event_id"]
     assert await pending(redis, settings) == 0
 

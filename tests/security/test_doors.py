@@ -173,6 +173,8 @@ async def test_mcp_sessions_past_the_cap_are_refused_and_idle_ones_closed(mcp_do
     refused = await _open_session(http)
     assert refused.status_code == 503, refused.text
     assert "Too many open sessions: 3 are open (MEMWORKER_MCP_MAX_SESSIONS)" in refused.text
+    metrics = (await http.get("/metrics")).text
+    assert "memworker_mcp_sessions_open 3.0" in metrics  # the gauge counts them
     assert await _ping(http, sessions[0]) == 200  # the open ones still work
 
     # Left alone past MEMWORKER_MCP_SESSION_IDLE_SECONDS, they are closed: room again.

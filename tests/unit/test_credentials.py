@@ -25,6 +25,9 @@ from worker.settings import Settings
         ('{"error": "to redis://a:S3cret@h/0"}', '{"error": "to redis://a:***@h/0"}'),
         ("host=db password=S3cret dbname=m", "host=db password=*** dbname=m"),
         ("redis://127.0.0.1:6379/0", "redis://127.0.0.1:6379/0"),
+        # a lone userinfo: redis-cli -u reads it as the password
+        ("redis://S3cretXYZ@127.0.0.1:1/0", "redis://***@127.0.0.1:1/0"),
+        ("error: rediss://S3cret@h:6380 down", "error: rediss://***@h:6380 down"),
         ("postgresql://postgres@127.0.0.1/postgres", "postgresql://postgres@127.0.0.1/postgres"),
         (
             "no secret here: user ann@example.com said a=b",

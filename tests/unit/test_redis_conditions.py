@@ -94,3 +94,20 @@ def test_working_memory_s_error_is_the_one_error_callers_catch() -> None:
     assert isinstance(error, ConnectionError)
     assert error.condition.kind == "full"
     assert RedisUnavailableError("Redis at x is unavailable").condition.kind == "unreachable"
+
+
+def test_a_full_or_busy_redis_is_not_called_unreachable() -> None:
+    """Before: "cannot reach Redis at …: Redis is full: …", which sends an operator looking
+    for a network problem."""
+    from worker.errors import one_line
+    from worker.redis_conditions import RedisConditionError, ServerCondition
+
+    full = RedisConditionError(
+        "Redis is full: used_memory 57.90M reached maxmemory 58.71M (Redis at redis://h:1/0)",
+        ServerCondition("full", "Redis is full"),
+    )
+    assert one_line(full).startswith("Redis is full: used_memory 57.90M")
+    nearly = RedisConditionError("Redis is nearly full: …", ServerCondition("nearly_full", "x"))
+    assert one_line(nearly) == "Redis is nearly full: …"
+    down = RedisConditionError("Redis is unreachable: refused")
+    assert one_line(down).startswith("cannot reach Redis at ")

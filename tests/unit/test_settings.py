@@ -39,3 +39,27 @@ def test_an_empty_setting_means_unset(monkeypatch: pytest.MonkeyPatch) -> None:
     assert settings.metrics_port == Settings.model_fields["metrics_port"].default
     assert settings.shards == Settings.model_fields["shards"].default
     assert settings.redis_url == Settings.model_fields["redis_url"].default
+
+
+@pytest.mark.parametrize("token", [" ", "\t", "  \n "])
+def test_a_whitespace_only_api_token_is_refused_naming_it(
+    monkeypatch: pytest.MonkeyPatch, token: str
+) -> None:
+    from pydantic import ValidationError
+
+    from worker.errors import one_line
+
+    monkeypatch.setenv("MEMWORKER_API_TOKEN", token)
+    with pytest.raises(ValidationError) as raised:
+        Settings()
+    assert one_line(raised.value).startswith(
+        "invalid configuration: MEMWORKER_API_TOKEN: is only whitespace"
+    )
+
+
+def test_a_redis_host_list_needs_the_sentinel_service() -> None:
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="MEMWORKER_REDIS_SENTINEL_SERVICE"):
+        Settings(redis_url="redis://h1:26379,h2:26379/0")
+    assert Settings(redis_url="redis://h1:26379,h2:26379/0", redis_sentinel_service="m")

@@ -6,6 +6,7 @@ the token compared in constant time), and a limit on the request body. Its refus
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import ipaddress
 from collections.abc import Awaitable, Callable, MutableMapping
@@ -62,11 +63,24 @@ def _is_address(name: str) -> bool:
     return True
 
 
+_CHECKED = (b"host", b"origin", b"authorization")
+"""The headers the guard judges a request by: each at most once."""
+
+
+def _repeated(raw: list[tuple[bytes, bytes]]) -> str | None:
+    """The name of a checked header ``raw`` holds more than once, or None."""
+    names = [name for name, _ in raw]
+    for name in _CHECKED:
+        if names.count(name) > 1:
+            return name.decode()
+    return None
+
+
 class Guard:
     """Refuse a request naming a ``Host`` not served (421; ``allowed_hosts`` None: any), sent
     by a page of another site (its ``Origin``: 403), without ``Authorization: Bearer <token>``
-    (401; when ``token`` is set) or with a body over ``max_bytes`` (413), before the app
-    reads it."""
+    (401; when ``token`` is set), with a body over ``max_bytes`` (413) or not received whole
+    within ``body_timeout_s`` (408), before the app reads it."""
 
     def __init__(
         self,
@@ -76,8 +90,10 @@ class Guard:
         max_bytes: int,
         open_paths: frozenset[str] = OPEN_PATHS,
         allowed_hosts: frozenset[str] | None = LOCAL_HOSTS,
+        body_timeout_s: float = 30.0,
     ) -> None:
         self.app = app
+        self.body_timeout_s = body_timeout_s
         self.expected = token.encode() if token else None
         self.max_bytes = max_bytes
         self.open_paths = open_paths
@@ -126,7 +142,13 @@ class Guard:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        headers = dict(scope.get("headers") or [])
+        raw = scope.get("headers") or []
+        headers = dict(raw)
+        if len(headers) < len(raw) and (twice := _repeated(raw)):
+            # dict() keeps the last of each: a checked header sent twice is refused, never
+            # judged by one of its copies (an Origin of another site, then a local one)
+            await send_error(send, 400, f"bad request: the {twice} header is sent twice")
+            return
         if not self.host_allowed(headers.get(b"host")):
             name = host_name(headers.get(b"host", b""))[:100]
             await send_error(
@@ -164,17 +186,28 @@ class Guard:
             await self.app(scope, receive, send)
             return
         body, rest = bytearray(), None
-        while True:  # read the body here, at most max_bytes, then hand it on in one piece
-            message = await receive()
-            if message["type"] != "http.request":
-                rest = message
-                break
-            body += message.get("body", b"")
-            if len(body) > self.max_bytes:
-                await send_error(send, 413, self._too_large())
-                return
-            if not message.get("more_body", False):
-                break
+        try:  # the whole body within body_timeout_s: a slow one holds no connection
+            async with asyncio.timeout(self.body_timeout_s):
+                while True:  # read the body here, at most max_bytes, then hand it on whole
+                    message = await receive()
+                    if message["type"] != "http.request":
+                        rest = message
+                        break
+                    body += message.get("body", b"")
+                    if len(body) > self.max_bytes:
+                        await send_error(send, 413, self._too_large())
+                        return
+                    if not message.get("more_body", False):
+                        break
+        except TimeoutError:
+            await send_error(
+                send,
+                408,
+                f"request body not received within {self.body_timeout_s:g} s "
+                "(MEMWORKER_API_BODY_TIMEOUT_SECONDS)",
+                (b"connection", b"close"),
+            )
+            return
         replayed = False
 
         async def replay() -> Message:

@@ -27,6 +27,9 @@ from worker.access.scope import Access, failure
 from worker.access.tools import TOOLS, Tool, invoke
 
 SERVER = "http"
+RETRY_AFTER_SECONDS = 2
+"""The ``Retry-After`` of a 503 (a server-wide condition: Redis or Postgres unreachable, Redis
+nearly full or full): a client backs off at least this long before it retries."""
 
 
 def _invalid(exc: RequestValidationError) -> str:
@@ -49,7 +52,8 @@ def _endpoint(tool: Tool) -> Callable[..., Awaitable[Response]]:
     async def endpoint(request: Request, arguments: Any) -> Response:
         given = arguments if arguments is not None else tool.arguments()
         status, result = await invoke(request.app.state.access, SERVER, tool.name, given)
-        return JSONResponse(result, status_code=status)
+        headers = {"Retry-After": str(RETRY_AFTER_SECONDS)} if status == 503 else None
+        return JSONResponse(result, status_code=status, headers=headers)
 
     default = Body(default=None) if optional else Body()
     annotation = tool.arguments | None if optional else tool.arguments
@@ -76,6 +80,7 @@ def create_app(
     token: str | None,
     max_bytes: int,
     allowed_hosts: frozenset[str] | None = LOCAL_HOSTS,
+    body_timeout_s: float = 30.0,
 ) -> Any:
     """The ASGI app: the API behind ``Guard`` (host, token, body limit). ``access`` makes the
     server's ``Access`` when the app starts; it is closed when the app stops."""
@@ -126,8 +131,16 @@ def create_app(
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> Response:
         status, line = failure(exc)
-        return JSONResponse({"error": line}, status_code=status)
+        # 503: a server-wide condition (Redis or Postgres down, Redis nearly full): retry.
+        headers = {"Retry-After": str(RETRY_AFTER_SECONDS)} if status == 503 else None
+        return JSONResponse({"error": line}, status_code=status, headers=headers)
 
     app.router.routes.extend(probe_routes(lambda request: request.app.state.access))
 
-    return Guard(JsonBodies(app), token=token, max_bytes=max_bytes, allowed_hosts=allowed_hosts)
+    return Guard(
+        JsonBodies(app),
+        token=token,
+        max_bytes=max_bytes,
+        allowed_hosts=allowed_hosts,
+        body_timeout_s=body_timeout_s,
+    )

@@ -17,6 +17,7 @@ import orjson
 from mcp.server import Server, ServerRequestContext
 
 from worker.access.tools import TOOLS, invoke
+from worker.metrics import MCP_SESSIONS_OPEN
 
 if TYPE_CHECKING:
     from worker.access.scope import Access
@@ -108,6 +109,7 @@ def http_app(
     allowed_hosts: frozenset[str] | None,
     max_sessions: int,
     idle_seconds: float,
+    body_timeout_s: float = 30.0,
 ) -> tuple[Server[Any], Any]:
     """The streamable HTTP app (path ``/mcp``, with ``/healthz``, ``/readyz``, ``/metrics``)
     behind ``Guard`` (which checks ``Host`` and ``Origin`` for both doors), and its server. At
@@ -127,8 +129,18 @@ def http_app(
         transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False),
         custom_starlette_routes=probe_routes(lambda request: scope()),
     )
+    manager = server.session_manager
+    # Read at each scrape: the SDK's table of open sessions (no hook to count them by).
+    MCP_SESSIONS_OPEN.set_function(lambda: len(getattr(manager, "_server_instances", ())))
     capped = SessionCapMessage(app, max_sessions)
-    return server, Guard(capped, token=token, max_bytes=max_bytes, allowed_hosts=allowed_hosts)
+    guarded = Guard(
+        capped,
+        token=token,
+        max_bytes=max_bytes,
+        allowed_hosts=allowed_hosts,
+        body_timeout_s=body_timeout_s,
+    )
+    return server, guarded
 
 
 class SessionCapMessage:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, StrictFloat, StrictInt
 
 from schemas.inputs import IdText, When, text_rule
 from schemas.limits import (
@@ -62,7 +62,9 @@ BlockText = Annotated[str, text_rule(sys.maxsize)]  # its size: MEMWORKER_MAX_VA
 class Arguments(BaseModel):
     """Arguments of every tool: unknown names are refused, not ignored; every field follows
     the input rule (``schemas.inputs``): ids, text without NUL or lone surrogates and within
-    its size, times in 0001..9999 UTC, finite numbers."""
+    its size, times in 0001..9999 UTC, finite numbers. Numbers are JSON numbers: ``"5"`` and
+    ``true`` are refused where an integer or a number is meant (``StrictInt``,
+    ``StrictFloat``; an integer is a number too)."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
@@ -114,8 +116,8 @@ class RecallArguments(UserArguments):
         description="What to recall, in words ('': the most recent episodes; whitespace only "
         f"is refused); at most {MAX_QUERY_BYTES} bytes (UTF-8)."
     )
-    limit: int = Field(default=5, ge=1, le=100, description="How many episodes at most.")
-    min_score: float | None = Field(
+    limit: StrictInt = Field(default=5, ge=1, le=100, description="How many episodes at most.")
+    min_score: StrictFloat | None = Field(
         default=None,
         ge=-1.0,
         le=1.0,
@@ -133,7 +135,7 @@ class RecallArguments(UserArguments):
 
 class RecallFactsArguments(UserArguments):
     query: Query = Field(default="", description="Words to match ('': the most recent facts).")
-    limit: int = Field(default=5, ge=1, le=100, description="How many facts at most.")
+    limit: StrictInt = Field(default=5, ge=1, le=100, description="How many facts at most.")
     valid_at: When | None = Field(
         default=None, description="Only facts true at this time (RFC 3339). Default: any."
     )
@@ -143,7 +145,7 @@ class AddFactArguments(UserArguments):
     subject: FactText = Field(description="Who or what the fact is about.")
     predicate: FactText = Field(description="The relation, e.g. lives_in.")
     object: FactText = Field(description="The value, e.g. Lisbon.")
-    confidence: float = Field(default=1.0, ge=0.0, le=1.0, description="How sure (0..1).")
+    confidence: StrictFloat = Field(default=1.0, ge=0.0, le=1.0, description="How sure (0..1).")
     valid_from: When | None = Field(
         default=None,
         description="Since when it is true (RFC 3339). Default: now. A contradicting fact "
@@ -158,7 +160,7 @@ class BlockArguments(UserArguments):
 
 class SessionMessagesArguments(UserArguments):
     session_id: IdText = Field(description=SESSION)
-    limit: int = Field(
+    limit: StrictInt = Field(
         default=20, ge=1, le=1000, description="How many messages at most (two per turn)."
     )
 
@@ -185,7 +187,7 @@ class WmSetArguments(Arguments):
     session_id: IdText = Field(description="The live session (its spawn's session_id).")
     key: str = Field(description="The variable (not starting with '_').")
     value: JsonValue = Field(description="Any JSON value.")
-    ttl_seconds: float | None = Field(
+    ttl_seconds: StrictFloat | None = Field(
         default=None,
         gt=0,
         le=MAX_TTL_SECONDS,

@@ -192,6 +192,7 @@ def mcp(
         allowed_hosts=_allowed_hosts(settings, chosen, allowed_host),
         max_sessions=settings.mcp_max_sessions,
         idle_seconds=settings.mcp_session_idle_seconds,
+        body_timeout_s=settings.api_body_timeout_seconds,
     )
 
     async def go() -> None:
@@ -224,5 +225,6 @@ def serve(
         token=settings.api_token,
         max_bytes=settings.api_max_request_bytes,
         allowed_hosts=_allowed_hosts(settings, chosen, allowed_host),
+        body_timeout_s=settings.api_body_timeout_seconds,
     )
     run_async(_serve_uvicorn(app, sock, chosen, port, f"memory API of project {project_id}"))

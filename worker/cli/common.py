@@ -10,6 +10,7 @@ import os
 import shlex
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar, cast
 
 import typer
@@ -193,3 +194,34 @@ async def database_engine(settings: Settings, *, pool: bool = False) -> AsyncIte
         yield engine
     finally:
         await engine.dispose()
+
+
+def check_out(path: Path, force: bool) -> None:
+    """Refuse ``--out PATH`` before any work: an empty path, a directory, a missing
+    directory, a symbolic link, or an existing file without ``--force`` (one line naming
+    ``--out``)."""
+    text = str(path)
+    if text in ("", ".") or path.is_dir():
+        fail(f"--out {text!r} is a directory (or empty): name a file to write")
+    if not path.parent.is_dir():
+        fail(f"--out {text}: the directory {str(path.parent)!r} does not exist")
+    if path.is_symlink():
+        fail(f"--out {text} is a symbolic link: name the file itself")
+    if path.exists() and not force:
+        fail(f"--out {text} exists: pass --force to overwrite it")
+
+
+def write_private(path: Path, data: bytes, force: bool) -> None:
+    """Write ``data`` to ``path`` readable by its owner only (0600: it may hold a user's whole
+    memory), never through a symbolic link (``O_NOFOLLOW``), and over an existing file only
+    with ``force`` (else ``O_EXCL``)."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | (os.O_TRUNC if force else os.O_EXCL)
+    try:
+        fd = os.open(path, flags, 0o600)
+    except FileExistsError:
+        fail(f"--out {path} exists: pass --force to overwrite it")
+    except OSError as exc:
+        fail(f"--out {path}: cannot write it: {exc.strerror or exc}")
+    with os.fdopen(fd, "wb") as out:
+        os.fchmod(out.fileno(), 0o600)  # an existing file overwritten with --force too
+        out.write(data)

@@ -19,6 +19,7 @@ from redis.asyncio import Redis
 
 from worker.cli.common import (
     check_ids,
+    check_out,
     database_engine,
     err,
     fail,
@@ -26,6 +27,7 @@ from worker.cli.common import (
     run_async,
     settings_from_env,
     with_redis,
+    write_private,
 )
 from worker.erasure.receipt import ForgetReceipt
 
@@ -186,14 +188,24 @@ def export(
     session: SessionOption = None,
     before: BeforeOption = None,
     out_file: Annotated[
-        Path | None, typer.Option("--out", help="Write the JSON here instead of stdout.")
+        Path | None,
+        typer.Option(
+            "--out",
+            help="Write the JSON here instead of stdout (a new file, mode 0600; never through "
+            "a symbolic link).",
+        ),
     ] = None,
+    force: Annotated[
+        bool, typer.Option("--force", help="With --out: overwrite the file if it exists.")
+    ] = False,
 ) -> None:
     """Export, as one JSON document, everything `memworker forget` with the same selectors
     would remove: episodes (with vectors), results, working memory of live sessions, stream
     entries; with --user also the user's facts, blocks and change-feed rows."""
     check_ids(project_id=project, **_narrowing(user, session))
     when = _before(before)
+    if out_file is not None:
+        check_out(out_file, force)
     settings = settings_from_env()
 
     async def go(redis: Redis) -> bytes:
@@ -233,4 +245,4 @@ def export(
         sys.stdout.buffer.write(document)
         sys.stdout.flush()
     else:
-        out_file.write_bytes(document)
+        write_private(out_file, document, force)

@@ -12,6 +12,7 @@ import orjson
 import typer
 from redis.asyncio import Redis
 
+from schemas.inputs import json_text_problem
 from worker.cli.common import check_ids, fail, out, run_async, settings_from_env, with_redis
 from worker.keys import StreamKeys, episodes_stream, shard_of
 
@@ -39,6 +40,8 @@ def _parse_assignments(values: list[str]) -> dict[str, Any]:
             fields[name] = _json(raw)
         except ValueError:
             fields[name] = raw
+        if (bad := json_text_problem(fields[name], name)) is not None:
+            raise typer.BadParameter(f"{bad[0]} {bad[1]}", param_hint="--set")
     return fields
 
 
@@ -94,6 +97,8 @@ def publish(
         if not isinstance(body["initial_state"], dict):
             kind = type(body["initial_state"]).__name__
             raise typer.BadParameter(f"must be a JSON object, not {kind}", param_hint="--state")
+        if (bad := json_text_problem(body["initial_state"], "initial_state")) is not None:
+            raise typer.BadParameter(f"{bad[0]} {bad[1]}", param_hint="--state")
     if event_id:
         body["event_id"] = event_id
     if user is not None:

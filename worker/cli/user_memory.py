@@ -19,7 +19,16 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 import orjson
 import typer
 
-from worker.cli.common import check_ids, fail, new_table, out, run_async, settings_from_env
+from worker.cli.common import (
+    check_ids,
+    check_out,
+    fail,
+    new_table,
+    out,
+    run_async,
+    settings_from_env,
+    write_private,
+)
 from worker.logs import configure_logging
 
 if TYPE_CHECKING:
@@ -332,12 +341,22 @@ def export(
     user: UserOption = None,
     project: ProjectOption = None,
     out_file: Annotated[
-        Path | None, typer.Option("--out", help="Write the JSON here instead of stdout.")
+        Path | None,
+        typer.Option(
+            "--out",
+            help="Write the JSON here instead of stdout (a new file, mode 0600; never through "
+            "a symbolic link).",
+        ),
     ] = None,
+    force: Annotated[
+        bool, typer.Option("--force", help="With --out: overwrite the file if it exists.")
+    ] = False,
 ) -> None:
     """Everything kept about the user in the project (JSON): episodes oldest first, facts,
     blocks."""
     settings, project_id = _scope(project, user)
+    if out_file is not None:
+        check_out(out_file, force)
 
     async def go(memory: Memory) -> Any:
         return await memory.export(user_id=user)
@@ -348,7 +367,4 @@ def export(
         sys.stdout.buffer.write(document)
         sys.stdout.flush()
         return
-    try:
-        out_file.write_bytes(document)
-    except OSError as exc:
-        fail(f"cannot write {out_file}: {exc.strerror or exc}")
+    write_private(out_file, document, force)

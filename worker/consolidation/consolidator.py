@@ -14,8 +14,11 @@ Why it is shaped this way:
   ``tick``). A replay of an announced episode publishes nothing.
 - **Postgres down is not a poison entry.** When a write fails, ``SELECT 1`` tells the two
   apart. Down: nothing is acknowledged and the loop backs off (capped) until it answers. Up: the
-  batch is split in halves until the failing entry stands alone; it is retried with backoff and
-  dead-lettered (``storage_failed``) after ``consolidation_max_attempts`` failures.
+  batch is split in halves until the failing entry stands alone. A data error (SQLSTATE class 22
+  or 54: a NUL byte, a value out of range) is that entry's own and the same every time: it alone
+  is dead-lettered at once (``unstorable_data``, the error naming the problem). Any other error
+  is retried with backoff and dead-lettered (``storage_failed``) after
+  ``consolidation_max_attempts`` failures.
 - **Forgotten stays forgotten.** Each write takes the shared advisory lock of its projects and
   skips the results an ``erasures`` row covers (``worker.db.erasures``), in the transaction
   that writes the rest; a ``forgotten`` rejection is acknowledged, never stored. Replays go
@@ -65,7 +68,7 @@ from worker.consumers.service import GroupService
 from worker.db.batch import insert_batch
 from worker.db.engine import create_database_engine
 from worker.db.erasures import covered, erasure_cutoffs, lock_projects
-from worker.db.outages import first_line, is_connection_error, storage_error
+from worker.db.outages import first_line, is_connection_error, is_data_error, storage_error
 from worker.episodes.announcements import Announcement, Announcer
 from worker.episodes.changes import publish_owed
 from worker.erasure.erased import record_erased
@@ -300,7 +303,7 @@ class Consolidator(GroupService):
         outcome.dead_lettered += len(batch.dead)
         if batch.results:
             await self._store_all(batch.results, outcome)
-        outcome.dead_lettered += len(outcome.failed)
+        outcome.dead_lettered += len(outcome.failed) + len(outcome.rejected)
         return outcome
 
     # -- the group handler ---------------------------------------------------------------------
@@ -382,6 +385,10 @@ class Consolidator(GroupService):
                 middle = len(parsed) // 2
                 await self._store(parsed[:middle], outcome)
                 await self._store(parsed[middle:], outcome)
+                return
+            if is_data_error(exc):  # the row's own problem: the same every time, never retried
+                error = f"Postgres refused its data: {first_line(exc)}"
+                outcome.rejected.append(Rejection(parsed[0].entry, "unstorable_data", error))
                 return
             outcome.failed.append(self._failure(parsed[0], exc))
             return

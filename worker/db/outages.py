@@ -43,6 +43,19 @@ def sqlstate(exc: BaseException) -> str | None:
     return None
 
 
+DATA_ERROR_CLASSES = ("22", "54")
+"""SQLSTATE classes that are the row's, never the server's: data exception (a NUL byte in text
+``22021``/``22P05``, a value out of range, an invalid time) and program limit exceeded (a text
+too long for an index, too many columns). The same row fails the same way every time."""
+
+
+def is_data_error(exc: BaseException) -> bool:
+    """True when Postgres refused the data itself (SQLSTATE class 22 or 54): retrying the same
+    row can never succeed, so it is dead-lettered at once, not counted as a transient failure."""
+    state = sqlstate(exc)
+    return state is not None and state[:2] in DATA_ERROR_CLASSES
+
+
 def is_connection_error(exc: BaseException) -> bool:
     """True for failures that say nothing about the data: the server is gone or going, or
     cannot take this write now (read-only after a failover, out of connections or disk, a

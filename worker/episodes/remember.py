@@ -28,6 +28,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from schemas.commands import Outcome
+from schemas.inputs import InvalidInputError, json_text_problem
 from worker.db.batch import insert_batch, mark_announced
 from worker.db.models import episode_id_for
 from worker.episodes.announcements import Announcement
@@ -94,6 +95,13 @@ async def remember(
         raise ValueError(f"outcome must be one of {', '.join(get_args(Outcome))}, not {outcome!r}")
     if not 0.0 <= importance <= 1.0:
         raise ValueError(f"importance must be between 0 and 1, not {importance}")
+    for name, value in (
+        ("task_description", task_description),
+        ("lessons_learned", list(lessons_learned)),
+        ("context_summary", context_summary),
+    ):  # a NUL or a lone surrogate: refused here, naming it, not by Postgres with its SQL
+        if (bad := json_text_problem(value, name)) is not None:
+            raise InvalidInputError(*bad)
     source_event_id = f"{REMEMBERED_SESSION_PREFIX}{project_id}/{memory_id}"
     episode_id = episode_id_for(source_event_id)
     when = occurred_at or datetime.now(UTC)

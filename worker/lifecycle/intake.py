@@ -21,8 +21,12 @@ from schemas.commands import (
     MAX_SAFE_INT,
     MAX_TRACEPARENT_BYTES,
     Command,
+    PauseCommand,
+    ResumeCommand,
     SpawnCommand,
+    TerminateCommand,
 )
+from schemas.inputs import json_text_problem
 from schemas.limits import SCHEMA_VERSION
 from worker.codec import entry_data
 from worker.ids import is_valid_id
@@ -109,6 +113,24 @@ def _describe(error: ValidationError) -> str:
     return text + (f"; and {more} more" if more > 0 else "")
 
 
+_COMMAND_FIELDS = frozenset(
+    name
+    for model in (SpawnCommand, PauseCommand, ResumeCommand, TerminateCommand)
+    for name in model.model_fields
+)
+
+
+def _nul_in_fields(raw: Mapping[str, Any]) -> tuple[str, str] | None:
+    """The first command field holding a NUL character at any depth (``metadata['m']``,
+    ``initial_state (a key, ...)``, ``correlation_id``): text cannot hold one, and the
+    session's rows in Postgres would be refused. Only looked for when the entry's JSON has
+    ``\\u0000`` at all (one scan of its bytes); a lone surrogate is not JSON to orjson."""
+    for name, value in raw.items():
+        if name in _COMMAND_FIELDS and (bad := json_text_problem(value, name)) is not None:
+            return bad
+    return None
+
+
 def parse_entry(fields: Mapping[bytes, bytes], shard: int, settings: Settings) -> Intake:
     """Classify one entry of ``P:lifecycle:{shard}``."""
     try:
@@ -170,6 +192,8 @@ def parse_entry(fields: Mapping[bytes, bytes], shard: int, settings: Settings) -
             "invalid_event",
             f"type must be one of {', '.join(COMMAND_TYPES)}; got {raw.get('type')!r:.60}",
         )
+    if b"\\u0000" in payload and (bad := _nul_in_fields(raw)) is not None:
+        return refuse("invalid_event", f"invalid fields: {bad[0]}: {bad[1]}")
     try:
         command = COMMAND_ADAPTER.validate_python(raw)
     except ValidationError as exc:

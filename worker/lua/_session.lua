@@ -51,14 +51,58 @@ local function chunked(cmd, key, items)
   end
 end
 
+-- The bytes of the session's variables (each name plus its JSON value) are kept in the meta
+-- hash's VBYTES field by the writes that know the change (wm_set, wm_delete, purge_expired);
+-- every other change of the variables (a spawn, a restore, a clear) drops the field, and the
+-- next wm_set counts afresh (vars_bytes: HKEYS and one HSTRLEN a variable, once).
+local VBYTES = 'vbytes'
+
+local function vars_bytes()
+  local kept = call('HGET', K_META, VBYTES)
+  if kept then return tonumber(kept) end
+  local total = 0
+  local names = call('HKEYS', K_VARS)
+  for i = 1, #names do
+    total = total + #names[i] + call('HSTRLEN', K_VARS, names[i])
+  end
+  return total
+end
+
+local function forget_vars_bytes()
+  call('HDEL', K_META, VBYTES)
+end
+
 -- Drop variables whose per-key TTL has passed; returns how many.
 local function purge_expired(now)
   local dead = call('ZRANGEBYSCORE', K_VEXP, '-inf', now)
   if #dead > 0 then
+    local kept = call('HGET', K_META, VBYTES)
+    if kept then  -- take the dropped variables off the count (HSTRLEN is 0 for none)
+      local total = tonumber(kept)
+      for i = 1, #dead do
+        local size = call('HSTRLEN', K_VARS, dead[i])
+        if size > 0 then total = total - size - #dead[i] end
+      end
+      call('HSET', K_META, VBYTES, math.max(total, 0))
+    end
     chunked('HDEL', K_VARS, dead)
     chunked('ZREM', K_VEXP, dead)
   end
   return #dead
+end
+
+-- Why a working-memory write that grows the session is refused because Redis is nearly full
+-- (the lifecycle worker's admission key of the shard, P:admission:{i}, holds why), or nil.
+-- The reserve under maxmemory is kept for applying accepted commands. The key is named from
+-- the session's (same prefix, same hash tag: the same slot on a Redis Cluster) and not
+-- declared, so a client may hold read access to it only (users.acl); one whose ACL may not
+-- read it (an ACL from before) is not refused here: Redis refuses at maxmemory.
+local function admission_refused()
+  local prefix, shard_tag = string.match(K_META, '^(.*):({%d+}):s:')
+  if not prefix then return nil end
+  local why = redis.pcall('GET', prefix .. ':admission:' .. shard_tag)
+  if type(why) == 'string' then return 'WM_NEARLY_FULL ' .. why end
+  return nil
 end
 
 local function session_state()
@@ -202,6 +246,7 @@ end
 -- Returns the number of items after the restore, and whether vexp, task and scratch are
 -- known not to exist after it.
 local function checkpoint_restore(id, clear, now, bare)
+  forget_vars_bytes()  -- the variables change wholesale: counted afresh by the next wm_set
   local blobs = call('HMGET', K_CPDATA, id .. '|vars', id .. '|vexp', id .. '|scratch', id .. '|task')
   if clear then
     restore_key(K_VARS, blobs[1])

@@ -246,6 +246,8 @@ local function spawn()
   local n = tonumber(args[o + 10])
   -- A new session: only an agent's WorkingMemory may have written keys before it (seldom).
   local others = call('EXISTS', K_VEXP, K_TASK, K_SCRATCH, K_CPS, K_CPDATA) > 0
+  -- Keys an agent wrote before the spawn, or the initial state: counted afresh by a wm_set.
+  if others or n > 0 then forget_vars_bytes() end
   if others then purge_expired(now) end
   if n > 0 then
     if 2 * n <= CHUNK then  -- straight from args: no table to build (and collect) per spawn

@@ -7,6 +7,8 @@
 -- [] into {} and round big integers), so only the patched members are re-encoded.
 local refused = write_refused()
 if refused then return redis.error_reply(refused) end
+local full = admission_refused()  -- Redis nearly full
+if full then return redis.error_reply(full) end
 
 local function skip_ws(s, i)
   return string.find(s, '[^ \t\r\n]', i) or (#s + 1)

@@ -12,9 +12,11 @@ from worker.memory.errors import (
     MemoryNotFoundError,
     RedisUnavailableError,
     ReservedKeyError,
+    SessionBytesExceededError,
     SessionForgottenError,
     SessionPausedError,
     SessionTerminatedError,
+    UnstorableTextError,
     WorkingMemoryError,
 )
 from worker.memory.models import (
@@ -36,11 +38,13 @@ __all__ = [
     "RedisUnavailableError",
     "ReservedKeyError",
     "ScratchpadEntry",
+    "SessionBytesExceededError",
     "SessionForgottenError",
     "SessionPausedError",
     "SessionTerminatedError",
     "TaskState",
     "TaskStatus",
+    "UnstorableTextError",
     "WorkingMemory",
     "WorkingMemoryError",
 ]

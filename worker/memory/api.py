@@ -25,7 +25,7 @@ import orjson
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from schemas.inputs import check_ttl, text_problem
+from schemas.inputs import InvalidInputError, check_ttl, text_problem
 from worker.codec import json_bytes
 from worker.connections import AnyRedis, client_for
 from worker.ids import InvalidIdError, id_text, validate_id
@@ -37,6 +37,7 @@ from worker.memory.errors import (
     InvalidValueError,
     LimitExceededError,
     ReservedKeyError,
+    UnstorableTextError,
 )
 from worker.memory.inmemory_backend import InMemoryBackend
 from worker.memory.models import (
@@ -203,6 +204,8 @@ class WorkingMemory:
     def _encode(self, value: Any, what: str) -> bytes:
         try:
             text = json_bytes(value, what)
+        except InvalidInputError as exc:
+            raise UnstorableTextError(str(exc)) from exc
         except (TypeError, ValueError) as exc:
             raise InvalidValueError(str(exc)) from exc
         limit = self.settings.max_value_bytes

@@ -25,6 +25,12 @@ class InvalidValueError(WorkingMemoryError, TypeError):
     """A value that cannot be stored as JSON."""
 
 
+class UnstorableTextError(InvalidValueError, ValueError):
+    """A value holding text that cannot be stored as text, at any depth, in a key or a value:
+    a NUL character or a lone surrogate (Postgres, where the session's episode goes, holds
+    neither). The message names where; a ``ValueError`` as every door's bad input is."""
+
+
 class LimitExceededError(WorkingMemoryError):
     """A write that would take the session past one of its configured limits.
 
@@ -37,6 +43,11 @@ class LimitExceededError(WorkingMemoryError):
         self.limit = limit
         self.setting = setting
         self.maximum = maximum
+
+
+class SessionBytesExceededError(LimitExceededError, ValueError):
+    """A write that would take the session's variables (names and JSON values) past
+    ``max_session_bytes`` (``MEMWORKER_MAX_SESSION_BYTES``); a ``ValueError`` too."""
 
 
 class SessionTerminatedError(WorkingMemoryError):

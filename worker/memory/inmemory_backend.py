@@ -19,6 +19,7 @@ from worker.memory.backend import JsonMember, RawStats
 from worker.memory.errors import (
     CheckpointNotFoundError,
     LimitExceededError,
+    SessionBytesExceededError,
     SessionPausedError,
     SessionTerminatedError,
 )
@@ -66,6 +67,7 @@ class InMemoryBackend:
         self._expires_at: float | None = None
         self._session_ttl_ms = settings.session_ttl_seconds * 1000
         self._max_keys = settings.max_keys_per_session
+        self._max_session_bytes = settings.max_session_bytes
         self._max_scratch = settings.max_scratchpad_entries
         self._max_checkpoints = settings.max_checkpoints_per_session
         self._where = f"session {project_id}/{session_id}"
@@ -118,6 +120,19 @@ class InMemoryBackend:
                 setting="max_keys_per_session",
                 maximum=self._max_keys,
             )
+        old = data.vars.get(name)
+        grows = len(value) - (len(old) if old is not None else -len(name.encode()))
+        if grows > 0:
+            used = sum(len(n.encode()) + len(v) for n, v in data.vars.items())
+            if used + grows > self._max_session_bytes:
+                raise SessionBytesExceededError(
+                    f"{self._where} would hold {used + grows:,} bytes of variables (it holds "
+                    f"{used:,}), over the limit of {self._max_session_bytes:,}; delete some or "
+                    "raise max_session_bytes (MEMWORKER_MAX_SESSION_BYTES)",
+                    limit="session_bytes",
+                    setting="max_session_bytes",
+                    maximum=self._max_session_bytes,
+                )
         data.vars[name] = value
         if ttl_ms:
             data.vexp[name] = now + ttl_ms

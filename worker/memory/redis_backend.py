@@ -21,12 +21,13 @@ from worker.memory.errors import (
     CheckpointNotFoundError,
     LimitExceededError,
     RedisUnavailableError,
+    SessionBytesExceededError,
     SessionForgottenError,
     SessionPausedError,
     SessionTerminatedError,
     WorkingMemoryError,
 )
-from worker.redis_conditions import condition_error, server_condition
+from worker.redis_conditions import ServerCondition, condition_error, server_condition
 from worker.scripts import script
 from worker.settings import Settings
 
@@ -62,6 +63,7 @@ class RedisBackend:
         self.redis = redis
         self.keys = keys
         self._key_list = keys.all()
+        self._max_session_bytes = settings.max_session_bytes
         self._session_ttl_ms = settings.session_ttl_seconds * 1000
         self._max_keys = settings.max_keys_per_session
         self._max_scratch = settings.max_scratchpad_entries
@@ -110,6 +112,19 @@ class RedisBackend:
                 setting="max_keys_per_session",
                 maximum=int(detail),
             ) from None
+        if code == "WM_LIMIT_BYTES":
+            maximum, used, after = (int(n) for n in detail.split())
+            raise SessionBytesExceededError(
+                f"{self._where} would hold {after:,} bytes of variables (it holds {used:,}), "
+                f"over the limit of {maximum:,}; delete some or raise max_session_bytes "
+                "(MEMWORKER_MAX_SESSION_BYTES)",
+                limit="session_bytes",
+                setting="max_session_bytes",
+                maximum=maximum,
+            ) from None
+        if code == "WM_NEARLY_FULL":
+            condition = ServerCondition("nearly_full", detail)
+            raise RedisUnavailableError(detail, condition) from None
         if code == "WM_LIMIT_CHECKPOINTS":
             raise LimitExceededError(
                 f"{self._where} already has {detail} checkpoints, the maximum; delete some or "
@@ -123,7 +138,9 @@ class RedisBackend:
         raise WorkingMemoryError(f"Redis refused a working-memory script: {exc}") from exc
 
     async def set(self, name: str, value: bytes, ttl_ms: int | None) -> None:
-        await self._run("wm_set.lua", name, value, ttl_ms or 0, self._max_keys)
+        await self._run(
+            "wm_set.lua", name, value, ttl_ms or 0, self._max_keys, self._max_session_bytes
+        )
 
     async def get(self, name: str) -> bytes | None:
         found = await self._run("wm_get.lua", name)
