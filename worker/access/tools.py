@@ -6,9 +6,8 @@ function that calls ``worker.Memory`` or ``WorkingMemory``. ``memworker mcp`` an
 ``recall``'s ``min_score`` is a floor on relevance: a match is kept when its cosine similarity
 to the query (``vector_score``, −1..1) is at least ``min_score``, or, while it has no vector
 (not embedded yet, or no vector search on the project), when words matched it
-(``bm25_score`` set). The fused ``score`` only orders matches (reciprocal rank fusion: its size
-says nothing about relevance), so it is not compared. Without ``min_score`` nothing is
-dropped, and a query nothing matches returns the newest episodes (``worker.Memory``'s rule).
+(``bm25_score`` set). The fused ``score`` only orders matches, so it is not compared.
+Without ``min_score`` nothing is dropped; a query nothing matches returns the newest episodes.
 """
 
 from __future__ import annotations
