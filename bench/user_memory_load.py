@@ -59,6 +59,7 @@ from harness import (
 from redis.asyncio import Redis
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
+from user_memory import WORDS  # the same vocabulary as bench/user_memory.py
 
 from worker.db.batch import mark_announced
 from worker.db.engine import create_database_engine
@@ -72,39 +73,6 @@ from worker.user_memory.memory import Memory
 from worker.user_memory.models import Episode, as_utc
 from worker.user_memory.turns import TURN_SOURCE_PREFIX, turn_uuid
 
-WORDS = [
-    "invoice",
-    "refund",
-    "shipping",
-    "parcel",
-    "delay",
-    "warehouse",
-    "customer",
-    "address",
-    "payment",
-    "card",
-    "bank",
-    "transfer",
-    "flight",
-    "hotel",
-    "booking",
-    "lisbon",
-    "porto",
-    "train",
-    "ticket",
-    "seat",
-    "window",
-    "aisle",
-    "vegan",
-    "meal",
-    "email",
-    "reply",
-    "urgent",
-    "contract",
-    "renewal",
-    "price",
-    "discount",
-]
 OUTPUT = "done, confirmation sent by email"
 RECALL_EVERY = 4
 MIXED = "max, every 4th call a recall"

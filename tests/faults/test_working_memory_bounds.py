@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 
 import httpx
 import pytest
@@ -17,6 +15,7 @@ from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
 from tests.cli_process import Memworker
+from tests.faults.test_server_conditions import client, own_redis
 from tests.helpers import running_worker, spawn_session, worker_env
 from tests.integration.test_access import AUTH, PROJECT, TOKEN, free_port, migrated
 from tests.redis_process import RedisProcess
@@ -28,28 +27,11 @@ from worker.memory import (
 )
 from worker.settings import Settings
 
+__all__ = ["client", "own_redis"]  # fixtures: our own Redis, and a client of it
+
 pytestmark = pytest.mark.faults
 
 MB = 1_048_576
-
-
-@pytest.fixture
-def own_redis(tmp_path: Path) -> Iterator[RedisProcess]:
-    server = RedisProcess(tmp_path, persistent=False)
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-@pytest.fixture
-async def client(own_redis: RedisProcess) -> AsyncIterator[Redis]:
-    redis = Redis.from_url(own_redis.url)
-    try:
-        yield redis
-    finally:
-        await redis.aclose()
 
 
 async def settled_used_memory(client: Redis) -> int:
