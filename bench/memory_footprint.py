@@ -111,7 +111,7 @@ async def private_server(binary: str) -> AsyncIterator[str]:
             client = Redis.from_url(url)
             for _ in range(200):
                 with contextlib.suppress(Exception):
-                    if await client.ping():
+                    if await client.ping():  # type: ignore[misc]
                         break
                 await asyncio.sleep(0.05)
             await client.aclose()

@@ -467,7 +467,7 @@ async def script_costs(binary: str, sessions: int) -> list[tuple[str, float]]:
             for n, (label, body_source, kind) in enumerate([cuts[2], *cuts]):
                 name = f"costs_{n}"
                 if kind == "fcall":
-                    await redis.function_load(body_source.replace(apply.function, name))
+                    await redis.function_load(body_source.replace(apply.function, name))  # type: ignore[misc]
                 else:
                     name = await redis.script_load(body_source)
                     calls = spawns("e")  # new sessions, as the full fcall spawn had

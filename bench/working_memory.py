@@ -70,12 +70,12 @@ async def timed(op: Callable[[int], Awaitable[object]], count: int) -> list[floa
 
 async def naive_checkpoint(redis: Redis, source: str, target: str) -> None:
     """What a client without server-side scripts does: one HGET and one HSET per key."""
-    names = await redis.hkeys(source)
+    names = await redis.hkeys(source)  # type: ignore[misc]
     values = {}
     for name in names:
-        values[name] = await redis.hget(source, name)
+        values[name] = await redis.hget(source, name)  # type: ignore[misc]
     for name, value in values.items():
-        await redis.hset(target, name, value)
+        await redis.hset(target, name, value)  # type: ignore[misc]
 
 
 async def cleanup(redis: Redis, prefix: str) -> None:

@@ -92,7 +92,7 @@ async def delete_prefixed(client: Redis, prefix: str) -> None:
 async def redis(redis_url: str, prefix: str) -> AsyncIterator[Redis]:
     client = Redis.from_url(redis_url)
     try:
-        await client.ping()
+        await client.ping()  # type: ignore[misc]
     except Exception as exc:
         await client.aclose()
         servers.unavailable("Redis", f"{redis_url} did not answer: {exc}")

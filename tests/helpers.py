@@ -161,6 +161,6 @@ async def spawn_session(
         )
 
         async def live() -> bool:
-            return await redis.hget(meta, "state") is not None
+            return await redis.hget(meta, "state") is not None  # type: ignore[misc]
 
         await wait_until(live)

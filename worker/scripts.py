@@ -79,10 +79,10 @@ class LuaScript:
     ) -> Any:
         """Run by SHA; load the script first if the server does not know it (e.g. restarted)."""
         try:
-            return await redis.evalsha(self.sha, len(keys), *keys, *args)
+            return await redis.evalsha(self.sha, len(keys), *keys, *args)  # type: ignore[misc]
         except NoScriptError:
             await redis.script_load(self.source)
-            return await redis.evalsha(self.sha, len(keys), *keys, *args)
+            return await redis.evalsha(self.sha, len(keys), *keys, *args)  # type: ignore[misc]
 
     def command(self, keys: Sequence[str], args: Sequence[str | int | float | bytes]) -> list[Any]:
         """The EVALSHA command as a list, for a ``ScriptChannel`` batch."""

@@ -50,7 +50,7 @@ async def _user_data(redis: Redis, prefix: str) -> dict[str, object]:
         held[key.decode()] = (
             await redis.xrange(key) if kind == b"stream" else (kind, await redis.dump(key))
         )
-    held["FUNCTION LIST"] = await redis.function_list()  # the dev's worker loaded its library
+    held["FUNCTION LIST"] = await redis.function_list()  # type: ignore[misc]  # the dev's worker loaded its library
     return held
 
 

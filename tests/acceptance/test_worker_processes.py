@@ -86,7 +86,7 @@ async def test_four_worker_processes_apply_1000_sessions_in_seq_order_exactly_on
     assert [r for r in out if r["type"] == "command.rejected"] == []
     for n in range(1000):
         keys = SessionKeys.for_session(sharded.stream_prefix, 2, "proj", f"s{n}")
-        assert await redis.hget(keys.meta, "state") == b"terminated"
+        assert await redis.hget(keys.meta, "state") == b"terminated"  # type: ignore[misc]
     groups = await redis.xinfo_consumers(
         StreamKeys(sharded.stream_prefix, 0).lifecycle, LIFECYCLE_GROUP
     )

@@ -281,7 +281,7 @@ async def test_the_consolidator_runs_as_the_runtime_role_and_its_own_redis_user(
     assert sorted(left) == sorted(
         f"agents:{{{shard_of('p-db', s, 2)}}}:s:p-db/{s}:meta".encode() for s in ("s-1", "s-2")
     )  # the forgotten sessions' markers
-    assert all([await admin.hget(k, "state") == b"forgotten" for k in left])
+    assert all([await admin.hget(k, "state") == b"forgotten" for k in left])  # type: ignore[misc]
     log: Any = await admin.acl_log()
     assert [(e["username"], e["object"]) for e in log] == []
 

@@ -96,13 +96,13 @@ async def test_the_default_user_is_disabled_so_a_client_without_credentials_is_r
     anonymous = Redis.from_url(acl_server.anonymous_url)
     try:
         with pytest.raises(AuthenticationError):
-            await anonymous.ping()
+            await anonymous.ping()  # type: ignore[misc]
     finally:
         await anonymous.aclose()
     wrong = Redis.from_url(acl_server.url("publisher", "not-the-password"))
     try:
         with pytest.raises(AuthenticationError):
-            await wrong.ping()
+            await wrong.ping()  # type: ignore[misc]
     finally:
         await wrong.aclose()
 
@@ -219,8 +219,8 @@ async def test_the_publisher_cannot_read_working_memory_or_delete_streams(
     acl_server: AclRedis, admin: Redis, clients: dict[str, Redis]
 ) -> None:
     keys = session_keys("p-pub", "s-1")
-    await admin.hset(keys.meta, mapping={"state": "active"})
-    await admin.hset(keys.vars, mapping={"secret": '"token"'})
+    await admin.hset(keys.meta, mapping={"state": "active"})  # type: ignore[misc]
+    await admin.hset(keys.vars, mapping={"secret": '"token"'})  # type: ignore[misc]
     streams = keys.streams
     await admin.xadd(streams.results, {"data": b"{}"})
     publisher = clients["publisher"]
@@ -407,7 +407,7 @@ async def test_keda_reads_backlog_counts_and_nothing_else(
 
 async def test_the_healthcheck_user_may_only_ping(clients: dict[str, Redis]) -> None:
     health = clients["healthcheck"]
-    assert await health.ping()
+    assert await health.ping()  # type: ignore[misc]
     await refused(health.get(f"{PREFIX}:anything"))
     await refused(health.xlen(StreamKeys(PREFIX, 0).lifecycle))
 

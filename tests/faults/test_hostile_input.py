@@ -522,4 +522,4 @@ def test_extreme_commands_are_applied_or_rejected_and_the_worker_keeps_going(
             assert item.result is not None and item.result["reason"] == "invalid_event"
     # The session the hostile ids aimed at is untouched by them.
     meta = hostile.redis.hgetall(f"{s.stream_prefix}:{{0}}:s:p1/many:meta")
-    assert meta[b"state"] == b"terminated"
+    assert meta[b"state"] == b"terminated"  # type: ignore[index]

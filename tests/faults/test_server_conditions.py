@@ -249,7 +249,7 @@ async def test_a_terminate_reaching_a_full_redis_leaves_the_session_whole_until_
         return seen("full") - full_before >= 3
 
     await wait_until(held_a_while, timeout=60)
-    assert await client.hget(keys.meta, "state") == b"active"
+    assert await client.hget(keys.meta, "state") == b"active"  # type: ignore[misc]
     assert await client.exists(keys.vars) == 1
     assert len((await audit(client, settings)).results) == 3
 
@@ -257,7 +257,7 @@ async def test_a_terminate_reaching_a_full_redis_leaves_the_session_whole_until_
     await wait_until(lambda: _results_at_least(client, settings, 4), timeout=60)
     stop.set()
     await asyncio.wait_for(task, 30)
-    assert await client.hget(keys.meta, "state") == b"terminated"
+    assert await client.hget(keys.meta, "state") == b"terminated"  # type: ignore[misc]
     assert (await audit(client, settings)).dead == []
 
 
@@ -286,7 +286,7 @@ async def test_a_backlog_held_by_a_busy_redis_is_applied_exactly_once_after_the_
     )
     try:
         await wait_until(lambda: _results_at_least(client, settings, 50), timeout=60)
-        await blocker.eval(busy_loop, 0, 2_000_000)  # 2 s of BUSY for everyone else
+        await blocker.eval(busy_loop, 0, 2_000_000)  # type: ignore[misc]  # 2 s of BUSY for everyone else
     finally:
         await blocker.aclose()
 

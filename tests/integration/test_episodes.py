@@ -116,7 +116,7 @@ async def test_forget_one_project_leaves_other_projects_rows_and_keys_untouched(
         assert b":s:proj-a/" in key, key
     for key in changed:
         assert key.endswith(b":meta")
-        marker = await redis.hgetall(key)
+        marker = await redis.hgetall(key)  # type: ignore[misc, arg-type]
         assert set(marker) == {b"state", b"forgotten_at"}  # ids in the name, a time: no content
         assert marker[b"state"] == b"forgotten"
     assert await store.forget("proj-a", redis=redis, prefix=wm_prefix) == ForgetResult()

@@ -143,12 +143,12 @@ async def redis_copies(redis: Redis, prefix: str) -> list[tuple[str, bytes]]:
                 for i, f in rows
             ]
         elif kind == "hash":
-            found.append((key, repr(await redis.hgetall(raw)).encode()))
+            found.append((key, repr(await redis.hgetall(raw)).encode()))  # type: ignore[misc]
         elif kind == "string":
             value: Any = await redis.get(raw)
             found.append((key, value or b""))
         elif kind == "list":
-            found.append((key, repr(await redis.lrange(raw, 0, -1)).encode()))
+            found.append((key, repr(await redis.lrange(raw, 0, -1)).encode()))  # type: ignore[misc]
         elif kind in ("zset", "set"):
             found.append(
                 (
@@ -156,7 +156,7 @@ async def redis_copies(redis: Redis, prefix: str) -> list[tuple[str, bytes]]:
                     repr(
                         await redis.zrange(raw, 0, -1)
                         if kind == "zset"
-                        else await redis.smembers(raw)
+                        else await redis.smembers(raw)  # type: ignore[misc]
                     ).encode(),
                 )
             )

@@ -77,7 +77,7 @@ async def test_a_forget_with_a_time_postgres_cannot_hold_is_refused_touching_not
         assert "before" in refused.json()["error"]
 
         assert await streams(redis, prefix) == before  # the change feed's entries kept
-        assert await redis.hgetall(erased_key(prefix)) == {}
+        assert await redis.hgetall(erased_key(prefix)) == {}  # type: ignore[misc]
         assert await forgotten_events(redis, prefix) == []
         profile = await http.post("/v1/profile", json={"user_id": "zoe"}, headers=AUTH)
         assert profile.json()["episode_count"] == 1
@@ -100,7 +100,7 @@ async def test_a_forget_with_a_time_postgres_cannot_hold_is_refused_touching_not
     assert done.returncode == 2, done.stderr
     assert "--before" in done.stderr
     assert await streams(redis, prefix) == before
-    assert await redis.hgetall(erased_key(prefix)) == {}
+    assert await redis.hgetall(erased_key(prefix)) == {}  # type: ignore[misc]
 
 
 async def seed_zoe(memory: Memory, cutoff: datetime) -> None:
@@ -168,7 +168,7 @@ async def test_a_forget_whose_postgres_step_fails_half_way_is_owed_and_finished_
             cutoff,
             None,
         )
-        fields = await redis.hgetall(erased_key(prefix))
+        fields = await redis.hgetall(erased_key(prefix))  # type: ignore[misc]
         assert fields == {f"{PROJECT}@zoe".encode(): str(ms(cutoff)).encode()}
         [event] = await forgotten_events(redis, prefix)
         assert event["complete"] is False and event["cutoff"] == cutoff.isoformat()
@@ -227,10 +227,10 @@ async def test_a_forget_without_postgres_never_widens_and_a_retry_finishes_it(
         # Nothing newer than the time asked went: the change feed's entries are all kept.
         after = await streams(redis, prefix)
         assert {n: after[n] for n in feed} == feed
-        fields = await redis.hgetall(erased_key(prefix))
+        fields = await redis.hgetall(erased_key(prefix))  # type: ignore[misc]
         assert fields == {f"{PROJECT}@zoe".encode(): str(ms(cutoff)).encode()}
         assert not receipt.ok and receipt.owed == "redis" and receipt.cutoff == cutoff
-        owed = await redis.hgetall(f"{prefix}:erasure:owed")
+        owed = await redis.hgetall(f"{prefix}:erasure:owed")  # type: ignore[misc]
         assert list(owed) == [receipt.erasure_id.encode()]  # type: ignore[union-attr]
         assert orjson.loads(owed[receipt.erasure_id.encode()])["cutoff"] == cutoff.isoformat()  # type: ignore[union-attr]
 
@@ -239,7 +239,7 @@ async def test_a_forget_without_postgres_never_widens_and_a_retry_finishes_it(
             engine, redis, prefix, PROJECT, user_id="zoe", before=cutoff, shards=2
         )
         assert again.ok and again.cutoff == cutoff
-        assert await redis.hgetall(f"{prefix}:erasure:owed") == {}
+        assert await redis.hgetall(f"{prefix}:erasure:owed") == {}  # type: ignore[misc]
         assert await sessions_of(engine, "zoe") == {"z-new"}
         assert await sessions_of(engine, "bob") == {"b"}
     finally:
@@ -307,7 +307,7 @@ async def test_an_operator_finishes_an_owed_forget_through_the_cli_to_its_cutoff
         assert done.stdout.startswith(f"forgot project {PROJECT}, user zoe")
         assert await sessions_of(engine, "zoe") == {"z-later"}
         assert await sessions_of(engine, "bob") == {"b"}
-        assert await redis.hgetall(f"{prefix}:erasure:owed") == {}
+        assert await redis.hgetall(f"{prefix}:erasure:owed") == {}  # type: ignore[misc]
         again = memworker(live, "forget", "-p", PROJECT, "--finish-owed")
         assert again.stdout.strip() == f"no forget of project {PROJECT} is owed"
     finally:

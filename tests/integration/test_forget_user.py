@@ -214,12 +214,12 @@ async def test_forget_one_user_leaves_no_copy_and_keeps_the_other(
             # cutoff: here, a cutoff in the future) is rejected `forgotten` as well.
             future = int(time.time() * 1000) + 60_000
             for i in range(live.shards):
-                await redis.hset(erased_users_key(prefix, i), f"{PROJECT}@carol", str(future))
+                await redis.hset(erased_users_key(prefix, i), f"{PROJECT}@carol", str(future))  # type: ignore[misc]
             early = await client.spawn(PROJECT, "carol-s0", "a", {"n": 1}, user_id="carol")
             answer = await client.wait(early, timeout=10)
             assert answer.type == "command.rejected" and answer.reason == "forgotten"
             for i in range(live.shards):
-                await redis.hdel(erased_users_key(prefix, i), f"{PROJECT}@carol")
+                await redis.hdel(erased_users_key(prefix, i), f"{PROJECT}@carol")  # type: ignore[misc]
             # ann coming back later is a new user: her new session is hers, and kept.
             back = await client.spawn(PROJECT, RETURNED, "a", {"n": 1}, user_id=ANN)
             assert (await client.wait(back, timeout=10)).type == "agent.spawned"

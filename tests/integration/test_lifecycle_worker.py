@@ -109,7 +109,7 @@ async def test_a_session_lifecycle_yields_one_valid_result_per_command(
     assert terminated["tokens_used"] == 42
     assert terminated["duration_seconds"] >= 0
     keys = SessionKeys.for_session(settings.stream_prefix, 1, "p1", "s1")
-    assert await redis.hget(keys.meta, "state") == b"terminated"
+    assert await redis.hget(keys.meta, "state") == b"terminated"  # type: ignore[misc]
     assert not await redis.exists(keys.vars, keys.cps, keys.cpdata)
     assert await redis.pttl(keys.meta) > 0, "the tombstone must expire"
 
@@ -259,7 +259,7 @@ async def test_a_spawn_with_more_variables_than_one_redis_call_takes_stores_ever
     assert sorted(r["initial_items"] for r in out) == [500, 1_201]
     for n, state in states.items():
         keys = SessionKeys.for_session(settings.stream_prefix, 1, "p1", f"big{n}")
-        stored: Any = await redis.hgetall(keys.vars)
+        stored: Any = await redis.hgetall(keys.vars)  # type: ignore[misc]
         assert {k.decode(): orjson.loads(v) for k, v in stored.items()} == state
 
 
@@ -421,10 +421,10 @@ async def test_resume_with_clear_current_false_keeps_keys_the_checkpoint_lacks(
         await publish(redis, settings, command("spawn", "m1", initial_state={"a": 1, "b": 2}))
         await publish(redis, settings, command("pause", "m2", checkpoint_id="cp-1"))
         await stream_len_at_least(redis, streams.results, 2)
-        await redis.hset(keys.vars, mapping={"a": b"100", "c": b"3"})
+        await redis.hset(keys.vars, mapping={"a": b"100", "c": b"3"})  # type: ignore[misc]
         await publish(redis, settings, command("resume", "m3", clear_current=False))
         await stream_len_at_least(redis, streams.results, 3)
-    stored: Any = await redis.hgetall(keys.vars)
+    stored: Any = await redis.hgetall(keys.vars)  # type: ignore[misc]
     variables = {k.decode(): orjson.loads(v) for k, v in stored.items()}
     assert variables == {"a": 1, "b": 2, "c": 3}
 
@@ -493,7 +493,7 @@ async def test_projects_never_share_a_session_or_a_dedupe_record(
     assert out[0]["event_id"] != out[1]["event_id"]
     for project in ("alpha", "beta"):
         keys = SessionKeys.for_session(settings.stream_prefix, 1, project, "s1")
-        assert orjson.loads(await redis.hget(keys.vars, "who") or b"null") == project
+        assert orjson.loads(await redis.hget(keys.vars, "who") or b"null") == project  # type: ignore[misc]
 
 
 async def test_redis_going_away_makes_the_worker_not_ready_until_it_returns(
@@ -609,7 +609,7 @@ async def test_a_server_that_lost_the_apply_function_gets_it_back_and_applies_no
         streams = StreamKeys(prefix, 0)
 
         async def libraries() -> list[str]:
-            listed: Any = await client.function_list()  # each library: a flat name/value list
+            listed: Any = await client.function_list()  # type: ignore[misc]  # each library: a flat name/value list
             return [
                 dict(zip(row[::2], row[1::2], strict=True))[b"library_name"].decode()
                 for row in listed
@@ -620,7 +620,7 @@ async def test_a_server_that_lost_the_apply_function_gets_it_back_and_applies_no
                 await publish(client, settings, command("spawn", f"spawn-{n}", session=f"s{n}"))
             await stream_len_at_least(client, streams.results, 50)
             assert await libraries() == [APPLY.library]
-            await client.function_flush()
+            await client.function_flush()  # type: ignore[misc]
             for n in range(50):
                 await publish(client, settings, command("pause", f"pause-{n}", session=f"s{n}"))
             # and a redelivered spawn: still a duplicate, not a second session

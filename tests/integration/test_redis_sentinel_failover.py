@@ -117,7 +117,7 @@ def replicated(tmp_path: Path, prefix: str) -> Iterator[tuple[Settings, int, int
     )
     try:
         replica_client = sync_redis.Redis(host="127.0.0.1", port=replica)
-        wait_for(lambda: replica_client.info("replication")["master_link_status"] == "up")
+        wait_for(lambda: replica_client.info("replication")["master_link_status"] == "up")  # type: ignore[index]
         procs.append(start([str(conf), "--sentinel"]))
         probe = sync_redis.Redis(host="127.0.0.1", port=sentinel)
         wait_for(lambda: _promotable(probe))

@@ -51,7 +51,7 @@ async def test_an_event_id_republished_after_its_sessions_terminate_has_no_secon
     again = await run(redis, settings, lifecycle(), 4)
     assert again == first
     keys = SessionKeys.for_session(settings.stream_prefix, 1, "p1", "s1")
-    assert await redis.hget(keys.meta, "state") == b"terminated"
+    assert await redis.hget(keys.meta, "state") == b"terminated"  # type: ignore[misc]
     assert not await redis.exists(keys.vars)
 
 
@@ -109,7 +109,7 @@ async def test_identical_event_ids_in_two_projects_never_collide(
     out = await run(redis, settings, bodies, 6)
     assert [(r["project_id"], r["type"]) for r in out[5:]] == [("alpha", "agent.spawned")]
     alpha = SessionKeys.for_session(settings.stream_prefix, 1, "alpha", "s1")
-    assert await redis.hget(alpha.meta, "state") == b"active"
+    assert await redis.hget(alpha.meta, "state") == b"active"  # type: ignore[misc]
 
 
 async def test_a_finished_session_leaves_one_small_key_once_streams_are_trimmed(
@@ -149,13 +149,13 @@ async def test_records_an_earlier_version_kept_as_fields_still_dedupe_through_te
     live and once terminated (its tombstone packs them too)."""
     await run(redis, settings, lifecycle()[:2], 2)  # spawn, pause
     keys = SessionKeys.for_session(settings.stream_prefix, 1, "p1", "s1")
-    await redis.hdel(keys.meta, "@")  # as an earlier version left it
+    await redis.hdel(keys.meta, "@")  # type: ignore[misc]  # as an earlier version left it
     for event_id in ("e-spawn", "e-pause"):
-        await redis.hset(keys.meta, result_id_and_record("p1", event_id)[1], b"")
+        await redis.hset(keys.meta, result_id_and_record("p1", event_id)[1], b"")  # type: ignore[misc, arg-type]
     first = await run(redis, settings, lifecycle(), 4)  # spawn and pause are duplicates
     assert [r["type"] for r in first] == LIFECYCLE_RESULTS
     again = await run(redis, settings, lifecycle(), 4)
     assert again == first
-    tombstone = await redis.hgetall(keys.meta)
+    tombstone = await redis.hgetall(keys.meta)  # type: ignore[misc]
     assert set(tombstone) == {b"state", b"@"}
     assert len(tombstone[b"@"]) == 4 * 8  # the four commands' digests

@@ -129,7 +129,7 @@ async def test_a_huge_traceparent_or_extra_field_is_refused_and_never_copied(
     assert int(await redis.memory_usage(streams.results) or 0) < 64 * 1024
     for session in ("t1", "t2"):  # nothing of the refused spawns was stored
         keys = SessionKeys.for_session(settings.stream_prefix, 1, "p1", session)
-        assert await redis.hget(keys.meta, "state") is None
+        assert await redis.hget(keys.meta, "state") is None  # type: ignore[misc]
 
 
 @pytest.mark.parametrize(

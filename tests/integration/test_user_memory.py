@@ -938,7 +938,7 @@ async def test_a_write_while_redis_is_down_succeeds_and_its_event_is_published_l
             "fact.superseded",
         ]
         with pytest.raises(Exception):  # noqa: B017,PT011 - no Redis to publish to
-            await memory.redis.ping()
+            await memory.redis.ping()  # type: ignore[misc]
 
         server.start()
         assert await memory.flush_changes() == 5

@@ -71,7 +71,7 @@ class Harness:
     async def set_state(self, memory: WorkingMemory, state: str) -> None:
         """What the worker's pause/resume/terminate do to the session's meta state."""
         if isinstance(memory.backend, RedisBackend):
-            await memory.backend.redis.hset(memory.backend.keys.meta, "state", state)
+            await memory.backend.redis.hset(memory.backend.keys.meta, "state", state)  # type: ignore[misc]
         else:
             assert isinstance(memory.backend, InMemoryBackend)
             memory.backend.state = state
@@ -417,7 +417,7 @@ async def test_the_in_memory_glob_matches_redis_glob(redis: Redis, prefix: str) 
         "a[", "a\\", "?", "[!a]*", "\\[*", "*[", "a*b", "a?b",
     ]  # fmt: skip
     key = f"{prefix}:glob"
-    await redis.hset(key, mapping={n: 1 for n in names})
+    await redis.hset(key, mapping={n: 1 for n in names})  # type: ignore[misc]
     for pattern in patterns:
         found = set()
         async for name, _ in redis.hscan_iter(key, match=pattern):
@@ -799,7 +799,7 @@ async def test_close_closes_an_owned_client_only(harness: Harness, settings: Set
 
     borrowed = await harness.open("s", "p")
     await borrowed.close()
-    assert await harness.redis.ping()
+    assert await harness.redis.ping()  # type: ignore[misc]
 
 
 @redis_only
@@ -814,19 +814,19 @@ async def test_memory_is_stored_in_the_workers_key_layout(
     checkpoint = await memory.create_checkpoint("d")
 
     keys = SessionKeys.for_session(settings.stream_prefix, settings.shards, "p-layout", "s-layout")
-    assert orjson.loads(await redis.hget(keys.vars, "answer") or b"") == {"n": 42}
+    assert orjson.loads(await redis.hget(keys.vars, "answer") or b"") == {"n": 42}  # type: ignore[misc]
     assert await redis.zscore(keys.vexp, "brief") is not None
     assert orjson.loads(await redis.get(keys.task) or b"")["current_step"] == 1
-    [entry] = await redis.lrange(keys.scratch, 0, -1)
+    [entry] = await redis.lrange(keys.scratch, 0, -1)  # type: ignore[misc]
     assert set(orjson.loads(entry)) == {"content", "timestamp"}
     assert await redis.zscore(keys.cps, checkpoint) is not None
-    info = orjson.loads(await redis.hget(keys.cpdata, f"{checkpoint}|info") or b"")
+    info = orjson.loads(await redis.hget(keys.cpdata, f"{checkpoint}|info") or b"")  # type: ignore[misc]
     assert info["checkpoint_id"] == checkpoint
     assert 0 < await redis.pttl(keys.vars) <= settings.session_ttl_seconds * 1000
 
     # The worker's own snapshot (the prelude's snapshot_json) sees the same data.
     snapshot_script = _read("_session.lua") + "\nbind_session(KEYS)\nreturn snapshot_json()"
-    snapshot = orjson.loads(await redis.eval(snapshot_script, 7, *keys.all()))
+    snapshot = orjson.loads(await redis.eval(snapshot_script, 7, *keys.all()))  # type: ignore[misc]
     assert snapshot["variables"] == {"answer": {"n": 42}, "brief": "x"}
     assert snapshot["task_state"]["description"] == "t"
     assert snapshot["scratchpad"][0]["content"] == {"thought": "hm"}
@@ -842,7 +842,7 @@ async def test_an_expired_key_is_removed_from_redis_not_just_hidden(
     await asyncio.sleep(0.2)
     assert await memory.list_keys() == []
     assert isinstance(memory.backend, RedisBackend)
-    assert not await redis.hexists(memory.backend.keys.vars, "gone")
+    assert not await redis.hexists(memory.backend.keys.vars, "gone")  # type: ignore[misc]
     assert await redis.zcard(memory.backend.keys.vexp) == 0
 
 
@@ -867,7 +867,7 @@ async def test_a_client_with_decoded_responses_works_too(
         assert [c["id"] for c in await memory.list_checkpoints()] == [checkpoint]
         assert (await memory.get_stats())["user_keys"] == 1
         await memory.close()
-        assert await client.ping()
+        assert await client.ping()  # type: ignore[misc]
     finally:
         for key in SessionKeys.for_session(
             settings.stream_prefix, settings.shards, "p", "s-decoded"
@@ -943,7 +943,7 @@ async def test_with_fallback_opted_in_a_reachable_redis_is_used(
         assert not memory.is_using_fallback
         assert (await memory.get_stats())["backend"] == "redis"
     keys = SessionKeys.for_session(settings.stream_prefix, settings.shards, "p", "s-reachable")
-    assert await redis.hexists(keys.vars, "a")
+    assert await redis.hexists(keys.vars, "a")  # type: ignore[misc]
 
 
 async def test_a_fallen_back_session_stays_in_memory_and_a_redis_one_never_falls_back(

@@ -88,7 +88,7 @@ async def env(redis: Redis, settings: Settings, database_url: str) -> dict[str, 
     async with migrated_engine(database_url):
         pass
     keys = SessionKeys.for_session(settings.stream_prefix, settings.shards, PROJECT, BOBS_SESSION)
-    await redis.hset(keys.meta, mapping={"user_id": OTHER, "state": "running"})  # bob's spawn
+    await redis.hset(keys.meta, mapping={"user_id": OTHER, "state": "running"})  # type: ignore[misc]  # bob's spawn
     return worker_env(
         settings.model_copy(update={"database_url": database_url}),
         MEMWORKER_API_TOKEN=TOKEN,
@@ -120,7 +120,7 @@ async def _nothing_of_bobs(database_url: str, redis: Redis, settings: Settings) 
     finally:
         await engine.dispose()
     keys = SessionKeys.for_session(settings.stream_prefix, settings.shards, PROJECT, BOBS_SESSION)
-    assert await redis.hlen(keys.vars) == 0, "bob's working memory was written"
+    assert await redis.hlen(keys.vars) == 0, "bob's working memory was written"  # type: ignore[misc]
 
 
 async def test_every_http_route_refuses_no_token_a_wrong_token_and_another_tenant(

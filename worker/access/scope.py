@@ -87,7 +87,7 @@ class Access:
         keys = SessionKeys.for_session(
             self.settings.stream_prefix, self.settings.shards, self.project_id, session_id
         )
-        state, owner = await self.redis.hmget(keys.meta, ["state", "user_id"])
+        state, owner = await self.redis.hmget(keys.meta, ["state", "user_id"])  # type: ignore[misc]
         if self.user_id is not None and (
             state is None or owner is None or _text(owner) != self.user_id
         ):  # the same answer for another user's session and none: no oracle of ids
@@ -109,7 +109,7 @@ class Access:
     async def ready(self) -> str | None:
         """Why the servers cannot be reached (one line), or None when both answer."""
         try:
-            await self.redis.ping()
+            await self.redis.ping()  # type: ignore[misc]
             async with self.engine.connect() as conn:
                 await conn.execute(text("SELECT 1"))
         except Exception as exc:

@@ -118,7 +118,7 @@ class ErasedIndex:
 
 async def load_erased(redis: Redis, prefix: str) -> ErasedIndex:
     """The record as it is now."""
-    raw: Any = await redis.hgetall(erased_key(prefix))
+    raw: Any = await redis.hgetall(erased_key(prefix))  # type: ignore[misc]
     return ErasedIndex({text(k): int(v) for k, v in raw.items()})
 
 
@@ -145,6 +145,6 @@ async def record_erased(
 
 
 async def _keep_later(redis: Redis, key: str, name: str, cutoff_ms: int) -> None:
-    known = await redis.hget(key, name)
+    known = await redis.hget(key, name)  # type: ignore[misc]
     if known is None or int(known) < cutoff_ms:
-        await redis.hset(key, name, str(cutoff_ms))
+        await redis.hset(key, name, str(cutoff_ms))  # type: ignore[misc]

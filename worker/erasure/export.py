@@ -99,14 +99,14 @@ async def _read_key(redis: Redis, key: str) -> Any:
     if kind == "string":
         return _json_ready(await redis.get(key))
     if kind == "hash":
-        return _json_ready(await redis.hgetall(key))
+        return _json_ready(await redis.hgetall(key))  # type: ignore[misc]
     if kind == "list":
-        return _json_ready(await redis.lrange(key, 0, -1))
+        return _json_ready(await redis.lrange(key, 0, -1))  # type: ignore[misc]
     if kind == "zset":
         scored: Any = await redis.zrange(key, 0, -1, withscores=True)
         return [[_json_ready(m), s] for m, s in scored]
     if kind == "set":
-        return sorted(_json_ready(list(await redis.smembers(key))))
+        return sorted(_json_ready(list(await redis.smembers(key))))  # type: ignore[misc]
     return None  # expired between SCAN and read
 
 

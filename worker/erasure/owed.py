@@ -101,7 +101,7 @@ async def record_owed(
             "redis",
         )
         try:
-            await redis.hset(owed_forgets_key(prefix), receipt.erasure_id, owed.to_json())
+            await redis.hset(owed_forgets_key(prefix), receipt.erasure_id, owed.to_json())  # type: ignore[misc, arg-type]
         except Exception:
             return None
         receipt.owed = "redis"
@@ -120,7 +120,7 @@ async def load_owed(
     limit = datetime.now(UTC) - timedelta(seconds=grace_seconds)
     found: dict[str, Owed] = {}
     if redis is not None and prefix is not None:
-        raw: Any = await redis.hgetall(owed_forgets_key(prefix))
+        raw: Any = await redis.hgetall(owed_forgets_key(prefix))  # type: ignore[misc]
         for key, value in raw.items():
             owed = Owed.from_json(codec.text(key), value)
             if owed.recorded_at <= limit and project_id in (None, owed.project_id):
@@ -160,7 +160,7 @@ async def settle_redis(redis: Redis, prefix: str, receipt: ForgetReceipt) -> int
     if receipt.cutoff is None:
         return 0
     key = owed_forgets_key(prefix)
-    raw: Any = await redis.hgetall(key)
+    raw: Any = await redis.hgetall(key)  # type: ignore[misc]
     done = []
     for name, value in raw.items():
         owed = Owed.from_json(codec.text(name), value)
@@ -171,7 +171,7 @@ async def settle_redis(redis: Redis, prefix: str, receipt: ForgetReceipt) -> int
         )
         if owed.erasure_id == receipt.erasure_id or (same and owed.cutoff <= receipt.cutoff):
             done.append(name)
-    return int(await redis.hdel(key, *done)) if done else 0
+    return int(await redis.hdel(key, *done)) if done else 0  # type: ignore[misc]
 
 
 def new_erasure_id() -> str:

@@ -71,7 +71,7 @@ async def mark_live(
 
 
 async def _started_before(redis: Redis, keys: SessionKeys, cutoff_ms: int) -> bool:
-    started = await redis.hget(keys.meta, "started_ms")
+    started = await redis.hget(keys.meta, "started_ms")  # type: ignore[misc]
     return started is None or int(float(codec.text(started))) < cutoff_ms
 
 
@@ -89,7 +89,7 @@ async def mark(
 ) -> None:
     """Working memory gone, ``meta`` a marker: one MULTI (the session's keys share a slot)."""
     found.sessions.add(keys.session_id)
-    state = await redis.hget(keys.meta, "state")
+    state = await redis.hget(keys.meta, "state")  # type: ignore[misc]
     if state is not None and codec.text(state) == FORGOTTEN_STATE:
         found.marked.add(keys.session_id)
         return

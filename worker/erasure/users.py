@@ -147,7 +147,7 @@ async def live_user_sessions(
         match = exact.match(key)
         if match is None or match["kind"] != "meta":
             continue
-        state, owner = await redis.hmget(key, ["state", "user_id"])
+        state, owner = await redis.hmget(key, ["state", "user_id"])  # type: ignore[misc]
         if state is None or codec.text(state) == FORGOTTEN_STATE:
             continue
         if (codec.text(owner) if owner is not None else "") == user:

@@ -473,7 +473,7 @@ def _scope(settings: Settings, project_id: AnyId | None, session_id: AnyId) -> t
 async def _unreachable(client: AnyRedis) -> str | None:
     """Why ``client``'s server cannot be reached, or ``None`` when it answers a PING."""
     try:
-        await client.ping()
+        await client.ping()  # type: ignore[misc]
     except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
         return str(exc) or type(exc).__name__
     return None

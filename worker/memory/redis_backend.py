@@ -225,7 +225,7 @@ class RedisBackend:
 
     async def ping(self) -> bool:
         try:
-            return bool(await self.redis.ping())
+            return bool(await self.redis.ping())  # type: ignore[misc]
         except Exception:
             return False
 
