@@ -93,7 +93,7 @@ SECURITY_HEADERS = {
     "img-src 'self'; connect-src 'self'; form-action 'self'; frame-ancestors 'none'; "
     "base-uri 'none'",
     "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "no-referrer",
+    "Referrer-Policy": "same-origin",  # no-referrer would make a form's Origin "null"
     "Cache-Control": "no-store",
 }
 """Sent with every page: no inline script runs (even one that got into a page), no framing."""
