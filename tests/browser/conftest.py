@@ -1,7 +1,7 @@
 """Fixtures of the browser tests: headless Chromium from Debian's packages (``chromium``,
 ``chromium-driver``; ``deploy/browser.sh`` installs them) driven by Selenium, and a migrated
 database with pgvector (so recall shows vector scores). Without the browser a test skips,
-except with ``CI=true``, where it fails. Screenshots go to ``MEMWORKER_SCREENSHOTS`` when set
+except with ``CI=true``, where it fails. Screenshots go to ``SCREENSHOTS_DIR`` when set
 (``make screenshots``: ``docs/images``), else to the test's own directory."""
 
 from __future__ import annotations
@@ -59,6 +59,6 @@ def browser() -> Iterator[Any]:
 
 @pytest.fixture
 def shots(tmp_path: Path) -> Path:
-    where = Path(os.environ.get("MEMWORKER_SCREENSHOTS") or tmp_path)
+    where = Path(os.environ.get("SCREENSHOTS_DIR") or tmp_path)
     where.mkdir(parents=True, exist_ok=True)
     return where

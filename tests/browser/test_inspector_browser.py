@@ -35,6 +35,15 @@ TURNS = [
 ]
 
 
+def shot(browser: Any, path: Path) -> None:
+    """The whole page, however long, as a PNG (the window stretched for it, then restored)."""
+    size = browser.get_window_size()
+    height = browser.execute_script("return document.documentElement.scrollHeight")
+    browser.set_window_size(size["width"], min(max(height + 120, size["height"]), 2400))
+    browser.save_screenshot(str(path))
+    browser.set_window_size(size["width"], size["height"])
+
+
 def wait(browser: Any) -> WebDriverWait:  # type: ignore[type-arg]
     return WebDriverWait(browser, GENEROUS)
 
@@ -87,14 +96,14 @@ async def test_remember_recall_forget_live_and_edit_in_a_browser(
     assert browser.title == "Project inspect-demo · memworker inspector"
     users = [a.text for a in browser.find_elements(By.CSS_SELECTOR, "tbody td:first-child a")]
     assert set(users) == {"ann", "bob"}
-    browser.save_screenshot(str(shots / "inspector-users.png"))
+    shot(browser, shots / "inspector-users.png")
     browser.find_element(By.LINK_TEXT, "ann").click()
     wait(browser).until(ec.title_contains("User ann"))
     blocks = [h.text for h in browser.find_elements(By.CSS_SELECTOR, ".blocks h3")]
     assert blocks == ["persona", "preferences"], "pinned blocks in pin order"
     struck = browser.find_elements(By.CSS_SELECTOR, ".timeline li.superseded del")
     assert len(struck) == 1 and "Lisbon" in struck[0].text
-    browser.save_screenshot(str(shots / "inspector-user.png"))
+    shot(browser, shots / "inspector-user.png")
 
     # the script turn: shown as text, never run
     browser.find_element(By.LINK_TEXT, "notes").click()
@@ -116,7 +125,7 @@ async def test_remember_recall_forget_live_and_edit_in_a_browser(
     first = rows[0].find_elements(By.TAG_NAME, "td")
     assert first[2].text.split()[0] != "–", "a vector score"
     assert "Relevance floor" in browser.find_element(By.TAG_NAME, "main").text
-    browser.save_screenshot(str(shots / "inspector-recall.png"))
+    shot(browser, shots / "inspector-recall.png")
 
     # live: a change arrives while the page is open
     browser.get(f"{base}/ui/live?user=ann")
@@ -124,7 +133,7 @@ async def test_remember_recall_forget_live_and_edit_in_a_browser(
     fact = {"user_id": "ann", "subject": "ann", "predicate": "likes", "object": "tea"}
     assert (await http.post("/v1/add_fact", json=fact, headers=AUTH)).status_code == 200
     wait(browser).until(ec.text_to_be_present_in_element((By.ID, "changes"), "fact.added"))
-    browser.save_screenshot(str(shots / "inspector-live.png"))
+    shot(browser, shots / "inspector-live.png")
 
     # forget one session: the dry run, the confirmation, the receipt
     browser.get(f"{base}/ui/users/ann/forget")
@@ -137,7 +146,7 @@ async def test_remember_recall_forget_live_and_edit_in_a_browser(
         "/v1/recall", json={"user_id": "ann", "query": "Cacilhas"}, headers=AUTH
     )
     assert any("Cacilhas" in m["episode"]["input"] for m in still.json()), "nothing erased yet"
-    browser.save_screenshot(str(shots / "inspector-forget.png"))
+    shot(browser, shots / "inspector-forget.png")
     browser.find_element(By.ID, "confirm-forget").click()
     done = wait(browser).until(ec.presence_of_element_located((By.ID, "receipt-lines")))
     assert done.text.startswith("forgot user ann, session trip")
@@ -166,7 +175,7 @@ async def test_a_phone_sized_screen_and_the_keyboard(
     width = browser.execute_script("return document.documentElement.scrollWidth")
     inner = browser.execute_script("return window.innerWidth")
     assert width <= inner, f"the page scrolls sideways: {width} > {inner}"
-    browser.save_screenshot(str(shots / "inspector-phone.png"))
+    shot(browser, shots / "inspector-phone.png")
     body = browser.find_element(By.TAG_NAME, "body")
     body.send_keys(Keys.TAB)
     focused = browser.switch_to.active_element
