@@ -6,6 +6,7 @@ pinned server, must be its user (else 403): ``Access.user``."""
 
 from __future__ import annotations
 
+import asyncio
 from datetime import datetime
 from typing import Any
 from urllib.parse import quote
@@ -76,7 +77,13 @@ async def user(request: Request, ui: Inspector) -> Response:
     shown = _int(
         request.query_params.get("facts"), "facts", queries.FACTS_SHOWN, 1, queries.FACTS_MAX
     )
-    facts, total = await queries.facts_timeline(access.engine, access.project_id, user_id, shown)
+    (facts, total), profile, blocks, sessions = await asyncio.gather(  # each its connection
+        queries.facts_timeline(access.engine, access.project_id, user_id, shown),
+        access.memory.profile(user_id=user_id),
+        access.memory.working(user_id=user_id),
+        queries.session_count(access.engine, access.project_id, user_id),
+    )
+    counts = queries.Counts(profile.episode_count, profile.fact_count, len(blocks), sessions)
     return ui.render(
         request,
         "user.html",
@@ -84,9 +91,9 @@ async def user(request: Request, ui: Inspector) -> Response:
         user_id=user_id,
         base=user_url(user_id),
         crumbs=[(PREFIX + "/", "Users")],
-        counts=await queries.user_counts(access.engine, access.project_id, user_id),
-        profile=await access.memory.profile(user_id=user_id),
-        blocks=await access.memory.working(user_id=user_id),
+        counts=counts,
+        profile=profile,
+        blocks=blocks,
         facts=facts,
         facts_total=total,
         more=min(queries.FACTS_MAX, shown * 5),

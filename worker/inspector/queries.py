@@ -181,7 +181,14 @@ async def facts_timeline(
     return found, int(total or 0)
 
 
-async def user_counts(engine: AsyncEngine, project_id: str, user_id: str) -> Counts:
-    """One user's counts (zero for a user with nothing kept)."""
-    found = await users(engine, project_id, only=user_id)
-    return found[0].counts if found else Counts()
+async def session_count(engine: AsyncEngine, project_id: str, user_id: str) -> int:
+    """How many sessions the user's turns and episodes belong to."""
+    async with engine.connect() as conn:
+        found = await conn.scalar(
+            text(
+                "SELECT count(DISTINCT session_id) FROM episodes"
+                " WHERE project_id = :p AND user_id = :u"
+            ),
+            {"p": project_id, "u": user_id},
+        )
+    return int(found or 0)
