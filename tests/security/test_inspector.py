@@ -232,3 +232,16 @@ async def test_the_inspector_is_off_when_the_setting_says_so(env: dict[str, str]
             for url in ("/ui/", "/ui/login", "/ui/static/live.js"):
                 answer = await http.get(url, headers=AUTH)
                 assert answer.status_code == 404, (url, answer.text)
+
+
+def test_every_page_is_documented() -> None:
+    """Each route of the inspector has its line in docs/guides/inspector.md."""
+    from pathlib import Path
+
+    guide = (Path(__file__).parents[2] / "docs" / "guides" / "inspector.md").read_text()
+    missing = [
+        path
+        for _method, path in routes()
+        if f"`{path}" not in guide.replace("GET ", "").replace("POST ", "")
+    ]
+    assert not missing, f"docs/guides/inspector.md names no {missing}"

@@ -19,7 +19,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from worker import codec
-from worker.access.scope import AccessError
+from worker.access.scope import AccessError, failure
 from worker.connections import consumer_client
 from worker.consumers.dead_letters import list_dead_letters, redrive
 from worker.erasure.erased import load_erased
@@ -50,19 +50,18 @@ class LiveSession:
 async def live_sessions(ui: Inspector) -> list[LiveSession]:
     """Sessions of the project with working memory in Redis (a pinned server: its user's)."""
     access = ui.access
+    redis: Any = access.redis
     prefix, project = access.settings.stream_prefix, access.project_id
     found: list[LiveSession] = []
-    async for raw in access.redis.scan_iter(match=f"{prefix}:{{*}}:s:{project}/*:meta", count=1000):
+    async for raw in redis.scan_iter(match=f"{prefix}:{{*}}:s:{project}/*:meta", count=1000):
         meta_key = codec.text(raw)
-        meta = {
-            codec.text(k): codec.text(v) for k, v in (await access.redis.hgetall(meta_key)).items()
-        }
+        meta = {codec.text(k): codec.text(v) for k, v in (await redis.hgetall(meta_key)).items()}
         user = meta.get("user_id") or None
         if access.user_id is not None and user != access.user_id:
             continue
         base = meta_key.removesuffix(":meta")
         variables = []
-        raw_vars: Any = await access.redis.hgetall(base + ":vars")
+        raw_vars: Any = await redis.hgetall(base + ":vars")
         for key, value in sorted(raw_vars.items())[:VARIABLES_SHOWN]:
             shown = codec.text(value)
             variables.append(
@@ -86,15 +85,12 @@ async def live(request: Request, ui: Inspector) -> Response:
     user = request.query_params.get("user") or None
     if user is not None:
         user = access.user(validate_id(user, "user"))
-    streams = await stream_stats(access.redis, access.settings)  # type: ignore[arg-type]
+    redis: Any = access.redis
+    streams = await stream_stats(redis, access.settings)
     letters = []
     if access.user_id is None:
         for stream in dlq_streams(ui):
-            for entry_id, fields in await list_dead_letters(
-                access.redis,
-                stream,
-                LETTERS_SHOWN,  # type: ignore[arg-type]
-            ):
+            for entry_id, fields in await list_dead_letters(redis, stream, LETTERS_SHOWN):
                 letters.append(
                     {
                         "stream": stream,
@@ -161,6 +157,8 @@ async def changes(request: Request, ui: Inspector) -> Response:
                         yield f"id: {position}\nevent: change\ndata: {data}\n\n".encode()
         except asyncio.CancelledError:
             raise
+        except Exception as exc:  # Redis gone or full: end the stream; the browser reconnects
+            yield f": stopped: {failure(exc)[1]}\n\n".encode()
         finally:
             _feeds -= 1
             await redis.aclose()
