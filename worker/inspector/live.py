@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
+from redis.exceptions import ResponseError
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
@@ -26,7 +27,7 @@ from worker.erasure.erased import load_erased
 from worker.ids import validate_id
 from worker.inspector.app import Inspector
 from worker.keys import StreamKeys, changes_dlq, changes_stream, episodes_dlq
-from worker.ops.inspection import stream_stats
+from worker.ops.inspection import GroupStats, stream_stats
 
 SESSIONS_SHOWN = 50
 VARIABLES_SHOWN = 20
@@ -74,6 +75,41 @@ async def live_sessions(ui: Inspector) -> list[LiveSession]:
     return sorted(found, key=lambda s: s.session_id)
 
 
+async def _feed_stats(ui: Inspector) -> list[GroupStats]:
+    """The project's change feed and the DLQs ``stream_stats`` leaves out: length, and each
+    group's lag and pending entries."""
+    redis: Any = ui.access.redis
+    settings = ui.access.settings
+    names = [
+        changes_stream(settings.stream_prefix, ui.access.project_id, settings.shards),
+        episodes_dlq(settings.stream_prefix),
+        changes_dlq(settings.stream_prefix),
+    ]
+    rows = []
+    for name in names:
+        length = int(await redis.xlen(name))
+        try:
+            groups = await redis.xinfo_groups(name)
+        except ResponseError:  # no such stream yet
+            groups = []
+        if not groups:
+            rows.append(GroupStats(name, length, None, None, 0, None, 0))
+        for group in groups:
+            lag = group.get("lag")
+            rows.append(
+                GroupStats(
+                    name,
+                    length,
+                    codec.text(group["name"]),
+                    None if lag is None else int(lag),
+                    int(group["pending"]),
+                    None,
+                    int(group["consumers"]),
+                )
+            )
+    return rows
+
+
 def dlq_streams(ui: Inspector) -> list[str]:
     settings = ui.access.settings
     shards = [StreamKeys(settings.stream_prefix, i).dlq for i in range(settings.shards)]
@@ -86,7 +122,7 @@ async def live(request: Request, ui: Inspector) -> Response:
     if user is not None:
         user = access.user(validate_id(user, "user"))
     redis: Any = access.redis
-    streams = await stream_stats(redis, access.settings)
+    streams = [*await stream_stats(redis, access.settings), *await _feed_stats(ui)]
     letters = []
     if access.user_id is None:
         for stream in dlq_streams(ui):
