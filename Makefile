@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 .PHONY: install run test test-fast lint format bench soak schema clean embedding-server \
-	images compose stack-test docs docs-serve
+	images compose stack-test docs docs-serve screenshots
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -41,6 +41,10 @@ format: $(STAMP)
 ## missing page or a reference line the code no longer has fails; docs-serve serves it on :8000.
 docs: $(STAMP)
 	$(BIN)/mkdocs build --strict
+
+## The inspector's screenshots in docs/images (taken by its browser tests: deploy/browser.sh).
+screenshots: $(STAMP)
+	SCREENSHOTS_DIR=docs/images $(BIN)/pytest -q tests/browser
 
 docs-serve: $(STAMP)
 	$(BIN)/mkdocs serve

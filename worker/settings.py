@@ -228,6 +228,10 @@ class Settings(BaseSettings):
     api_body_timeout_seconds: float = Field(default=30.0, gt=0)
     """A request body ``memworker serve`` (and ``mcp --http``) has not received whole within
     this long is answered 408 and its connection closed (a slow body holds no connection)."""
+    ui_enabled: bool = True
+    """Serve the memory inspector (``worker.inspector``: web pages of what memory holds, recall
+    with its scores, forget, the live change feed) at ``/ui`` of ``memworker serve``, behind
+    the same token and allowed hosts; false: no ``/ui`` (404, as any unknown path)."""
 
     # Operations.
     metrics_port: int | None = Field(default=None, ge=0, le=65_535)

@@ -24,6 +24,7 @@ ROOMS = (
     "consolidation",
     "agents",
     "access",
+    "inspector",
 )
 MAY_IMPORT: dict[str, set[str]] = {
     KERNEL: set(),
@@ -46,6 +47,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     },
     "agents": {KERNEL, "consumers", "db", "memory", "lifecycle"},
     "access": {KERNEL, "user_memory", "memory", "episodes", "db", "erasure"},
+    "inspector": {KERNEL, "access", "user_memory", "consumers", "db", "erasure", "ops"},
     "cli": {KERNEL, *ROOMS},
     PUBLIC: {KERNEL, *ROOMS},
 }

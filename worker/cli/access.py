@@ -212,19 +212,25 @@ def serve(
     allowed_host: AllowedHostOption = None,
 ) -> None:
     """An HTTP API over the same tools as `memworker mcp` (POST /v1/<tool>), OpenAPI at
-    /openapi.json, /healthz /readyz /metrics; bearer token MEMWORKER_API_TOKEN."""
+    /openapi.json, /healthz /readyz /metrics, the memory inspector at /ui; bearer token
+    MEMWORKER_API_TOKEN."""
     settings, project_id, user_id = _scope(project, user)
     _check_secrets(settings)
     chosen = _host(settings, host)
     sock = _listening_socket(chosen, port, "--port")
     _say_exposure(settings, chosen, host)
     from worker.access.http_api import create_app
+    from worker.inspector.app import Shared
+    from worker.inspector.server import with_inspector
 
-    app = create_app(
-        _maker(settings, project_id, user_id),
-        token=settings.api_token,
-        max_bytes=settings.api_max_request_bytes,
-        allowed_hosts=_allowed_hosts(settings, chosen, allowed_host),
-        body_timeout_s=settings.api_body_timeout_seconds,
-    )
+    shared = Shared(_maker(settings, project_id, user_id))  # one Access for both doors
+    guard: dict[str, Any] = {
+        "token": settings.api_token,
+        "max_bytes": settings.api_max_request_bytes,
+        "allowed_hosts": _allowed_hosts(settings, chosen, allowed_host),
+        "body_timeout_s": settings.api_body_timeout_seconds,
+    }
+    app = create_app(shared, **guard)
+    if settings.ui_enabled:  # the memory inspector at /ui (MEMWORKER_UI_ENABLED)
+        app = with_inspector(app, shared, **guard)
     run_async(_serve_uvicorn(app, sock, chosen, port, f"memory API of project {project_id}"))
