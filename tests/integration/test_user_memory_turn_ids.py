@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import uuid
 import warnings
-from collections.abc import AsyncIterator
 from typing import Any
 
 import orjson
@@ -19,8 +18,8 @@ from redis.asyncio import Redis
 from sqlalchemy import Connection, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from tests.integration.results_factory import migrated_engine
-from tests.integration.test_user_memory import T, feed
+from tests.integration import test_user_memory
+from tests.integration.test_user_memory import PROJECT, T, feed
 from worker.db.engine import create_database_engine
 from worker.db.migrate import alembic_config, migrate
 from worker.db.models import EPISODE_NAMESPACE
@@ -30,29 +29,9 @@ from worker.user_memory.memory import Memory
 from worker.user_memory.models import Episode
 from worker.user_memory.turns import EpisodeConflictError, turn_uuid
 
-PROJECT = "proj-ids"
-
-
-@pytest.fixture
-async def engine(database_url: str) -> AsyncIterator[AsyncEngine]:
-    async with migrated_engine(database_url) as engine:
-        yield engine
-
-
-@pytest.fixture
-def um_settings(redis_url: str, prefix: str, database_url: str) -> Settings:
-    return Settings(
-        redis_url=redis_url,
-        stream_prefix=prefix,
-        database_url=database_url,
-        remember_embedding="indexer",
-    )
-
-
-@pytest.fixture
-async def memory(engine: AsyncEngine, redis: Redis, um_settings: Settings) -> AsyncIterator[Memory]:
-    async with Memory(PROJECT, settings=um_settings, engine=engine, redis=redis) as memory:
-        yield memory
+engine = test_user_memory.engine  # its fixtures: a migrated database, a Memory of PROJECT
+um_settings = test_user_memory.um_settings
+memory = test_user_memory.memory
 
 
 def turn(turn_id: str, user: str | None, words: str, session: str = "s-1") -> Episode:
@@ -98,9 +77,9 @@ async def test_two_users_each_hold_an_id_and_see_only_their_own(
         (None, "turn-1"),
     ]
 
-    with pytest.raises(EpisodeConflictError) as own:  # the user's own id, other content
+    with pytest.raises(EpisodeConflictError) as conflict:  # his own id, other content
         await memory.remember(bob.model_copy(update={"output": "changed"}))
-    assert "ann" not in str(own.value)
+    assert "ann" not in str(conflict.value)
     assert (await memory.export(user_id="bob")).episodes == [bob]
 
     assert await memory.forget(user_id="bob") == 1
@@ -188,8 +167,8 @@ async def test_turns_stored_before_0007_keep_their_ids_and_are_found_by_their_us
             announced = [orjson.loads(f[b"data"])["episode_id"] for _i, f in entries]
             assert announced == [old_row_id("old-2")]
             async with engine.connect() as conn:
-                owed = "SELECT count(*) FROM episodes WHERE announced_at IS NULL"
-                assert await conn.scalar(text(owed)) == 0
+                unannounced = "SELECT count(*) FROM episodes WHERE announced_at IS NULL"
+                assert await conn.scalar(text(unannounced)) == 0
 
             with pytest.raises(EpisodeConflictError):
                 await memory.remember(turn("old-1", "ann", "other words"))

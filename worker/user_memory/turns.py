@@ -246,25 +246,10 @@ def partition(user_id: str | None, column: str = "user_id") -> str:
 
 
 async def episodes_of(
-    conn: AsyncConnection,
-    project_id: str,
-    user_id: str | None,
-    *,
-    session_id: str | None = None,
-    before: datetime | None = None,
-    newest_first: bool = False,
-    limit: int | None = None,
+    conn: AsyncConnection, project_id: str, user_id: str | None, **filters: Any
 ) -> list[Episode]:
-    """The user's episodes (of one session, older than ``before``), oldest first."""
-    found = await keyed_episodes_of(
-        conn,
-        project_id,
-        user_id,
-        session_id=session_id,
-        before=before,
-        newest_first=newest_first,
-        limit=limit,
-    )
+    """The user's episodes (``keyed_episodes_of`` without the row ids)."""
+    found = await keyed_episodes_of(conn, project_id, user_id, **filters)
     return [episode for _row_id, episode in found]
 
 
@@ -278,7 +263,8 @@ async def keyed_episodes_of(
     newest_first: bool = False,
     limit: int | None = None,
 ) -> list[tuple[str, Episode]]:
-    """``episodes_of``, each with its row's id (a turn's is not derivable: module doc)."""
+    """The user's episodes (of one session, older than ``before``; oldest first, or newest),
+    each with its row's id (a turn's is not derivable: module doc)."""
     where = ["project_id = :p", partition(user_id)]
     params: dict[str, Any] = {"p": project_id, "u": user_id}
     if session_id is not None:
