@@ -187,8 +187,8 @@ async def insert_turns(
     caller raises it (and rolls back) or hands it to that turn's caller alone, the others
     stored. Another user's turn of the same id is never a conflict."""
     contents = [_content(e) for e in episodes]
-    ids = [turn_uuid(project_id, e.user_id, e.id) for e in episodes]
     sources = [turn_source(project_id, e.user_id, e.id) for e in episodes]
+    ids = [uuid.uuid5(EPISODE_NAMESPACE, source) for source in sources]  # turn_uuid's
     inserted = await conn.execute(
         _INSERT_MANY,
         {
