@@ -115,7 +115,7 @@ class TurnWriter:
                 result = stored[k]
                 if k in taken and not isinstance(result, Exception):
                     if turns.same_content(unique[k], episode):
-                        result = result._replace(new=False, owed=False)  # the other call's
+                        result = result._replace(new=False, owed=False)  # announced by the other
                     else:
                         result = turns.EpisodeConflictError(
                             f"episode {episode.id!r} is already remembered with other content;"
