@@ -71,7 +71,7 @@ from worker.settings import Settings
 from worker.user_memory.inputs import check_episode
 from worker.user_memory.memory import Memory
 from worker.user_memory.models import Episode, as_utc
-from worker.user_memory.turns import TURN_SOURCE_PREFIX, turn_uuid
+from worker.user_memory.turns import turn_source, turn_uuid
 
 OUTPUT = "done, confirmation sent by email"
 RECALL_EVERY = 4
@@ -97,13 +97,14 @@ async def previous_remember(memory: Memory, episode: Episode) -> str:
     """The previous release's ``Memory.remember`` (new ids only), step for step."""
     episode = check_episode(episode)
     project = memory.project_id
-    row_id = turn_uuid(project, episode.id)
+    row_id = turn_uuid(project, episode.user_id, episode.id)
+    source = turn_source(project, episode.user_id, episode.id)
     async with memory.engine.begin() as conn:
         inserted = await conn.execute(
             _PREVIOUS_INSERT,
             {
                 "id": row_id,
-                "src": f"{TURN_SOURCE_PREFIX}{project}/{episode.id}",
+                "src": source,
                 "p": project,
                 "s": episode.session_id,
                 "u": episode.user_id,
@@ -126,7 +127,6 @@ async def previous_remember(memory: Memory, episode: Episode) -> str:
                 session_id=episode.session_id,
             )
             await owe(conn, project, [event])
-    source = f"{TURN_SOURCE_PREFIX}{project}/{episode.id}"
     wire = Announcement(row_id, project, episode.session_id, source).wire()
     await memory.redis.xadd(episodes_stream(memory.settings.stream_prefix), {"data": wire})
     async with memory.engine.begin() as conn:

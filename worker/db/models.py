@@ -19,7 +19,6 @@ from sqlalchemy import (
     Index,
     MetaData,
     Text,
-    UniqueConstraint,
     func,
     text,
 )
@@ -198,7 +197,21 @@ class Episode(Base):
             unique=True,
             postgresql_where=text("turn_id IS NULL"),
         ),
-        UniqueConstraint("project_id", "turn_id"),
+        Index(  # a turn's id is unique per (project, user) (migration 0007)
+            "uq_episodes_project_id_turn_id_user_id",
+            "project_id",
+            "turn_id",
+            "user_id",
+            unique=True,
+            postgresql_where=text("turn_id IS NOT NULL"),
+        ),
+        Index(  # the turns of no user: one bucket (Postgres takes two nulls as distinct)
+            "uq_episodes_project_id_turn_id_no_user",
+            "project_id",
+            "turn_id",
+            unique=True,
+            postgresql_where=text("turn_id IS NOT NULL AND user_id IS NULL"),
+        ),
         Index(
             "ix_episodes_unconsolidated_sessions",
             "id",

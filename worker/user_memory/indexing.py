@@ -45,7 +45,6 @@ from worker.keys import episodes_stream
 from worker.logs import get_logger
 from worker.metrics import EMBEDDED_AT_REMEMBER, RECALL_WITHOUT_VECTORS
 from worker.settings import Settings
-from worker.user_memory.turns import turn_uuid
 
 log = get_logger("worker.user_memory")
 
@@ -213,22 +212,24 @@ class TurnVectors:
             pause = min(0.25, pause * 2)
 
     async def _rows(self, project_id: str, ids: list[str]) -> dict[str, str]:
-        """Row id -> the caller's id, for each of ``ids``; UnknownEpisodeError for the rest."""
-        wanted = {str(turn_uuid(project_id, i)): i for i in ids}
+        """Row id -> the caller's id, for each of ``ids`` (a turn id: that id's turn of each
+        user of the project holding one; an episode's row id: it); UnknownEpisodeError for
+        the rest."""
+        uuids: dict[str, str] = {}
         for i in ids:
             with contextlib.suppress(ValueError):
-                wanted.setdefault(str(uuid.UUID(i)), i)
+                uuids[str(uuid.UUID(i))] = i
         async with self.engine.connect() as conn:
             if self._table is None:
                 self._table = await has_vector_table(conn)
             found = await conn.execute(
                 text(
-                    "SELECT id::text FROM episodes"
-                    " WHERE project_id = :p AND id = ANY(CAST(:ids AS uuid[]))"
+                    "SELECT id::text, turn_id FROM episodes WHERE project_id = :p"
+                    " AND (turn_id = ANY(CAST(:ts AS text[])) OR id = ANY(CAST(:ids AS uuid[])))"
                 ),
-                {"p": project_id, "ids": list(wanted)},
+                {"p": project_id, "ts": ids, "ids": list(uuids)},
             )
-            rows = {row[0]: wanted[row[0]] for row in found}
+            rows = {row.id: uuids.get(row.id) or row.turn_id for row in found}
         unknown = sorted(set(ids) - set(rows.values()))
         if unknown:
             raise UnknownEpisodeError(

@@ -39,15 +39,13 @@ from worker.db.models import SEARCH_CONFIG
 from worker.db.vectors import CHUNK_TABLE, VECTOR_TABLE, has_chunk_table, vector_literal
 from worker.episodes.embedding import Embedder
 from worker.episodes.text_search import BY_INDEX, TEXT_CAP
-from worker.user_memory.models import Episode, EpisodeMatch, ScoredMatches, as_utc
+from worker.user_memory.models import EpisodeMatch, ScoredMatches, as_utc
 from worker.user_memory.turn_ranking import Turn, lexeme_counts, rank, speaker_of
 from worker.user_memory.turns import (
     EPISODE_COLUMNS,
-    SessionEpisode,
     episode_from_row,
-    episodes_of,
+    keyed_episodes_of,
     partition,
-    turn_uuid,
 )
 
 MIN_SIMILARITY = 0.2
@@ -281,14 +279,14 @@ async def recall_scored(
         by_index = dimension is not None
         lexemes, total = await _words(conn, query, where, params, turns, by_index)
     if not turns:
-        recent = await episodes_of(
+        recent = await keyed_episodes_of(
             conn, project_id, user_id, newest_first=True, limit=None if time_range else limit
         )
         if time_range is not None:
             lo, hi = params["lo"], params["hi"]
-            recent = [e for e in recent if lo <= e.occurred_at <= hi]
+            recent = [(k, e) for k, e in recent if lo <= e.occurred_at <= hi]
         neutral = 0.0 if query.strip() else 1.0  # LoomFlow's: no query is no evidence against
-        keyed = {_row_key(project_id, e): e for e in recent[:limit]}
+        keyed = dict(recent[:limit])
         missing = await _unindexed(conn, list(keyed), query, alpha, query_vector, model)
         return _matches(
             [
@@ -331,13 +329,6 @@ def _matches(found: list[EpisodeMatch], unindexed: int) -> ScoredMatches:
     matches = ScoredMatches(found)
     matches.unindexed = unindexed
     return matches
-
-
-def _row_key(project_id: str, episode: Episode) -> str:
-    """The ``episodes`` row id of a recalled episode (a turn's is derived from its id)."""
-    if isinstance(episode, SessionEpisode):
-        return episode.id
-    return str(turn_uuid(project_id, episode.id))
 
 
 async def _unindexed(

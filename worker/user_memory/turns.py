@@ -2,10 +2,15 @@
 sessions' episodes, recalled together.
 
 A turn's row has ``turn_id`` (LoomFlow's ``Episode.id``), ``input``, ``output``,
-``tool_calls``, ``tool_transcript``; its uuid ``id`` is derived from ``(project, turn_id)`` and
-its ``source_event_id`` is ``turn:<project>/<turn_id>``, so a session's episode and a turn never
-collide. A session's episode reads as a LoomFlow ``Episode`` (``SessionEpisode``): its task as
-``input``, its outcome and lessons as ``output``, its uuid as ``id``.
+``tool_calls``, ``tool_transcript``. A turn's id is unique per (project, user), the anonymous
+bucket being one user: two users may each hold ``turn-1``, and neither learns of the other's.
+Its uuid ``id`` is derived from ``(project, user, turn_id)`` and its ``source_event_id`` is
+``turn:<project>@<user>/<turn_id>`` (``turn_source``), so a session's episode and a turn never
+collide; a turn stored before migration 0007 keeps the ones it had
+(``turn:<project>/<turn_id>``), so a turn is found by its columns (``project_id``,
+``user_id``, ``turn_id``), never by deriving its uuid. A session's episode reads as a LoomFlow
+``Episode`` (``SessionEpisode``): its task as ``input``, its outcome and lessons as
+``output``, its uuid as ``id``.
 
 ``insert_turns`` stores a batch in one statement: the new turns and their owed change events
 (the outbox, ``worker.episodes.changes``) in batch order; a batch with a conflicting id changes
@@ -22,7 +27,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 from pydantic import Field
@@ -49,8 +54,22 @@ class SessionEpisode(Episode):
     lessons_learned: list[str] = Field(default_factory=list)
 
 
-def turn_uuid(project_id: str, turn_id: str) -> uuid.UUID:
-    return uuid.uuid5(EPISODE_NAMESPACE, f"{TURN_SOURCE_PREFIX}{project_id}/{turn_id}")
+def turn_source(project_id: str, user_id: str | None, turn_id: str) -> str:
+    """A new turn's ``source_event_id``: ``turn:<project>@<user>/<turn_id>`` (no user: an
+    empty one). Unambiguous: a project or user id holds neither ``@`` nor ``/`` (the id rule),
+    and a user id is never empty; never one a turn stored before 0007 has
+    (``turn:<project>/<turn_id>``), so a new turn never collides with an old one, whoever's."""
+    return f"{TURN_SOURCE_PREFIX}{project_id}@{user_id or ''}/{turn_id}"
+
+
+def turn_uuid(project_id: str, user_id: str | None, turn_id: str) -> uuid.UUID:
+    """A new turn's row id (an old turn keeps its own: look a turn up by its columns)."""
+    return uuid.uuid5(EPISODE_NAMESPACE, turn_source(project_id, user_id, turn_id))
+
+
+def turn_key(episode: Episode) -> tuple[str | None, str]:
+    """What names a turn within a project: its user and its id."""
+    return episode.user_id, episode.id
 
 
 EPISODE_COLUMNS = (
@@ -76,9 +95,11 @@ _INSERT_MANY = text(
 """The batch's new turns and, for each, its change event, in batch order (``seq`` follows
 ``n``: the outbox order), in one round trip."""
 _STORED_MANY = text(
-    f"SELECT {EPISODE_COLUMNS}, announced_at IS NULL AS owed FROM episodes"
-    " WHERE project_id = :p AND turn_id = ANY(CAST(:ts AS text[]))"
+    f"SELECT {EPISODE_COLUMNS}, source_event_id, announced_at IS NULL AS owed FROM episodes"
+    " JOIN unnest(CAST(:us AS text[]), CAST(:ts AS text[])) AS k(u, t) ON turn_id = k.t"
+    " AND user_id IS NOT DISTINCT FROM k.u WHERE project_id = :p"
 )
+"""The stored turns of these ``(user, id)`` pairs (each user's own: never another's)."""
 
 
 def _json(value: Any) -> str | None:
@@ -138,8 +159,18 @@ def same_content(a: Episode, b: Episode) -> bool:
     return _content(a) == _content(b)
 
 
-Stored = tuple[bool, bool] | EpisodeConflictError
-"""What ``insert_turns`` says of a turn: ``(new, owed)``, or why it was not stored."""
+class Kept(NamedTuple):
+    """A turn ``insert_turns`` stored or found stored: whether it is new, whether its
+    ``episode.recorded`` is owed (not published yet), and its row's id and source."""
+
+    new: bool
+    owed: bool
+    row_id: uuid.UUID
+    source: str
+
+
+Stored = Kept | EpisodeConflictError
+"""What ``insert_turns`` says of a turn: ``Kept``, or why it was not stored."""
 
 
 async def insert_turns(
@@ -150,17 +181,19 @@ async def insert_turns(
     *,
     indexed: bool = True,
 ) -> list[Stored]:
-    """Insert the turns (distinct ids, checked) with ``events[k]`` owed for each new one, in
-    one statement; per turn ``(new, owed)`` (owed: its ``episode.recorded`` is not published
-    yet), or the ``EpisodeConflictError`` of a turn stored with other content (naming its
-    index ``episodes[k]`` when ``indexed``): the caller raises it (and rolls back) or hands it
-    to that turn's caller alone, the others stored."""
+    """Insert the turns (distinct ``turn_key``s, checked) with ``events[k]`` owed for each new
+    one, in one statement; per turn its ``Kept``, or the ``EpisodeConflictError`` of a turn
+    its user stored with other content (naming its index ``episodes[k]`` when ``indexed``): the
+    caller raises it (and rolls back) or hands it to that turn's caller alone, the others
+    stored. Another user's turn of the same id is never a conflict."""
     contents = [_content(e) for e in episodes]
+    sources = [turn_source(project_id, e.user_id, e.id) for e in episodes]
+    ids = [uuid.uuid5(EPISODE_NAMESPACE, source) for source in sources]  # turn_uuid's
     inserted = await conn.execute(
         _INSERT_MANY,
         {
-            "ids": [turn_uuid(project_id, e.id) for e in episodes],
-            "srcs": [f"{TURN_SOURCE_PREFIX}{project_id}/{e.id}" for e in episodes],
+            "ids": ids,
+            "srcs": sources,
             "ss": [e.session_id for e in episodes],
             "us": [e.user_id for e in episodes],
             "ts": [e.id for e in episodes],
@@ -175,14 +208,21 @@ async def insert_turns(
         },
     )
     new = {row.id for row in inserted}
-    results: list[Stored] = [(True, True)] * len(episodes)
-    old = [k for k, e in enumerate(episodes) if turn_uuid(project_id, e.id) not in new]
+    results: list[Stored] = [Kept(True, True, i, s) for i, s in zip(ids, sources, strict=True)]
+    old = [k for k in range(len(episodes)) if ids[k] not in new]
     if not old:
         return results
-    found = await conn.execute(_STORED_MANY, {"p": project_id, "ts": [episodes[k].id for k in old]})
-    stored = {row.turn_id: row for row in found}
+    found = await conn.execute(
+        _STORED_MANY,
+        {
+            "p": project_id,
+            "us": [episodes[k].user_id for k in old],
+            "ts": [episodes[k].id for k in old],
+        },
+    )
+    stored = {(row.user_id, row.turn_id): row for row in found}
     for k in old:
-        episode, row = episodes[k], stored.get(episodes[k].id)
+        episode, row = episodes[k], stored.get(turn_key(episodes[k]))
         where = f"episodes[{k}]: " if indexed else ""
         if row is None:
             results[k] = EpisodeConflictError(
@@ -195,7 +235,7 @@ async def insert_turns(
                 " episode is immutable: remember the change under a new id"
             )
         else:
-            results[k] = (False, bool(row.owed))
+            results[k] = Kept(False, bool(row.owed), row.id, row.source_event_id)
     return results
 
 
@@ -206,6 +246,14 @@ def partition(user_id: str | None, column: str = "user_id") -> str:
 
 
 async def episodes_of(
+    conn: AsyncConnection, project_id: str, user_id: str | None, **filters: Any
+) -> list[Episode]:
+    """The user's episodes (``keyed_episodes_of`` without the row ids)."""
+    found = await keyed_episodes_of(conn, project_id, user_id, **filters)
+    return [episode for _row_id, episode in found]
+
+
+async def keyed_episodes_of(
     conn: AsyncConnection,
     project_id: str,
     user_id: str | None,
@@ -214,7 +262,9 @@ async def episodes_of(
     before: datetime | None = None,
     newest_first: bool = False,
     limit: int | None = None,
-) -> list[Episode]:
+) -> list[tuple[str, Episode]]:
+    """The user's episodes (of one session, older than ``before``; oldest first, or newest),
+    each with its row's id (a turn's is not derivable: module doc)."""
     where = ["project_id = :p", partition(user_id)]
     params: dict[str, Any] = {"p": project_id, "u": user_id}
     if session_id is not None:
@@ -231,7 +281,7 @@ async def episodes_of(
     statement = text(
         f"SELECT {EPISODE_COLUMNS} FROM episodes WHERE {' AND '.join(where)} ORDER BY {order}{tail}"
     )
-    return [episode_from_row(r) for r in await conn.execute(statement, params)]
+    return [(str(r.id), episode_from_row(r)) for r in await conn.execute(statement, params)]
 
 
 def session_messages_of(episodes: list[Episode]) -> list[Message]:

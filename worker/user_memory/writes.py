@@ -15,7 +15,7 @@ once the last returned, so it is in a later round: the feed keeps each user's or
 round trip. A batch is refused whole, nothing stored: a bad item raises the input rule's
 ``InvalidInputError`` naming ``episodes[k].<field>``, a conflicting id ``EpisodeConflictError``
 naming ``episodes[k]``, too many items ``BatchTooLargeError`` naming the limit. The same id
-twice in a batch with the same content is one turn.
+twice in a batch for one user with the same content is one turn (two users' are two).
 
 When it returns, every turn is stored once with its event (published, or owed to the next
 publish when Redis refused it) and found by words at once, from any process.
@@ -94,11 +94,11 @@ class TurnWriter:
         while self._waiting:
             batch = self._waiting[:MAX_REMEMBER_BATCH]
             self._waiting = self._waiting[MAX_REMEMBER_BATCH:]
-            first: dict[str, int] = {}
+            first: dict[tuple[str | None, str], int] = {}
             unique: list[Episode] = []
             for episode, _future in batch:
-                if episode.id not in first:
-                    first[episode.id] = len(unique)
+                if turns.turn_key(episode) not in first:
+                    first[turns.turn_key(episode)] = len(unique)
                     unique.append(episode)
             try:
                 stored = await self._insert_round(unique)
@@ -111,11 +111,11 @@ class TurnWriter:
                 continue
             taken: set[int] = set()
             for episode, future in batch:
-                k = first[episode.id]
+                k = first[turns.turn_key(episode)]
                 result = stored[k]
                 if k in taken and not isinstance(result, Exception):
                     if turns.same_content(unique[k], episode):
-                        result = (False, False)  # the other call stored and announces it
+                        result = result._replace(new=False, owed=False)  # announced by the other
                     else:
                         result = turns.EpisodeConflictError(
                             f"episode {episode.id!r} is already remembered with other content;"
@@ -166,29 +166,22 @@ class TurnWriter:
             for e in episodes
         ]
 
-    async def _after(self, episodes: list[Episode], stored: list[tuple[bool, bool]]) -> None:
+    async def _after(self, episodes: list[Episode], stored: list[turns.Kept]) -> None:
         """Embed the new turns when this memory embeds, then publish (group commit)."""
-        await asyncio.gather(
-            *(
-                self.vectors.remembered(str(turns.turn_uuid(self.project_id, episode.id)))
-                for episode, (new, _owed) in zip(episodes, stored, strict=True)
-                if new
-            )
-        )
+        await asyncio.gather(*(self.vectors.remembered(str(k.row_id)) for k in stored if k.new))
         owed = [
-            self._announcement(episode)
-            for episode, (_new, owed) in zip(episodes, stored, strict=True)
-            if owed
+            self._announcement(episode, kept)
+            for episode, kept in zip(episodes, stored, strict=True)
+            if kept.owed
         ]
         try:
             await self.publisher.flush(owed)
         except Exception as exc:  # stored: the events stay owed to the next publish
             log.warning("change feed: events stay owed", error=str(exc).splitlines()[:1])
 
-    def _announcement(self, episode: Episode) -> tuple[Any, bytes]:
-        row_id = turns.turn_uuid(self.project_id, episode.id)
-        source = f"{turns.TURN_SOURCE_PREFIX}{self.project_id}/{episode.id}"
-        return row_id, Announcement(row_id, self.project_id, episode.session_id, source).wire()
+    def _announcement(self, episode: Episode, kept: turns.Kept) -> tuple[Any, bytes]:
+        wire = Announcement(kept.row_id, self.project_id, episode.session_id, kept.source).wire()
+        return kept.row_id, wire
 
 
 def _retrieve(future: asyncio.Future[Any]) -> None:
@@ -220,14 +213,14 @@ def checked_batch(episodes: Iterable[Episode | Any]) -> list[Episode]:
 
 
 def distinct(batch: list[Episode]) -> list[Episode]:
-    """The batch without repeats: the same id twice with the same content is one turn, with
-    other content an ``EpisodeConflictError`` naming both indexes."""
-    first: dict[str, int] = {}
+    """The batch without repeats: the same user's id twice with the same content is one turn,
+    with other content an ``EpisodeConflictError`` naming both indexes."""
+    first: dict[tuple[str | None, str], int] = {}
     out: list[Episode] = []
     for k, episode in enumerate(batch):
-        seen = first.get(episode.id)
+        seen = first.get(turns.turn_key(episode))
         if seen is None:
-            first[episode.id] = k
+            first[turns.turn_key(episode)] = k
             out.append(episode)
         elif turns.same_content(batch[seen], episode):
             continue
