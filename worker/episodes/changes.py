@@ -87,7 +87,8 @@ _DONE = text(
 )
 """The events published leave the outbox and the announcements published are marked
 (``worker.db.batch.mark_announced``), in one statement."""
-PUBLISH_BATCH = 500
+PUBLISH_BATCH = 1_000
+"""Events a publish moves in one transaction and pipeline (a ``remember_many`` batch's)."""
 
 
 def change_event(

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import uuid
 import weakref
 from collections.abc import AsyncIterator, Iterable
 from typing import Any
@@ -262,16 +263,17 @@ class TurnWriter:
 
     async def _after(self, episodes: list[Episode], stored: list[tuple[bool, bool]]) -> None:
         """Embed the new turns when this memory embeds, then publish (group commit)."""
+        row_ids = [turns.turn_uuid(self.project_id, episode.id) for episode in episodes]
         await asyncio.gather(
             *(
-                self.vectors.remembered(str(turns.turn_uuid(self.project_id, episode.id)))
-                for episode, (new, _owed) in zip(episodes, stored, strict=True)
+                self.vectors.remembered(str(row_id))
+                for row_id, (new, _owed) in zip(row_ids, stored, strict=True)
                 if new
             )
         )
         owed = [
-            self._announcement(episode)
-            for episode, (_new, owed) in zip(episodes, stored, strict=True)
+            self._announcement(row_id, episode)
+            for row_id, episode, (_new, owed) in zip(row_ids, episodes, stored, strict=True)
             if owed
         ]
         try:
@@ -279,8 +281,7 @@ class TurnWriter:
         except Exception as exc:  # stored: the events stay owed to the next publish
             log.warning("change feed: events stay owed", error=str(exc).splitlines()[:1])
 
-    def _announcement(self, episode: Episode) -> tuple[Any, bytes]:
-        row_id = turns.turn_uuid(self.project_id, episode.id)
+    def _announcement(self, row_id: uuid.UUID, episode: Episode) -> tuple[uuid.UUID, bytes]:
         source = f"{turns.TURN_SOURCE_PREFIX}{self.project_id}/{episode.id}"
         return row_id, Announcement(row_id, self.project_id, episode.session_id, source).wire()
 
