@@ -12,8 +12,9 @@ JSON with ``type``, ``event_id`` (deterministic: a subscriber drops a duplicate)
 change, and ``publish_owed`` moves the project's owed events to its stream (XADD, then DELETE)
 under a per-project advisory lock, in ``seq`` order. It runs after every change; what a Redis
 outage leaves owed goes with the project's next change, ``Memory.flush_changes()``, or
-``Memory.close()``. So an event is never lost and, without a crash between XADD and DELETE,
-published once.
+``Memory.close()``. So an event is never lost and, without a crash between XADD and DELETE
+(the DELETE's commit does not wait for the WAL flush: a Postgres crash just after it counts as
+one), published once.
 
 **Group commit.** The ``Memory`` instances of a process that share an engine and a Redis
 client publish through one ``OwedPublisher`` (``worker.user_memory.writes.shared_writes``):
