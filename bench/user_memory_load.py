@@ -5,6 +5,11 @@ previous release's ``remember`` against this one's, alternated in the same proce
 
     .venv/bin/python bench/user_memory_load.py [--redis-url URL] [--database-url URL] \\
         [--seconds 8] [--clients 1,10,50] [--rounds 2] [--batch 1000] [--sustain 60] [--no-http]
+        [--only rounds,points,bulk,http]
+
+``--only`` runs some parts; to compare two checkouts in one window on a shared machine, run the
+same command with ``PYTHONPATH`` at each, alternating (the bench itself uses only ``Memory``,
+``serve`` and the outbox's public functions, so it runs against an older checkout too).
 
 Every point runs ``--seconds`` against a fresh migrated database (dropped at the end) and the
 given Redis, with ``MEMWORKER_REMEMBER_EMBEDDING=indexer`` (``remember`` stores and announces;
@@ -74,6 +79,9 @@ from worker.user_memory.models import Episode, as_utc
 from worker.user_memory.turns import turn_source, turn_uuid
 
 OUTPUT = "done, confirmation sent by email"
+PARTS = ("rounds", "points", "bulk", "http")
+"""``--only``: the before/after rounds, the Python points (and ``--sustain``), the
+``remember_many`` import, the HTTP points."""
 RECALL_EVERY = 4
 MIXED = "max, every 4th call a recall"
 
@@ -402,6 +410,10 @@ async def check_stored(engine: AsyncEngine, expected: int) -> str:
 
 async def run(args: argparse.Namespace) -> str:
     cancel_on_sigterm()
+    load_before = os.getloadavg()[0]
+    only = set(args.only.split(","))
+    if only - set(PARTS):
+        raise SystemExit(f"--only: {', '.join(sorted(only - set(PARTS)))}: not one of {PARTS}")
     prefix = unique_prefix("user-memory-load")
     redis = Redis.from_url(args.redis_url)
     clients_list = [int(c) for c in args.clients.split(",")]
@@ -438,7 +450,7 @@ async def run(args: argparse.Namespace) -> str:
                 after: list[float] = []
                 before_p99: list[float] = []
                 after_p99: list[float] = []
-                for r in range(args.rounds):
+                for r in range(args.rounds if "rounds" in only else 0):
                     for label in ("after", "before"):
 
                         async def remember(
@@ -466,15 +478,16 @@ async def run(args: argparse.Namespace) -> str:
                             ]
                         )
                 ratio = sum(after) / sum(before) if sum(before) else float("nan")
-                notes.append(
-                    f"Python API, 50 tasks, one project, remembers only: this release "
-                    f"{sum(after) / len(after):,.0f}/s against the previous release's "
-                    f"{sum(before) / len(before):,.0f}/s: **{ratio:.1f}×** (mean of {args.rounds} "
-                    "alternated rounds); p99 "
-                    f"{1000 * sum(after_p99) / len(after_p99):,.0f} ms vs "
-                    f"{1000 * sum(before_p99) / len(before_p99):,.0f} ms."
-                )
-                for clients in clients_list:
+                if before:
+                    notes.append(
+                        f"Python API, 50 tasks, one project, remembers only: this release "
+                        f"{sum(after) / len(after):,.0f}/s against the previous release's "
+                        f"{sum(before) / len(before):,.0f}/s: **{ratio:.1f}×** (mean of "
+                        f"{args.rounds} alternated rounds); p99 "
+                        f"{1000 * sum(after_p99) / len(after_p99):,.0f} ms vs "
+                        f"{1000 * sum(before_p99) / len(before_p99):,.0f} ms."
+                    )
+                for clients in clients_list if "points" in only else []:
                     point = await baseline_point(engine, f"b{clients}", clients, args.seconds)
                     rows.append(row("Postgres INSERT (baseline)", 1, clients, "max", point))
                     for memories in (one, ten):
@@ -498,13 +511,13 @@ async def run(args: argparse.Namespace) -> str:
                         )
                         acknowledged += len(mixed.remember)
                         rows.append(row(door, len(memories), clients, MIXED, mixed))
-                if args.sustain:
+                if args.sustain and "points" in only:
                     point = await python_point(one, "sustain", 50, args.sustain)
                     acknowledged += len(point.remember)
                     rows.append(row("Python `Memory`", 1, 50, f"max, {args.sustain:g} s", point))
                 started = time.perf_counter()
                 imported = 0
-                batches = max(1, args.batch_turns // args.batch)
+                batches = max(1, args.batch_turns // args.batch) if "bulk" in only else 0
                 for b in range(batches):
                     await one[0].remember_many(
                         [turn(f"bulk{b}", k % 50, k) for k in range(args.batch)]
@@ -512,16 +525,17 @@ async def run(args: argparse.Namespace) -> str:
                     imported += args.batch
                 bulk_s = time.perf_counter() - started
                 acknowledged += imported
-                notes.append(
-                    f"`remember_many`, batches of {args.batch:,}, one client: {imported:,} turns"
-                    f" in {bulk_s:.2f} s = **{imported / bulk_s:,.0f} turns/s** "
-                    f"({1000 * bulk_s / batches:,.0f} ms a batch)."
-                )
+                if batches:
+                    notes.append(
+                        f"`remember_many`, batches of {args.batch:,}, one client: {imported:,}"
+                        f" turns in {bulk_s:.2f} s = **{imported / bulk_s:,.0f} turns/s** "
+                        f"({1000 * bulk_s / batches:,.0f} ms a batch)."
+                    )
                 notes.append(await check_stored(engine, acknowledged))
             finally:
                 for memory in ten + one:
                     await memory.close()
-            if not args.no_http:
+            if not args.no_http and "http" in only:
                 async with serve(args.redis_url, url, prefix, "http0") as base:
                     for clients in clients_list:
                         point = await http_point(base, f"h{clients}", clients, args.seconds)
@@ -544,7 +558,8 @@ async def run(args: argparse.Namespace) -> str:
     header = (
         f"`{invocation()}` — {platform.machine()}, {os.cpu_count()} cores (shared with other "
         f"work: compare within the run), Python {platform.python_version()}, {args.seconds:g} s a "
-        "point\n\n"
+        f"point; load average {load_before:.1f} at the start, {os.getloadavg()[0]:.1f} at the end"
+        "\n\n"
     )
     return (
         header
@@ -571,6 +586,12 @@ def main() -> None:
     parser.add_argument("--batch-turns", type=int, default=20_000)
     parser.add_argument("--no-http", action="store_true")
     parser.add_argument("--sustain", type=float, default=0.0, help="seconds of a last point")
+    parser.add_argument(
+        "--only",
+        default=",".join(PARTS),
+        help="the parts to run, of " + ",".join(PARTS) + " (all by default); run it once with "
+        "PYTHONPATH at each of two checkouts, alternating, to compare them in one window",
+    )
     args = parser.parse_args()
     random.seed(7)
     print(asyncio.run(run(args)))

@@ -76,11 +76,12 @@ async def test_fifty_concurrent_writers_keep_each_users_feed_in_commit_order(
     engine: AsyncEngine, redis: Redis, write_settings: Settings
 ) -> None:
     """50 users, each one agent writing 12 turns in order, through two ``Memory`` instances
-    of the project (two processes' worth: the outbox lock is contended across them)."""
+    of the project on engines of their own (two processes' worth: the outbox lock is
+    contended across them)."""
     users, each = 50, 12
     async with (
         Memory(PROJECT, settings=write_settings, engine=engine, redis=redis) as one,
-        Memory(PROJECT, settings=write_settings, engine=engine, redis=redis) as two,
+        Memory(PROJECT, settings=write_settings, redis=redis) as two,
     ):
 
         async def agent(u: int) -> None:
@@ -103,6 +104,46 @@ async def test_fifty_concurrent_writers_keep_each_users_feed_in_commit_order(
             text("SELECT count(*) FROM episodes WHERE announced_at IS NULL")
         )
     assert unannounced == 0
+
+
+async def test_ten_projects_on_one_engine_share_the_group_commit_and_keep_each_feed(
+    engine: AsyncEngine, redis: Redis, write_settings: Settings
+) -> None:
+    """Ten projects' ``Memory`` instances on one engine, five agents each: every turn is on
+    its own project's feed once, each user's in order; one project's memory closed midway
+    leaves the others writing."""
+    projects, users, each = 10, 5, 8
+    memories = [
+        Memory(f"{PROJECT}{p}", settings=write_settings, engine=engine, redis=redis)
+        for p in range(projects)
+    ]
+
+    async def agent(p: int, u: int) -> None:
+        for n in range(each):
+            await memories[p].remember(turn(f"p{p}-u{u}-{n}", f"u{u}"))
+
+    await asyncio.gather(*(agent(p, u) for p in range(projects) for u in range(users)))
+    await memories[0].close()
+    await asyncio.gather(*(memories[p].remember(turn(f"p{p}-late", "u0")) for p in range(1, 10)))
+    for memory in memories[1:]:
+        await memory.close()
+    for p in range(projects):
+        stream = changes_stream(
+            write_settings.stream_prefix, f"{PROJECT}{p}", write_settings.shards
+        )
+        entries: Any = await redis.xrange(stream)
+        events = [orjson.loads(f[b"data"]) for _id, f in entries]
+        mine = [e for e in events if e["project_id"] == f"{PROJECT}{p}"]
+        late = [] if p == 0 else [f"p{p}-late"]
+        assert len(mine) == users * each + len(late), f"project {p}: an event lost or doubled"
+        for u in range(users):
+            got = [e["episode_id"] for e in mine if e["user_id"] == f"u{u}"]
+            expected = [f"p{p}-u{u}-{n}" for n in range(each)] + (late if u == 0 else [])
+            assert got == expected, f"project {p} user u{u} out of order"
+    async with engine.connect() as conn:
+        stored = await conn.scalar(text("SELECT count(*) FROM episodes"))
+        owed = await conn.scalar(text("SELECT count(*) FROM memory_changes"))
+    assert (stored, owed) == (projects * users * each + projects - 1, 0)
 
 
 async def test_remember_many_stores_a_thousand_turns_once_with_a_thousand_events(

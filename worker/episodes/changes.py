@@ -12,13 +12,16 @@ JSON with ``type``, ``event_id`` (deterministic: a subscriber drops a duplicate)
 change, and ``publish_owed`` moves the project's owed events to its stream (XADD, then DELETE)
 under a per-project advisory lock, in ``seq`` order. It runs after every change; what a Redis
 outage leaves owed goes with the project's next change, ``Memory.flush_changes()``, or
-``Memory.close()``. So an event is never lost and, without a crash between XADD and DELETE,
-published once.
+``Memory.close()``. So an event is never lost and, without a crash between XADD and DELETE
+(the DELETE's commit does not wait for the WAL flush: a Postgres crash just after it counts as
+one), published once.
 
-**Group commit.** A ``Memory`` publishes through one ``OwedPublisher``: the callers whose
-changes committed while a publish ran share the next one (one transaction, one lock, one
-pipeline for all of them, with the turns' ``episode.recorded`` announcements), so concurrent
-agents of a project no longer queue one by one behind its lock. A caller returns once a
+**Group commit.** The ``Memory`` instances of a process that share an engine and a Redis
+client publish through one ``OwedPublisher`` (``worker.user_memory.writes.shared_writes``):
+the callers whose changes committed while a publish ran share the next one, whatever their
+project (one transaction taking their projects' locks in order, one read, one pipeline for all
+of them, with the turns' ``episode.recorded`` announcements), so concurrent agents of a
+project, or of ten, no longer queue one by one behind a lock. A caller returns once a
 publish that started after its commit is done, so the order stays the order of ``seq``: a
 change committed after another returned is always published after it (per user too).
 
@@ -33,6 +36,7 @@ import asyncio
 import contextlib
 import uuid
 from collections.abc import Collection, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -43,7 +47,6 @@ from redis.exceptions import RedisError
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from worker.db.batch import mark_announced
 from worker.db.models import EPISODE_NAMESPACE
 from worker.ids import uuid5_text
 from worker.keys import changes_stream, episodes_stream
@@ -66,17 +69,27 @@ _OWE = text(
     " WITH ORDINALITY AS o(p, e, n) ORDER BY n"
 )
 _LOCK_MANY = text(
-    "SELECT pg_advisory_xact_lock(hashtextextended('memory_changes/' || p, 0))"
+    "SELECT pg_advisory_xact_lock(hashtextextended('memory_changes/' || p, 0)),"
+    " set_config('synchronous_commit', 'off', true)"
     " FROM unnest(CAST(:ps AS text[])) AS p ORDER BY p"
 )
 """The projects' outbox locks, in order (two publishers of overlapping projects never deadlock;
-volatile functions of the select list run after its ORDER BY)."""
+volatile functions of the select list run after its ORDER BY); and the publish's commit does
+not wait for its WAL flush: what it records (events and announcements gone out) was already
+published, so a Postgres crash that loses it publishes them again (a duplicate by
+``event_id``), never loses one."""
 _OWED_MANY = text(
     "SELECT seq, project_id, payload::text AS payload FROM memory_changes"
     " WHERE project_id = ANY(CAST(:ps AS text[])) ORDER BY seq LIMIT :n"
 )
-_DONE = text("DELETE FROM memory_changes WHERE seq = ANY(:s)")
-PUBLISH_BATCH = 500
+_DONE = text(
+    "WITH done AS (DELETE FROM memory_changes WHERE seq = ANY(CAST(:s AS bigint[])))"
+    " UPDATE episodes SET announced_at = now() WHERE id = ANY(CAST(:a AS uuid[]))"
+)
+"""The events published leave the outbox and the announcements published are marked
+(``worker.db.batch.mark_announced``), in one statement."""
+PUBLISH_BATCH = 1_000
+"""Events a publish moves in one transaction and pipeline (a ``remember_many`` batch's)."""
 
 
 def change_event(
@@ -174,11 +187,10 @@ async def _publish(
                     error=str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
                 )
                 return published, not owed_announcements
-            if rows:
-                await conn.execute(_DONE, {"s": [row.seq for row in rows]})
-            if owed_announcements:
-                await mark_announced(conn, [row_id for row_id, _wire in owed_announcements])
-                owed_announcements = []
+            done = [row.seq for row in rows]
+            announced = [row_id for row_id, _wire in owed_announcements]
+            await conn.execute(_DONE, {"s": done, "a": announced})
+            owed_announcements = []
         published += len(rows)
         if len(rows) < PUBLISH_BATCH:
             return published, True
@@ -186,35 +198,32 @@ async def _publish(
 
 
 class OwedPublisher:
-    """Group commit of one project's outbox (module doc): ``flush`` publishes what is owed,
-    sharing a publish with the callers that came while the one before it ran."""
+    """Group commit of the outboxes of every project written through one engine and Redis
+    client (module doc): ``flush(project)`` publishes what the project owes, sharing a publish
+    with the callers, of any project, that came while the one before it ran."""
 
     def __init__(
-        self,
-        engine: AsyncEngine,
-        redis: Redis | RedisCluster,
-        prefix: str,
-        shards: int,
-        project_id: str,
+        self, engine: AsyncEngine, redis: Redis | RedisCluster, prefix: str, shards: int
     ) -> None:
         self.engine = engine
         self.redis = redis
         self.prefix = prefix
         self.shards = shards
-        self.project_id = project_id
-        self._next: tuple[asyncio.Future[tuple[int, bool]], list[tuple[uuid.UUID, bytes]]] | None
-        self._next = None
+        self._next: _Round | None = None
         self._task: asyncio.Task[None] | None = None
 
-    async def flush(self, announcements: Sequence[tuple[uuid.UUID, bytes]] = ()) -> int:
+    async def flush(
+        self, project_id: str, announcements: Sequence[tuple[uuid.UUID, bytes]] = ()
+    ) -> int:
         """Publish the project's owed events (and ``announcements``, ``_publish``) in a
-        publish that starts after this call; how many events it published. Raises what the
-        publish met (Postgres's error; a Redis that refuses only leaves them owed)."""
-        published, _announced = await self.flush_announcing(announcements)
+        publish that starts after this call; how many events it published (of every project
+        of that publish). Raises what the publish met (Postgres's error; a Redis that refuses
+        only leaves them owed)."""
+        published, _announced = await self.flush_announcing(project_id, announcements)
         return published
 
     async def flush_announcing(
-        self, announcements: Sequence[tuple[uuid.UUID, bytes]] = ()
+        self, project_id: str, announcements: Sequence[tuple[uuid.UUID, bytes]] = ()
     ) -> tuple[int, bool]:
         """``flush``, and whether the announcements went (else the relay owes them)."""
         loop = asyncio.get_running_loop()
@@ -223,30 +232,34 @@ class OwedPublisher:
         if self._next is None:
             future: asyncio.Future[tuple[int, bool]] = loop.create_future()
             future.add_done_callback(_retrieve)
-            self._next = (future, [])
-        future, owed = self._next
-        owed.extend(announcements)
+            self._next = _Round(future, set(), [])
+        self._next.projects.add(project_id)
+        self._next.announcements.extend(announcements)
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._run())
-        return await asyncio.shield(future)
+        return await asyncio.shield(self._next.future)
 
     async def _run(self) -> None:
         """Publish for the callers waiting, round after round, until none waits."""
         while self._next is not None:
-            future, owed = self._next
-            self._next = None
+            round_, self._next = self._next, None
             try:
                 result = await _publish(
-                    self.engine, self.redis, self.prefix, self.shards, [self.project_id], owed
+                    self.engine,
+                    self.redis,
+                    self.prefix,
+                    self.shards,
+                    round_.projects,
+                    round_.announcements,
                 )
             except BaseException as exc:
-                if not future.done():
-                    future.set_exception(exc)
+                if not round_.future.done():
+                    round_.future.set_exception(exc)
                 if isinstance(exc, asyncio.CancelledError):
                     raise
                 continue
-            if not future.done():
-                future.set_result(result)
+            if not round_.future.done():
+                round_.future.set_result(result)
 
     async def close(self) -> None:
         """Stop a publish of a former caller still running (what it owed stays owed)."""
@@ -256,6 +269,15 @@ class OwedPublisher:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+
+
+@dataclass
+class _Round:
+    """The callers of the next publish: its result, their projects, their announcements."""
+
+    future: asyncio.Future[tuple[int, bool]]
+    projects: set[str]
+    announcements: list[tuple[uuid.UUID, bytes]]
 
 
 def _retrieve(future: asyncio.Future[Any]) -> None:

@@ -25,7 +25,7 @@ from worker.connections import client_for
 from worker.db.engine import create_database_engine
 from worker.db.models import Episode as EpisodeRow
 from worker.db.vectors import VECTOR_TABLE, has_vector_table
-from worker.episodes.changes import OwedPublisher, change_event, owe
+from worker.episodes.changes import change_event, owe
 from worker.episodes.embedding import Embedder, EmbeddingError, embedder_from_settings
 from worker.episodes.vector_search import VectorSearch
 from worker.erasure.forget import forget_project
@@ -51,7 +51,7 @@ from worker.user_memory.models import (
     warn_isolation,
 )
 from worker.user_memory.recall import embed_query, recall_scored
-from worker.user_memory.writes import TurnWriter
+from worker.user_memory.writes import SharedWrites, TurnWriter, release, shared_writes
 
 log = get_logger("worker.user_memory")
 
@@ -99,10 +99,11 @@ class Memory:
         self._turn_vectors = TurnVectors(
             engine, redis, self.settings, lambda: self._embedder or self._settings_embedder()
         )
-        self._publisher = OwedPublisher(
-            engine, redis, self.settings.stream_prefix, self.settings.shards, self.project_id
+        self._writes: SharedWrites | None = shared_writes(
+            engine, redis, self.settings.stream_prefix, self.settings.shards
         )
-        self._writer = TurnWriter(self.project_id, self._publisher, self._turn_vectors)
+        self._publisher = self._writes.publisher
+        self._writer = TurnWriter(self.project_id, self._writes, self._turn_vectors)
         self.facts: Any = fact_store or FactStore(
             engine,
             self.project_id,
@@ -128,14 +129,16 @@ class Memory:
             await self.flush_changes()
         except Exception as exc:
             log.warning("change feed not flushed on close", error=str(exc).splitlines()[:1])
-        await self._publisher.close()
+        if self._writes is not None:  # the last Memory of the engine stops its rounds
+            writes, self._writes = self._writes, None
+            await release(writes)
         for closer in reversed(self._owned):
             await closer()
         self._owned.clear()
 
     async def flush_changes(self) -> int:
         """Publish the project's owed change events (``changes``); how many."""
-        return await self._publisher.flush()
+        return await self._publisher.flush(self.project_id)
 
     # -- working blocks ---------------------------------------------------------------------
 

@@ -1,15 +1,19 @@
 """Writing turns: ``Memory.remember`` and ``Memory.remember_many`` (``TurnWriter``).
 
-Group commit, twice. Concurrent ``remember`` calls of one ``Memory`` are inserted together: a
-round is one transaction of one statement (``turns.insert_turns``: the rows and their owed
-``episode.remembered`` events), and the calls that come while it commits make the next one;
-each caller goes on once its round committed (a conflicting id fails that call alone, the
-others are stored). Then one publish shared with the calls that came meanwhile
+Group commit, twice, shared by every ``Memory`` of a process on one engine and Redis client,
+whatever its project (``SharedWrites``, ``shared_writes``). Concurrent ``remember`` calls are
+inserted together: a round is one transaction of one statement per project in it
+(``turns.insert_turns``: the rows and their owed ``episode.remembered`` events; of one
+project, the statement alone, without BEGIN and COMMIT), and the calls that come while it
+commits make the next round. Each caller goes on once its round committed (a conflicting id
+fails that call alone, the others are stored). Then one publish shared with the calls, of
+any project, that came meanwhile
 (``worker.episodes.changes.OwedPublisher``: the events on the change feed and the turns'
 ``episode.recorded`` on ``P:episodes`` in one Redis pipeline, marked in one transaction). So
-under load a call costs a share of two transactions and a pipeline, and concurrent agents of
-a project no longer queue one by one behind its outbox lock. A user's next turn is only sent
-once the last returned, so it is in a later round: the feed keeps each user's order.
+under load a call costs a share of two transactions and a pipeline, and concurrent agents of a
+project, or of ten projects, no longer queue one by one behind an outbox lock or for the
+pool. A user's next turn is only sent once the last returned, so it is in a later round: the
+feed keeps each user's order.
 
 **Batches.** ``remember_many(episodes)`` stores up to ``MAX_REMEMBER_BATCH`` turns in one
 round trip. A batch is refused whole, nothing stored: a bad item raises the input rule's
@@ -24,10 +28,16 @@ publish when Redis refused it) and found by words at once, from any process.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+import contextlib
+import uuid
+import weakref
+from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
 from pydantic import BaseModel
+from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from schemas.inputs import InvalidInputError
 from schemas.limits import MAX_REMEMBER_BATCH
@@ -47,45 +57,34 @@ class BatchTooLargeError(ValueError):
     """A ``remember_many`` of more than ``MAX_REMEMBER_BATCH`` turns (HTTP 413)."""
 
 
-class TurnWriter:
-    """One ``Memory``'s turn writes (module doc)."""
+class SharedWrites:
+    """The group commit of every ``Memory`` of a process on one engine and Redis client,
+    whatever its project (module doc): ``insert`` joins the next round of turns, ``publisher``
+    publishes their events. ``shared_writes`` gives each engine's."""
 
-    def __init__(self, project_id: str, publisher: OwedPublisher, vectors: TurnVectors) -> None:
-        self.project_id = project_id
-        self.publisher = publisher
-        self.vectors = vectors
-        self._waiting: list[tuple[Episode, asyncio.Future[turns.Stored | Exception]]] = []
+    def __init__(
+        self, engine: AsyncEngine, redis: Redis | RedisCluster, prefix: str, shards: int
+    ) -> None:
+        self.engine = engine
+        self.publisher = OwedPublisher(engine, redis, prefix, shards)
+        self.users = 0
+        self._waiting: list[tuple[str, Episode, asyncio.Future[turns.Stored | Exception]]] = []
         self._task: asyncio.Task[None] | None = None
 
-    async def remember(self, episode: Episode | Any) -> str:
-        episode = check_episode(as_episode(episode))
+    async def insert(self, project_id: str, episode: Episode) -> turns.Kept:
+        """Store the turn in the next round (with its owed ``episode.remembered``)."""
         loop = asyncio.get_running_loop()
         if self._task is not None and self._task.get_loop() is not loop:
             self._task, self._waiting = None, []  # a former event loop's (asyncio.run per call)
         future: asyncio.Future[turns.Stored | Exception] = loop.create_future()
         future.add_done_callback(_retrieve)
-        self._waiting.append((episode, future))
+        self._waiting.append((project_id, episode, future))
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._insert_waiting())
         stored = await asyncio.shield(future)
         if isinstance(stored, Exception):
             raise stored
-        await self._after([episode], [stored])
-        return episode.id
-
-    async def remember_many(self, episodes: Iterable[Episode | Any]) -> list[str]:
-        batch = checked_batch(episodes)
-        unique = distinct(batch)
-        if unique:
-            async with self.publisher.engine.begin() as conn:
-                stored = await turns.insert_turns(
-                    conn, self.project_id, unique, self._events(unique)
-                )
-                for result in stored:
-                    if isinstance(result, Exception):
-                        raise result  # the transaction rolls back: nothing of the batch stays
-            await self._after(unique, [r for r in stored if not isinstance(r, Exception)])
-        return [episode.id for episode in batch]
+        return stored
 
     async def _insert_waiting(self) -> None:
         """Insert the turns of concurrent ``remember`` calls together, a transaction per
@@ -94,27 +93,27 @@ class TurnWriter:
         while self._waiting:
             batch = self._waiting[:MAX_REMEMBER_BATCH]
             self._waiting = self._waiting[MAX_REMEMBER_BATCH:]
-            first: dict[tuple[str | None, str], int] = {}
-            unique: list[Episode] = []
-            for episode, _future in batch:
-                if turns.turn_key(episode) not in first:
-                    first[turns.turn_key(episode)] = len(unique)
-                    unique.append(episode)
+            first: dict[tuple[str, str | None, str], int] = {}
+            unique: list[tuple[str, Episode]] = []
+            for project_id, episode, _future in batch:
+                if (project_id, *turns.turn_key(episode)) not in first:
+                    first[project_id, *turns.turn_key(episode)] = len(unique)
+                    unique.append((project_id, episode))
             try:
                 stored = await self._insert_round(unique)
             except BaseException as exc:
-                for _episode, future in batch:
+                for _project, _episode, future in batch:
                     if not future.done():
                         future.set_exception(exc)
                 if isinstance(exc, asyncio.CancelledError):
                     raise
                 continue
             taken: set[int] = set()
-            for episode, future in batch:
-                k = first[turns.turn_key(episode)]
+            for project_id, episode, future in batch:
+                k = first[project_id, *turns.turn_key(episode)]
                 result = stored[k]
                 if k in taken and not isinstance(result, Exception):
-                    if turns.same_content(unique[k], episode):
+                    if turns.same_content(unique[k][1], episode):
                         result = result._replace(new=False, owed=False)  # announced by the other
                     else:
                         result = turns.EpisodeConflictError(
@@ -125,46 +124,142 @@ class TurnWriter:
                 if not future.done():
                     future.set_result(result)
 
-    async def _insert_round(self, unique: list[Episode]) -> list[turns.Stored | Exception]:
-        """One round in one transaction; when Postgres refuses it for something other than
-        an outage (a turn's data it will not hold), each turn alone, so one caller's bad turn
-        fails that call only."""
+    async def _insert_round(
+        self, unique: list[tuple[str, Episode]]
+    ) -> list[turns.Stored | Exception]:
+        """One round, a statement per project (``_round``); when Postgres refuses it for
+        something other than an outage (a turn's data it will not hold), each turn alone, so
+        one caller's bad turn fails that call only."""
         try:
-            async with self.publisher.engine.begin() as conn:
-                return list(
-                    await turns.insert_turns(
-                        conn, self.project_id, unique, self._events(unique), indexed=False
-                    )
-                )
+            async with self._round(unique) as conn:
+                return await insert_projects(conn, unique)
         except Exception as exc:
             if len(unique) == 1 or is_connection_error(exc):
                 raise
         results: list[turns.Stored | Exception] = []
-        for episode in unique:
+        for one in unique:
             try:
-                async with self.publisher.engine.begin() as conn:
-                    [one] = await turns.insert_turns(
-                        conn, self.project_id, [episode], self._events([episode]), indexed=False
-                    )
-                results.append(one)
+                async with self._round([one]) as conn:
+                    results.extend(await insert_projects(conn, [one]))
             except Exception as exc:
                 if is_connection_error(exc):
                     raise
                 results.append(exc)
         return results
 
-    def _events(self, episodes: list[Episode]) -> list[dict[str, Any]]:
-        return [
-            change_event(
-                "episode.remembered",
-                self.project_id,
-                e.user_id,
-                e.id,
-                episode_id=e.id,
-                session_id=e.session_id,
-            )
-            for e in episodes
-        ]
+    @contextlib.asynccontextmanager
+    async def _round(self, unique: list[tuple[str, Episode]]) -> AsyncIterator[AsyncConnection]:
+        """A round's connection: of one project, its one statement is a transaction of its
+        own (no BEGIN and COMMIT round trips; the turns and their events are still committed
+        together or not at all); of several, one transaction (one WAL flush, not one each)."""
+        if len({project_id for project_id, _episode in unique}) > 1:
+            async with self.engine.begin() as conn:
+                yield conn
+            return
+        async with self.engine.connect() as conn:
+            yield await conn.execution_options(isolation_level="AUTOCOMMIT")
+
+    async def close(self) -> None:
+        """Stop a round or publish still running (what it owed stays owed)."""
+        task, self._task, self._waiting = self._task, None, []
+        await self.publisher.close()
+        if task is None or task.done() or task.get_loop() is not asyncio.get_running_loop():
+            return
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+_SHARED: weakref.WeakKeyDictionary[AsyncEngine, dict[tuple[int, str, int], SharedWrites]]
+_SHARED = weakref.WeakKeyDictionary()
+
+
+def shared_writes(
+    engine: AsyncEngine, redis: Redis | RedisCluster, prefix: str, shards: int
+) -> SharedWrites:
+    """The engine's ``SharedWrites`` for this Redis client and stream layout (made on first
+    use; counted: ``release`` it when done)."""
+    by_engine = _SHARED.setdefault(engine, {})
+    writes = by_engine.get((id(redis), prefix, shards))
+    if writes is None or writes.publisher.redis is not redis:
+        writes = by_engine[id(redis), prefix, shards] = SharedWrites(engine, redis, prefix, shards)
+    writes.users += 1
+    return writes
+
+
+async def release(writes: SharedWrites) -> None:
+    """One ``Memory`` less on ``writes``; the last one stops its rounds and forgets it."""
+    writes.users -= 1
+    if writes.users > 0:
+        return
+    by_engine = _SHARED.get(writes.engine, {})
+    for key, found in list(by_engine.items()):
+        if found is writes:
+            del by_engine[key]
+    await writes.close()
+
+
+async def insert_projects(
+    conn: AsyncConnection, unique: list[tuple[str, Episode]]
+) -> list[turns.Stored | Exception]:
+    """Insert ``(project, turn)`` pairs (distinct), one ``turns.insert_turns`` per project;
+    each pair's result in order."""
+    by_project: dict[str, list[int]] = {}
+    for k, (project_id, _episode) in enumerate(unique):
+        by_project.setdefault(project_id, []).append(k)
+    results: list[turns.Stored | Exception] = [Exception("not inserted")] * len(unique)
+    for project_id, ks in by_project.items():
+        episodes = [unique[k][1] for k in ks]
+        stored = await turns.insert_turns(
+            conn, project_id, episodes, remembered_events(project_id, episodes), indexed=False
+        )
+        for k, result in zip(ks, stored, strict=True):
+            results[k] = result
+    return results
+
+
+def remembered_events(project_id: str, episodes: list[Episode]) -> list[dict[str, Any]]:
+    """Each turn's ``episode.remembered``."""
+    return [
+        change_event(
+            "episode.remembered",
+            project_id,
+            e.user_id,
+            e.id,
+            episode_id=e.id,
+            session_id=e.session_id,
+        )
+        for e in episodes
+    ]
+
+
+class TurnWriter:
+    """One ``Memory``'s turn writes, through its process's ``SharedWrites`` (module doc)."""
+
+    def __init__(self, project_id: str, writes: SharedWrites, vectors: TurnVectors) -> None:
+        self.project_id = project_id
+        self.writes = writes
+        self.vectors = vectors
+
+    async def remember(self, episode: Episode | Any) -> str:
+        episode = check_episode(as_episode(episode))
+        stored = await self.writes.insert(self.project_id, episode)
+        await self._after([episode], [stored])
+        return episode.id
+
+    async def remember_many(self, episodes: Iterable[Episode | Any]) -> list[str]:
+        batch = checked_batch(episodes)
+        unique = distinct(batch)
+        if unique:
+            async with self.writes.engine.begin() as conn:
+                stored = await turns.insert_turns(
+                    conn, self.project_id, unique, remembered_events(self.project_id, unique)
+                )
+                for result in stored:
+                    if isinstance(result, Exception):
+                        raise result  # the transaction rolls back: nothing of the batch stays
+            await self._after(unique, [r for r in stored if not isinstance(r, Exception)])
+        return [episode.id for episode in batch]
 
     async def _after(self, episodes: list[Episode], stored: list[turns.Kept]) -> None:
         """Embed the new turns when this memory embeds, then publish (group commit)."""
@@ -175,11 +270,11 @@ class TurnWriter:
             if kept.owed
         ]
         try:
-            await self.publisher.flush(owed)
+            await self.writes.publisher.flush(self.project_id, owed)
         except Exception as exc:  # stored: the events stay owed to the next publish
             log.warning("change feed: events stay owed", error=str(exc).splitlines()[:1])
 
-    def _announcement(self, episode: Episode, kept: turns.Kept) -> tuple[Any, bytes]:
+    def _announcement(self, episode: Episode, kept: turns.Kept) -> tuple[uuid.UUID, bytes]:
         wire = Announcement(kept.row_id, self.project_id, episode.session_id, kept.source).wire()
         return kept.row_id, wire
 
