@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import pty
 import subprocess
 import sys
 from pathlib import Path
@@ -108,3 +110,27 @@ def test_the_stdio_mcp_server_answers_initialize_without_the_heavy_packages(
     assert answer["id"] == 1 and answer["result"]["serverInfo"]["name"] == "memworker"
     assert "worker.access.mcp_server" in modules
     assert loaded(modules, (*NOT_AT_START, "worker.access.tools", "worker.user_memory")) == []
+
+
+def test_the_stdio_mcp_server_typed_at_a_prompt_says_what_it_waits_for(
+    settings: Settings,
+) -> None:
+    """Run by hand on a terminal, it says it waits for a client, on stderr (stdout is the
+    protocol's), and Ctrl-D ends it; a client's pipe gets no such line (the test above)."""
+    main, other = pty.openpty()
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "worker.cli", "mcp", "-p", "demo"],
+            env=worker_env(settings),
+            stdin=other,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        os.close(other)
+        os.write(main, b"\x04")  # Ctrl-D: end of input, read once the server reads
+        out, err = proc.communicate(timeout=60)
+    finally:
+        os.close(main)
+    said = err.decode()
+    assert "waiting for a client" in said and "docs/guides/agents.md" in said
+    assert out == b"" and proc.returncode == 0

@@ -185,6 +185,14 @@ def mcp(
     from worker.access import mcp_server
 
     if http is None:
+        if sys.stdin.isatty():  # typed at a prompt: a silent wait would look like a hang
+            print(
+                "memworker: an MCP server on stdio, waiting for a client's JSON-RPC messages "
+                "(an MCP client starts this command itself: docs/guides/agents.md); Ctrl-D "
+                "or Ctrl-C stops it",
+                file=sys.stderr,
+                flush=True,
+            )
 
         def logged_make() -> Access:
             configure_logging(settings.log_level, settings.log_json)
