@@ -8,6 +8,7 @@ STAMP := $(VENV)/.installed
 	images compose stack-test docs docs-serve screenshots
 
 $(STAMP): pyproject.toml
+	@echo "memworker: installing into $(VENV), a few minutes the first time (pip works quietly; the embedding model is built last)"
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e ".[dev]"

@@ -20,6 +20,11 @@ from pydantic import (
 from schemas.ids import Id
 from schemas.inputs import json_text_problem
 from schemas.limits import MAX_CORRELATION_ID_CHARS, MAX_TASK_DESCRIPTION_CHARS
+from schemas.limits import MAX_SESSION_TTL_SECONDS as MAX_SESSION_TTL_SECONDS
+from schemas.limits import MAX_TRACEPARENT_BYTES as MAX_TRACEPARENT_BYTES
+from schemas.words import COMMAND_TYPES as COMMAND_TYPES
+from schemas.words import CommandType as CommandType
+from schemas.words import Outcome as Outcome
 
 # -- Bounds at the stream door (docs/contract.md "Commands": each field's bound) -------------
 # Every field of a command, and of the stream entry that carries it, has one; a command over
@@ -28,13 +33,9 @@ from schemas.limits import MAX_CORRELATION_ID_CHARS, MAX_TASK_DESCRIPTION_CHARS
 MAX_SAFE_INT = 2**53 - 1
 """The largest ``seq``, ``tokens_used`` and ``schema_version``: the largest integer a double
 holds exactly (Lua in Redis, JavaScript), within Postgres' bigint."""
-MAX_SESSION_TTL_SECONDS = 30 * 86_400
-"""A spawn's ``ttl_seconds`` at most (30 days of idleness; a paused session never expires)."""
 MAX_LESSONS = 100
 """Entries of a terminate's ``lessons_learned`` at most, each of at most
 ``MAX_TASK_DESCRIPTION_CHARS`` characters."""
-MAX_TRACEPARENT_BYTES = 512
-"""A stream entry's ``traceparent`` field at most (a W3C traceparent is 55 bytes)."""
 MAX_ENVELOPE_EXTRA_BYTES = 4_096
 """What a stream entry may carry besides its command's JSON (``MEMWORKER_MAX_EVENT_BYTES``):
 field names, ``traceparent``, FastStream's envelope headers, fields the worker ignores."""
@@ -50,10 +51,6 @@ Text = Annotated[str, AfterValidator(_storable)]
 """A command's text field: no NUL character, no lone surrogate (the input rule,
 ``schemas.inputs``); ``metadata`` and ``initial_state`` get the same rule at any depth at the
 stream door (``worker.lifecycle.intake``) and in ``LifecycleClient.publish``."""
-
-Outcome = Literal["success", "failure", "partial", "abandoned"]
-CommandType = Literal["spawn", "pause", "resume", "terminate"]
-COMMAND_TYPES: tuple[str, ...] = ("spawn", "pause", "resume", "terminate")
 
 
 class CommandBase(BaseModel):

@@ -11,6 +11,10 @@ MAX_VALUE_BYTES = 1_048_576
 MAX_SCRATCHPAD_ENTRIES = 1_000
 MAX_TASK_DESCRIPTION_CHARS = 2_000
 MAX_CORRELATION_ID_CHARS = 128
+MAX_SESSION_TTL_SECONDS = 30 * 86_400
+"""A spawn's ``ttl_seconds`` at most (30 days of idleness; a paused session never expires)."""
+MAX_TRACEPARENT_BYTES = 512
+"""A stream entry's ``traceparent`` field at most (a W3C traceparent is 55 bytes)."""
 
 # The input rule of every door (HTTP, MCP, Python, CLI, streams): ``schemas.inputs`` checks them.
 MAX_ID_CHARS = 128

@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, TypeAdapter
 
-from schemas.commands import Outcome
+from schemas.words import Outcome
 
 RejectionReason = Literal[
     "invalid_event",

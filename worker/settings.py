@@ -15,8 +15,8 @@ from urllib.parse import urlsplit
 from pydantic import AliasChoices, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from schemas.commands import MAX_SESSION_TTL_SECONDS
 from schemas.ids import Id
+from schemas.limits import MAX_SESSION_TTL_SECONDS
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 DEFAULT_DATABASE_URL = "postgresql+asyncpg://postgres@127.0.0.1:5432/postgres"

@@ -16,9 +16,6 @@ import mcp_types as types
 import orjson
 from mcp.server import Server, ServerRequestContext
 
-from worker.access.tools import TOOLS, invoke
-from worker.metrics import MCP_SESSIONS_OPEN
-
 if TYPE_CHECKING:
     from worker.access.scope import Access
 
@@ -33,7 +30,10 @@ INSTRUCTIONS = (
 
 
 def listed() -> list[types.Tool]:
-    """Every tool as MCP lists it: name, description, input schema, read-only hint."""
+    """Every tool as MCP lists it: name, description, input schema, read-only hint (the tools,
+    their models and the user-memory room load at the first listing, not at ``initialize``)."""
+    from worker.access.tools import TOOLS
+
     return [
         types.Tool(
             name=tool.name,
@@ -67,6 +67,8 @@ def build(access: Callable[[], Access]) -> Server[Any]:
     async def call_tool(
         ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
     ) -> types.CallToolResult:
+        from worker.access.tools import invoke
+
         status, result = await invoke(scope(), SERVER, params.name, params.arguments)
         text = orjson.dumps(result).decode()
         return types.CallToolResult(content=[types.TextContent(text=text)], is_error=status >= 400)
@@ -119,6 +121,7 @@ def http_app(
 
     from worker.access.guard import Guard
     from worker.access.probes import probe_routes
+    from worker.metrics import MCP_SESSIONS_OPEN
 
     server = build(access)
     scope = server.memworker_scope  # type: ignore[attr-defined]

@@ -53,12 +53,18 @@ HostOption = Annotated[
 ]
 
 
-def _scope(project: str | None, user: str | None) -> tuple[Settings, str, str | None]:
+def _scope(
+    project: str | None, user: str | None, *, logging_now: bool = True
+) -> tuple[Settings, str, str | None]:
+    """The settings, project and user served; logging configured, or (``logging_now`` false:
+    the stdio MCP server, whose first answer should not wait ~0.1 s for structlog and rich)
+    when the first tool call opens the scope (nothing logs before: ``_maker``)."""
     settings = settings_from_env()
     project_id = settings.default_project if project is None else project
     user_id = settings.api_user if user is None else user
     check_ids(project_id=project_id, **({"user_id": user_id} if user_id is not None else {}))
-    configure_logging(settings.log_level, settings.log_json)
+    if logging_now:
+        configure_logging(settings.log_level, settings.log_json)
     return settings, project_id, user_id
 
 
@@ -174,12 +180,25 @@ def mcp(
 ) -> None:
     """An MCP server for agents: remember, recall, facts, pinned blocks, profile, forget and a
     live session's working memory, on stdio (or streamable HTTP with --http PORT)."""
-    settings, project_id, user_id = _scope(project, user)
+    settings, project_id, user_id = _scope(project, user, logging_now=http is not None)
     make = _maker(settings, project_id, user_id)
     from worker.access import mcp_server
 
     if http is None:
-        run_async(mcp_server.run_stdio(make))
+        if sys.stdin.isatty():  # typed at a prompt: a silent wait would look like a hang
+            print(
+                "memworker: an MCP server on stdio, waiting for a client's JSON-RPC messages "
+                "(an MCP client starts this command itself: docs/guides/agents.md); Ctrl-D "
+                "or Ctrl-C stops it",
+                file=sys.stderr,
+                flush=True,
+            )
+
+        def logged_make() -> Access:
+            configure_logging(settings.log_level, settings.log_json)
+            return make()  # type: ignore[no-any-return]
+
+        run_async(mcp_server.run_stdio(logged_make))
         return
     _check_secrets(settings)
     chosen = _host(settings, host)

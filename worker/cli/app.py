@@ -2,35 +2,41 @@
 in help order, and ``main``, the one place failures become exit statuses.
 
 Exit status: 0 on success, 2 on a usage error, 1 on failure, with one clear line on stderr.
+
+A command's module is imported only when it runs: ``memworker publish …`` imports and builds
+``publish`` alone (the other modules and Typer's build of their ~40 commands cost a start
+~0.2 s); help, a typo or a leading option get the whole app, as ``app`` (what tests and the
+generated reference read) is.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 import typer.core
 
-from worker.cli import access, erasure, lifecycle, memory, operations, services, user_memory
 from worker.cli.common import CliError
-from worker.cli.dead_letters import dlq_app
 from worker.credentials import mask
 from worker.errors import one_line
 from worker.redis_conditions import RedisConditionError
 
-app = typer.Typer(
-    name="memworker",
-    help="Agent-memory lifecycle worker: commands in on Redis Streams, working memory in "
-    "Redis, episodes in Postgres.",
-    no_args_is_help=True,
-    pretty_exceptions_enable=False,
-    add_completion=False,
-    # Click's plain help: flags show as flags (rich help labels each one `<bool>`), and a
-    # usage error is a short "Error: …" line rather than a box.
-    rich_markup_mode=None,
-)
+
+def _new_app() -> typer.Typer:
+    return typer.Typer(
+        name="memworker",
+        help="Agent-memory lifecycle worker: commands in on Redis Streams, working memory in "
+        "Redis, episodes in Postgres.",
+        no_args_is_help=True,
+        pretty_exceptions_enable=False,
+        add_completion=False,
+        # Click's plain help: flags show as flags (rich help labels each one `<bool>`), and a
+        # usage error is a short "Error: …" line rather than a box.
+        rich_markup_mode=None,
+    )
 
 
 def _version(asked: bool) -> None:
@@ -41,7 +47,6 @@ def _version(asked: bool) -> None:
         raise typer.Exit()
 
 
-@app.callback()
 def _root(
     version: Annotated[
         bool,
@@ -54,32 +59,65 @@ def _root(
     episodes in Postgres."""
 
 
-# Help lists the commands in this order, then the groups.
-for command in (
-    services.run,
-    services.consolidate,
-    operations.migrate,
-    services.dev,
-    lifecycle.publish,
-    lifecycle.tail,
-    memory.inspect,
-    operations.stats,
-    operations.replay,
-    operations.schema,
-    lifecycle.shard,
-    memory.recall,
-    services.index,
-    memory.reindex,
-    memory.remember,
-    erasure.export,
-    erasure.forget,
-    access.mcp,
-    access.serve,
-):
-    app.command()(command)
-app.add_typer(dlq_app, name="dlq")
-app.add_typer(memory.episodes_app, name="episodes")
-app.add_typer(user_memory.memory_app, name="memory")
+# Help lists the commands in this order, then the groups: (name, module, function).
+COMMANDS = (
+    ("run", "services", "run"),
+    ("consolidate", "services", "consolidate"),
+    ("migrate", "operations", "migrate"),
+    ("dev", "services", "dev"),
+    ("publish", "lifecycle", "publish"),
+    ("tail", "lifecycle", "tail"),
+    ("inspect", "memory", "inspect"),
+    ("stats", "operations", "stats"),
+    ("replay", "operations", "replay"),
+    ("schema", "operations", "schema"),
+    ("shard", "lifecycle", "shard"),
+    ("recall", "memory", "recall"),
+    ("index", "services", "index"),
+    ("reindex", "memory", "reindex"),
+    ("remember", "memory", "remember"),
+    ("export", "erasure", "export"),
+    ("forget", "erasure", "forget"),
+    ("mcp", "access", "mcp"),
+    ("serve", "access", "serve"),
+)
+GROUPS = (
+    ("dlq", "dead_letters", "dlq_app"),
+    ("episodes", "memory", "episodes_app"),
+    ("memory", "user_memory", "memory_app"),
+)
+
+
+def _part(module: str, name: str) -> Any:
+    return getattr(importlib.import_module(f"worker.cli.{module}"), name)
+
+
+def build(only: str | None = None) -> typer.Typer:
+    """The root app with every command and group, or with the one named ``only``."""
+    built = _new_app()
+    built.callback()(_root)
+    for name, module, function in COMMANDS:
+        if only in (None, name):
+            built.command()(_part(module, function))
+    for name, module, attr in GROUPS:
+        if only in (None, name):
+            built.add_typer(_part(module, attr), name=name)
+    return built
+
+
+def __getattr__(name: str) -> Any:
+    """``app``: the whole command line, built on first use (``from worker.cli.app import app``)."""
+    if name == "app":
+        globals()["app"] = built = build()
+        return built
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def chosen(argv: list[str]) -> str | None:
+    """The command or group ``argv`` runs when its first word names one, else None (help,
+    ``--version``, a typo: the whole app answers, with its list and suggestions)."""
+    names = {name for name, *_ in (*COMMANDS, *GROUPS)}
+    return argv[0] if argv and argv[0] in names else None
 
 
 def _usage_name(self: typer.core.TyperArgument) -> str:
@@ -108,9 +146,10 @@ def main() -> None:
     command is reported here as ``memworker: error: …`` with exit status 1, translated to one
     line a person can act on by ``worker.errors.one_line``.
     """
-    plain_help(app)
+    typer_app = build(chosen(sys.argv[1:]))
+    plain_help(typer_app)
     try:
-        app()
+        typer_app()
     except (CliError, RedisConditionError) as exc:
         print(f"memworker: error: {mask(str(exc))}", file=sys.stderr)
         sys.exit(1)

@@ -11,15 +11,15 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import AsyncIterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from redis.asyncio import Redis
 from redis.exceptions import NoPermissionError, ResponseError
 
-from schemas.commands import COMMAND_TYPES, MAX_TRACEPARENT_BYTES
+from schemas.limits import MAX_TRACEPARENT_BYTES
 from schemas.results import RESULT_ADAPTER, Result
-from schemas.streams import EpisodeRecorded
+from schemas.words import COMMAND_TYPES
 from worker.codec import json_bytes
 from worker.connections import client_for
 from worker.consumers.groups import ensure_group
@@ -28,6 +28,9 @@ from worker.keys import SessionKeys, StreamKeys, episodes_stream, tag
 from worker.redis_conditions import RedisConditionError, ServerCondition, conditions_raised
 from worker.scripts import script
 from worker.settings import Settings, get_settings
+
+if TYPE_CHECKING:
+    from schemas.streams import EpisodeRecorded
 
 __all__ = ["ID_PATTERN", "LifecycleClient", "RedisConditionError", "ResultTimeoutError"]
 
@@ -346,6 +349,8 @@ class LifecycleClient:
         self, group: str, consumer: str, *, block_ms: int = 1000
     ) -> AsyncIterator[tuple[str, EpisodeRecorded]]:
         """Typed ``follow`` of ``P:episodes``: yields (entry id, ``EpisodeRecorded``)."""
+        from schemas.streams import EpisodeRecorded
+
         async for entry_id, data in self.follow(
             self.episodes_stream(), group, consumer, block_ms=block_ms
         ):
