@@ -18,7 +18,7 @@ from tests.helpers import running_worker, wait_until, worker_env
 from tests.redis_cluster import redis_cluster
 from worker.connections import client_for, shard_urls
 from worker.keys import SessionKeys, StreamKeys, shard_of
-from worker.lifecycle.client import LifecycleClient
+from worker.lifecycle.client import LifecycleClient, NotReplicatedError
 from worker.memory import WorkingMemory
 from worker.redis_conditions import RedisConditionError
 from worker.settings import Settings
@@ -262,3 +262,28 @@ async def test_300_concurrent_calls_succeed_on_a_cluster(
         values = await asyncio.gather(*(memory.get(f"k{i}") for i in range(300)))
     assert len(set(sent)) == 300
     assert values == list(range(300))
+
+
+async def test_publish_waiting_for_replicas_on_a_cluster_says_none_confirmed(
+    cluster_settings: Settings,
+) -> None:
+    """The test cluster has no replicas: the WAIT goes to the stream's node, and says 0."""
+    redis: Any = client_for(cluster_settings)
+    client = LifecycleClient(redis, cluster_settings)
+    await client.spawn("proj", "waits", "a", {}, event_id="w-1")  # a plain publish first
+    with pytest.raises(NotReplicatedError) as raised:
+        await client.publish(
+            {
+                "type": "pause",
+                "project_id": "proj",
+                "session_id": "waits",
+                "agent_instance_id": "a",
+                "event_id": "w-2",
+            },
+            replicas=1,
+            replicas_timeout=0.2,
+        )
+    assert raised.value.acknowledged == 0
+    async with running_worker(cluster_settings):
+        assert (await client.wait("w-2", timeout=30)).type == "agent.paused"
+    await redis.aclose()
