@@ -58,7 +58,7 @@ def pair(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], int, int]]:
     procs.append(_server(replica, tmp_path / "replica", "--replicaof", "127.0.0.1", str(master)))
     try:
         link = sync_redis.Redis(host="127.0.0.1", port=replica)
-        _until(lambda: link.info("replication")["master_link_status"] == "up")
+        _until(lambda: link.info("replication")["master_link_status"] == "up")  # type: ignore[index]
         link.close()
         yield procs[0], master, replica
     finally:
