@@ -163,9 +163,18 @@ async def test_stats_on_a_cluster_lists_every_shard_and_says_capacity_is_not_mea
     done = await asyncio.to_thread(memworker, "stats", "--rate-seconds", "0")
     assert done.returncode == 0, done.stderr
     assert "capacity: not measured on a Redis Cluster" in done.stdout
+    # shard → node: every shard on the master of its hash tag's slot, no credentials
+    urls = await shard_urls(cluster_settings)
+    for shard, url in urls.items():
+        node = url.split("//", 1)[1].rsplit("/", 1)[0]
+        line = next(x for x in done.stdout.splitlines() if x.startswith(f"shards on {node}:"))
+        assert str(shard) in line.split(":", 2)[2].split()
     shown = await asyncio.to_thread(memworker, "stats", "--json")
     data = orjson.loads(shown.stdout)
     assert data["capacity"] is None
+    assert data["shard_nodes"] == {
+        str(k): v.split("//", 1)[1].rsplit("/", 1)[0] for k, v in urls.items()
+    }
     lifecycle = {StreamKeys(cluster_settings.stream_prefix, i).lifecycle for i in range(4)}
     assert lifecycle <= {row["stream"] for row in data["streams"]}
 
