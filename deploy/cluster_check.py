@@ -20,6 +20,7 @@ Exit status 0 when every check passed, else 1 with one line per failed check.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import os
 import sys
@@ -33,7 +34,7 @@ import httpx
 from redis.asyncio.cluster import RedisCluster
 
 from worker.keys import StreamKeys
-from worker.lifecycle.client import LifecycleClient
+from worker.lifecycle.client import LifecycleClient, NotReplicatedError
 from worker.settings import Settings
 
 PREFIX = "agents"
@@ -88,6 +89,8 @@ class Load:
         self.sessions: list[str] = []
         self.done_at: list[float] = []  # monotonic time of each answered command
         self.publish_retries = 0
+        self.at_risk = 0
+        self.errors = Counter[str]()
         self.republished = 0
         self.remembered: list[str] = []
         self.remember_retries = 0
@@ -129,9 +132,13 @@ class Load:
         while True:
             while True:
                 try:
-                    await self.client.publish(body)
+                    await self.client.publish(body, replicas=1, replicas_timeout=0.5)
                     break
-                except Exception:  # a failover: unreachable, CLUSTERDOWN, MOVED, …
+                except NotReplicatedError:
+                    self.at_risk += 1  # published; its master has no replica now
+                    break
+                except Exception as exc:  # a failover: unreachable, CLUSTERDOWN, MOVED, …
+                    self.errors[type(exc).__name__ + ": " + str(exc)[:80]] += 1
                     self.publish_retries += 1
                     await asyncio.sleep(0.2)
             if not first:
@@ -154,7 +161,11 @@ class Load:
             base = {"project_id": f"cl-{self.run_id}", "session_id": session,
                     "agent_instance_id": "a"}  # fmt: skip
             for kind in ("spawn", "pause", "resume", "terminate"):
-                body = {**base, "type": kind, "event_id": f"{self.run_id}-{session}-{kind}"}
+                body: dict[str, Any] = {
+                    **base,
+                    "type": kind,
+                    "event_id": f"{self.run_id}-{session}-{kind}",
+                }
                 if kind == "spawn":
                     body["initial_state"] = {"n": n}
                 if kind == "terminate":
@@ -209,15 +220,10 @@ class Load:
 
     async def master_to_kill(self) -> str:
         """A master other than `redis` (the nodes' seed in every REDIS_URL): its container."""
-        nodes = await self.reader.execute_command("CLUSTER", "NODES")
-        text = nodes.decode() if isinstance(nodes, bytes) else str(nodes)
-        if isinstance(nodes, dict):
-            text = "\n".join(str(v) for v in nodes.values())
-        masters = {line.split()[1].split(":")[0] for line in text.splitlines()
-                   if "master" in line.split()[2] and "fail" not in line.split()[2]}  # fmt: skip
-        seed = await container_ip("redis")
+        await self.reader.initialize()
+        masters = {str(node.host) for node in self.reader.get_primaries()}
         for service in ("redis-2", "redis-3", "redis-4", "redis-5", "redis-6"):
-            if service != "redis" and await container_ip(service) in masters - {seed}:
+            if await container_ip(service) in masters:
                 return (await run("docker", "compose", "ps", "-q", service)).split()[0][:12]
         raise RuntimeError(f"no master other than the seed among {masters}")
 
@@ -242,7 +248,7 @@ async def load() -> int:
     await faults
     state.stop.set()
     say(f"t={state.now():.0f}s load stopped; finishing the sessions in flight")
-    done, left = await asyncio.wait(work, timeout=300)
+    _done, left = await asyncio.wait(work, timeout=300)
     state.quit.set()
     await asyncio.gather(*followers)
     await http.aclose()
@@ -332,6 +338,7 @@ async def verdict(state: Load) -> list[str]:
 def figures(state: Load) -> None:
     times = sorted(t - state.t0 for t in state.done_at)
     kill = next((t for t, what in state.events if what == "kill-master"), None)
+    say(f"at risk   {state.at_risk} publishes no replica confirmed within 0.5 s (WAIT)")
     say(f"retries   {state.publish_retries} publishes retried, {state.republished} commands "
         f"republished after {ANSWER_TIMEOUT:g} s without a result, {state.remember_retries} "
         f"remembers retried; recalls {dict(state.recalls)}")  # fmt: skip
@@ -348,7 +355,7 @@ def figures(state: Load) -> None:
 
     marks = [0.0] + [t for t, _ in state.events] + [LOAD_SECONDS]
     names = ["before"] + [f"after {w}" for _, w in state.events]
-    for (a, b), name in zip(zip(marks, marks[1:], strict=False), names, strict=False):
+    for (a, b), name in zip(itertools.pairwise(marks), names, strict=False):
         say(f"rate      {name:<26} t={a:5.0f}..{b:5.0f}s {rate(a, b)} commands answered")
     curve = Counter(int(t // 5) * 5 for t in times)
     say("curve     " + " ".join(f"{k}:{curve[k] // 5}" for k in sorted(curve)))

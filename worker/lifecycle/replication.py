@@ -52,13 +52,19 @@ async def write_and_wait(
         pipe: Any = redis.pipeline(transaction=False)
         pipe.execute_command(*command)
         wait = ("WAIT", replicas, max(1, int(timeout * 1000)))
-        if isinstance(redis, RedisCluster):
-            pipe.execute_command(*wait, target_nodes=redis.get_node_from_key(key))
+        node = redis.get_node_from_key(key) if isinstance(redis, RedisCluster) else None
+        if node is not None:
+            pipe.execute_command(*wait, target_nodes=node)
         else:
             pipe.execute_command(*wait)
         reply, acknowledged = await pipe.execute(raise_on_error=False)
         if isinstance(reply, NoScriptError) and script_source is not None and attempt == 0:
-            await redis.script_load(script_source)
+            # A replica promoted in a failover has no script cache: load it there (on a
+            # cluster, SCRIPT LOAD to every master would fail on the dead one).
+            if node is not None:
+                await redis.execute_command("SCRIPT", "LOAD", script_source, target_nodes=node)
+            else:
+                await redis.script_load(script_source)
             continue
         if isinstance(reply, Exception):
             raise reply
