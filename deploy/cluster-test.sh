@@ -102,4 +102,4 @@ docker compose exec -T -e REDIS_URL="redis://operator:${REDIS_OPERATOR_PASSWORD:
     api memworker stats --rate-seconds 0 | grep -E '^shards on' | sed 's/^/  /'
 
 say "load; SIGKILL a Redis master, a worker, a consolidator; restart Postgres"
-"$PYTHON" deploy/cluster_check.py load
+PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" deploy/cluster_check.py load
