@@ -289,7 +289,8 @@ async def verdict(state: Load) -> list[str]:
         failures.append(f"{len(disorder)} sessions' results out of seq order: {disorder[:3]}")
     if rejected:
         failures.append(
-            f"{len(rejected)} commands rejected, e.g. {rejected[0].get('reason')}: {rejected[0].get('detail')}"
+            f"{len(rejected)} commands rejected, e.g. {rejected[0].get('reason')}: "
+            f"{rejected[0].get('detail')}"
         )
     say(f"commands  {len(state.sent)} sent, {len(counts)} answered, none twice: {not twice}")
     # the DLQ as `operator` (the publisher may not read it)
@@ -304,7 +305,8 @@ async def verdict(state: Load) -> list[str]:
     finally:
         await operator.aclose()
     dsn = (
-        f"postgresql://memworker_runtime:{env('MEMWORKER_RUNTIME_PASSWORD', 'dev-runtime-change-me')}"
+        "postgresql://memworker_runtime:"
+        f"{env('MEMWORKER_RUNTIME_PASSWORD', 'dev-runtime-change-me')}"
         f"@127.0.0.1:{env('MEMWORKER_POSTGRES_PORT', '15432')}/memworker"
     )
     conn = await asyncpg.connect(dsn)
@@ -338,7 +340,8 @@ async def verdict(state: Load) -> list[str]:
         if any(n != 1 for n in turns.values()):
             failures.append("a remembered turn is stored more than once")
         say(
-            f"remembers {len(state.remembered)} acknowledged, {len(turns)} stored, none lost: {not lost}"
+            f"remembers {len(state.remembered)} acknowledged, {len(turns)} stored, "
+            f"none lost: {not lost}"
         )
     finally:
         await conn.close()
@@ -356,7 +359,8 @@ def figures(state: Load) -> None:
         after = [t for t in times if t >= kill]
         gaps = [b - a for a, b in zip([kill, *after], after, strict=False)]
         say(
-            f"stall     {max(gaps, default=0):.1f} s without an answered command after the master died"
+            f"stall     {max(gaps, default=0):.1f} s without an answered command after the "
+            "master died"
         )
 
     def rate(a: float, b: float) -> str:
