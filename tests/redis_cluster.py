@@ -24,33 +24,7 @@ def redis_cluster(base: Path) -> Iterator[list[int]]:
     procs = []
     try:
         for port in ports:
-            data = base / str(port)
-            data.mkdir(parents=True)
-            procs.append(
-                subprocess.Popen(
-                    [
-                        server_binary(),
-                        "--port",
-                        str(port),
-                        "--bind",
-                        "127.0.0.1",
-                        "--cluster-enabled",
-                        "yes",
-                        "--cluster-config-file",
-                        f"nodes-{port}.conf",
-                        "--dir",
-                        str(data),
-                        "--save",
-                        "",
-                        "--appendonly",
-                        "no",
-                        "--logfile",
-                        str(data / "server.log"),
-                    ],
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.DEVNULL,
-                )
-            )
+            procs.append(_node(base, port))
         clients = [redis.Redis(host="127.0.0.1", port=port) for port in ports]
         for client in clients:
             _wait(lambda c=client: bool(c.ping()))
@@ -67,6 +41,75 @@ def redis_cluster(base: Path) -> Iterator[list[int]]:
         for proc in procs:
             proc.kill()
             proc.wait()
+
+
+@contextlib.contextmanager
+def redis_cluster_with_replicas(
+    base: Path,
+) -> Iterator[tuple[list[int], list[int], dict[int, subprocess.Popen[bytes]]]]:
+    """Three masters (a third of the slots each) and a replica of each, failing over after
+    1 s; yields the masters' ports, their replicas' (in the same order) and each port's
+    process, to kill."""
+    masters = [cluster_port() for _ in SLOT_RANGES]
+    replicas = [cluster_port() for _ in SLOT_RANGES]
+    procs: dict[int, subprocess.Popen[bytes]] = {}
+    try:
+        for port in masters + replicas:
+            procs[port] = _node(base, port, "--cluster-node-timeout", "1000")
+        clients = {p: redis.Redis(host="127.0.0.1", port=p) for p in masters + replicas}
+        for client in clients.values():
+            _wait(lambda c=client: bool(c.ping()))
+        for port, (low, high) in zip(masters, SLOT_RANGES, strict=True):
+            clients[port].execute_command("CLUSTER", "ADDSLOTSRANGE", low, high)  # type: ignore[no-untyped-call]
+        for port in masters[1:] + replicas:
+            clients[masters[0]].execute_command("CLUSTER", "MEET", "127.0.0.1", port)  # type: ignore[no-untyped-call]
+        for client in clients.values():
+            _wait(lambda c=client: _healthy(c, 6))
+        for master, replica in zip(masters, replicas, strict=True):
+            node_id = clients[master].execute_command("CLUSTER", "MYID")  # type: ignore[no-untyped-call]
+            _wait(
+                lambda r=clients[replica], n=node_id: bool(
+                    r.execute_command("CLUSTER", "REPLICATE", n)
+                )
+            )
+        for replica in replicas:
+            _wait(lambda c=clients[replica]: c.info("replication")["master_link_status"] == "up")
+        for client in clients.values():
+            client.close()
+        yield masters, replicas, procs
+    finally:
+        for proc in procs.values():
+            proc.kill()
+            proc.wait()
+
+
+def _node(base: Path, port: int, *extra: str) -> subprocess.Popen[bytes]:
+    data = base / str(port)
+    data.mkdir(parents=True)
+    return subprocess.Popen(
+        [
+            server_binary(),
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--cluster-enabled",
+            "yes",
+            "--cluster-config-file",
+            f"nodes-{port}.conf",
+            "--dir",
+            str(data),
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--logfile",
+            str(data / "server.log"),
+            *extra,
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
 
 
 def cluster_port() -> int:

@@ -203,21 +203,31 @@ def _with_host(url: str, host: str, port: int, db: int | None = None) -> str:
     return urlunsplit((scheme, f"{credentials}{host}:{port}", path, parts.query, ""))
 
 
+async def cluster_shard_nodes(settings: Settings) -> dict[int, tuple[str, int]]:
+    """On a Redis Cluster, per shard, the host and port of the master that serves its hash
+    tag's slot (``memworker stats`` shows them: no credentials)."""
+    cluster = RedisCluster.from_url(settings.redis_url)
+    try:
+        await cluster.initialize()
+        nodes = {}
+        for shard in range(settings.shards):
+            node = cluster.get_node_from_key(tag(shard))
+            if node is None:
+                raise RuntimeError(f"no cluster node serves shard {shard}'s slot")
+            nodes[shard] = (str(node.host), int(node.port))
+        return nodes
+    finally:
+        await cluster.aclose()
+
+
 async def shard_urls(settings: Settings) -> dict[int, str]:
     """Per shard, the URL of the server that holds its streams and sessions."""
     if settings.redis_cluster:
-        cluster = RedisCluster.from_url(settings.redis_url)
-        try:
-            await cluster.initialize()
-            urls = {}
-            for shard in range(settings.shards):
-                node = cluster.get_node_from_key(tag(shard))
-                if node is None:
-                    raise RuntimeError(f"no cluster node serves shard {shard}'s slot")
-                urls[shard] = _with_host(settings.redis_url, node.host, int(node.port), db=0)
-            return urls
-        finally:
-            await cluster.aclose()
+        nodes = await cluster_shard_nodes(settings)
+        return {
+            shard: _with_host(settings.redis_url, host, port, db=0)
+            for shard, (host, port) in nodes.items()
+        }
     if settings.redis_sentinel_service:
         host, port = await _sentinel(settings).discover_master(settings.redis_sentinel_service)
         db = urlsplit(settings.redis_url).path.strip("/") or "0"

@@ -81,7 +81,13 @@ class LuaScript:
         try:
             return await redis.evalsha(self.sha, len(keys), *keys, *args)  # type: ignore[misc]
         except NoScriptError:
-            await redis.script_load(self.source)
+            if isinstance(redis, RedisCluster) and keys:
+                # Load it where it runs: a replica promoted in a failover has no script
+                # cache, and SCRIPT LOAD to every master fails while a dead one is listed.
+                node = redis.get_node_from_key(keys[0])
+                await redis.execute_command("SCRIPT", "LOAD", self.source, target_nodes=node)
+            else:
+                await redis.script_load(self.source)
             return await redis.evalsha(self.sha, len(keys), *keys, *args)  # type: ignore[misc]
 
     def command(self, keys: Sequence[str], args: Sequence[str | int | float | bytes]) -> list[Any]:

@@ -27,7 +27,7 @@ from worker.keys import (
     StreamKeys,
     episodes_stream,
 )
-from worker.lifecycle.client import LifecycleClient
+from worker.lifecycle.client import LifecycleClient, NotReplicatedError
 from worker.memory import WorkingMemory
 from worker.ops.capacity import measure_capacity
 from worker.ops.capacity_sampling import recent_commands_per_session
@@ -105,6 +105,26 @@ async def test_the_default_user_is_disabled_so_a_client_without_credentials_is_r
             await wrong.ping()  # type: ignore[misc]
     finally:
         await wrong.aclose()
+
+
+async def test_the_publisher_may_wait_for_replicas(acl_server: AclRedis) -> None:
+    """``publish(replicas=1)`` sends WAIT as the publisher: allowed (no replica here: 0)."""
+    publisher = LifecycleClient(settings=settings_for(acl_server, "publisher"))
+    try:
+        with pytest.raises(NotReplicatedError) as raised:
+            await publisher.publish(
+                {
+                    "type": "spawn",
+                    "project_id": "p-acl",
+                    "session_id": "s-wait",
+                    "agent_instance_id": "agent-1",
+                },
+                replicas=1,
+                replicas_timeout=0.2,
+            )
+        assert raised.value.acknowledged == 0
+    finally:
+        await publisher.close()
 
 
 async def test_commands_published_as_the_publisher_are_applied_by_the_worker_as_lifecycle_worker(

@@ -18,7 +18,7 @@ from tests.helpers import running_worker, wait_until, worker_env
 from tests.redis_cluster import redis_cluster
 from worker.connections import client_for, shard_urls
 from worker.keys import SessionKeys, StreamKeys, shard_of
-from worker.lifecycle.client import LifecycleClient
+from worker.lifecycle.client import LifecycleClient, NotReplicatedError
 from worker.memory import WorkingMemory
 from worker.redis_conditions import RedisConditionError
 from worker.settings import Settings
@@ -163,9 +163,18 @@ async def test_stats_on_a_cluster_lists_every_shard_and_says_capacity_is_not_mea
     done = await asyncio.to_thread(memworker, "stats", "--rate-seconds", "0")
     assert done.returncode == 0, done.stderr
     assert "capacity: not measured on a Redis Cluster" in done.stdout
+    # shard → node: every shard on the master of its hash tag's slot, no credentials
+    urls = await shard_urls(cluster_settings)
+    for shard, url in urls.items():
+        node = url.split("//", 1)[1].rsplit("/", 1)[0]
+        line = next(x for x in done.stdout.splitlines() if x.startswith(f"shards on {node}:"))
+        assert str(shard) in line.split(":", 2)[2].split()
     shown = await asyncio.to_thread(memworker, "stats", "--json")
     data = orjson.loads(shown.stdout)
     assert data["capacity"] is None
+    assert data["shard_nodes"] == {
+        str(k): v.split("//", 1)[1].rsplit("/", 1)[0] for k, v in urls.items()
+    }
     lifecycle = {StreamKeys(cluster_settings.stream_prefix, i).lifecycle for i in range(4)}
     assert lifecycle <= {row["stream"] for row in data["streams"]}
 
@@ -262,3 +271,28 @@ async def test_300_concurrent_calls_succeed_on_a_cluster(
         values = await asyncio.gather(*(memory.get(f"k{i}") for i in range(300)))
     assert len(set(sent)) == 300
     assert values == list(range(300))
+
+
+async def test_publish_waiting_for_replicas_on_a_cluster_says_none_confirmed(
+    cluster_settings: Settings,
+) -> None:
+    """The test cluster has no replicas: the WAIT goes to the stream's node, and says 0."""
+    redis: Any = client_for(cluster_settings)
+    client = LifecycleClient(redis, cluster_settings)
+    await client.spawn("proj", "waits", "a", {}, event_id="w-1")  # a plain publish first
+    with pytest.raises(NotReplicatedError) as raised:
+        await client.publish(
+            {
+                "type": "pause",
+                "project_id": "proj",
+                "session_id": "waits",
+                "agent_instance_id": "a",
+                "event_id": "w-2",
+            },
+            replicas=1,
+            replicas_timeout=0.2,
+        )
+    assert raised.value.acknowledged == 0
+    async with running_worker(cluster_settings):
+        assert (await client.wait("w-2", timeout=30)).type == "agent.paused"
+    await redis.aclose()

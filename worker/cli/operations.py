@@ -76,6 +76,13 @@ def stats(
     memory, bytes per session, per dedupe record and per stream entry, and time until full."""
     settings = settings_from_env()
 
+    shard_nodes: dict[int, str] = {}
+    if settings.redis_cluster:
+        from worker.connections import cluster_shard_nodes
+
+        found = run_async(cluster_shard_nodes(settings))
+        shard_nodes = {shard: f"{host}:{port}" for shard, (host, port) in found.items()}
+
     async def go(redis: Redis) -> tuple[list[Any], Any, list[tuple[str, str, str]], Any]:
         from worker.episodes.backlog import indexing_backlog
         from worker.ops.capacity import measure_capacity
@@ -103,6 +110,7 @@ def stats(
                     "pruned_consumers": [
                         {"stream": s, "group": g, "consumer": c} for s, g, c in pruned
                     ],
+                    "shard_nodes": {str(k): v for k, v in shard_nodes.items()} or None,
                 },
                 indent=2,
             )
@@ -143,6 +151,13 @@ def stats(
     )
     if any(r.dead_consumers for r in rows) and not prune_dead_consumers:
         out.print("remove dead consumers with: memworker stats --prune-dead-consumers")
+    if shard_nodes:
+        by_node: dict[str, list[int]] = {}
+        for shard, node in shard_nodes.items():
+            by_node.setdefault(node, []).append(shard)
+        for node, shards in sorted(by_node.items()):
+            listed = " ".join(str(s) for s in shards)
+            out.print(f"shards on {node}: {listed}", highlight=False)
     if capacity is None:
         out.print("capacity: not measured on a Redis Cluster (keys are spread over the nodes)")
         return

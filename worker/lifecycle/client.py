@@ -25,6 +25,7 @@ from worker.connections import client_for
 from worker.consumers.groups import ensure_group
 from worker.ids import ID_PATTERN, validate_id
 from worker.keys import SessionKeys, StreamKeys, episodes_stream, tag
+from worker.lifecycle.replication import NotReplicatedError, write_and_wait
 from worker.redis_conditions import RedisConditionError, ServerCondition, conditions_raised
 from worker.scripts import script
 from worker.settings import Settings, get_settings
@@ -32,7 +33,13 @@ from worker.settings import Settings, get_settings
 if TYPE_CHECKING:
     from schemas.streams import EpisodeRecorded
 
-__all__ = ["ID_PATTERN", "LifecycleClient", "RedisConditionError", "ResultTimeoutError"]
+__all__ = [
+    "ID_PATTERN",
+    "LifecycleClient",
+    "NotReplicatedError",
+    "RedisConditionError",
+    "ResultTimeoutError",
+]
 
 
 PUBLISH = script("publish_command.lua")
@@ -88,6 +95,8 @@ class LifecycleClient:
         *,
         assign_seq: bool = True,
         traceparent: str | None = None,
+        replicas: int = 0,
+        replicas_timeout: float = 1.0,
     ) -> str:
         """Publish one command (a dict as in the contract); returns its ``event_id``.
 
@@ -95,7 +104,15 @@ class LifecycleClient:
         ``assign_seq`` is true. Raises ``RedisConditionError`` (nothing published) when Redis
         refuses for a reason of its own: full (``maxmemory``), busy, loading, failing over,
         unreachable; its message names the condition and what to do.
+
+        ``replicas``: after publishing, ``WAIT`` until that many replicas of the stream's
+        master copied the command, at most ``replicas_timeout`` seconds; fewer raises
+        ``NotReplicatedError`` (the command *is* published; republish it with the same
+        ``event_id`` if its master fails). 0 (the default) does not wait: a command the master
+        acknowledged may then be lost in a failover (docs/contract.md, "Failover").
         """
+        if replicas < 0 or replicas_timeout <= 0:
+            raise ValueError("replicas must be 0 or more and replicas_timeout more than 0")
         body = dict(command)
         retried = "event_id" in body  # its result may be in the stream already
         kind = body.get("type")
@@ -124,7 +141,19 @@ class LifecycleClient:
         )
         data = json_bytes(body, f"the {body['type']} command")  # NaN, Infinity: refused here
         async with conditions_raised(self.redis):
-            await self._publish(body, data, keys, event_id, assign_seq, traceparent, retried)
+            acknowledged = await self._publish(
+                body,
+                data,
+                keys,
+                event_id,
+                assign_seq,
+                traceparent,
+                retried,
+                replicas,
+                replicas_timeout,
+            )
+        if acknowledged < replicas:
+            raise NotReplicatedError(str(event_id), replicas, acknowledged, replicas_timeout)
         return str(event_id)
 
     async def _publish(
@@ -136,7 +165,10 @@ class LifecycleClient:
         assign_seq: bool,
         traceparent: str | None,
         retried: bool,
-    ) -> None:
+        replicas: int = 0,
+        replicas_timeout: float = 1.0,
+    ) -> int:
+        """Publish; returns how many replicas confirmed it (0 when ``replicas`` is 0)."""
         project_id, session_id = keys.project_id, keys.session_id
         streams = keys.streams
         # Where results could start, so wait() need not scan the whole stream; and whether the
@@ -167,28 +199,49 @@ class LifecycleClient:
                 ttl_ms = tombstone * 1000
             else:
                 ttl_ms = (settings.session_ttl_seconds + tombstone) * 1000
-            await PUBLISH(
-                self.redis,
-                [
-                    seq_key(settings.stream_prefix, keys.shard, project_id, session_id),
+            script_keys = [
+                seq_key(settings.stream_prefix, keys.shard, project_id, session_id),
+                streams.lifecycle,
+                publish_records_key(settings.stream_prefix, keys.shard, project_id, session_id),
+            ]
+            script_args: list[str | int | float | bytes] = [
+                data,
+                ttl_ms,
+                traceparent or "",
+                str(event_id),
+            ]
+            if replicas:
+                _reply, acknowledged = await write_and_wait(
+                    self.redis,
+                    PUBLISH.command(script_keys, script_args),
                     streams.lifecycle,
-                    publish_records_key(settings.stream_prefix, keys.shard, project_id, session_id),
-                ],
-                [
-                    data,
-                    ttl_ms,
-                    traceparent or "",
-                    str(event_id),
-                ],
-            )
+                    replicas,
+                    replicas_timeout,
+                    PUBLISH.source,
+                )
+            else:
+                await PUBLISH(self.redis, script_keys, script_args)
+                acknowledged = 0
         else:
             fields: dict[str, bytes | str] = {"data": data}
             if traceparent:
                 fields["traceparent"] = traceparent
-            await self.redis.xadd(streams.lifecycle, fields)  # type: ignore[arg-type]
+            if replicas:
+                flat = [part for pair in fields.items() for part in pair]
+                _reply, acknowledged = await write_and_wait(
+                    self.redis,
+                    ["XADD", streams.lifecycle, "*", *flat],
+                    streams.lifecycle,
+                    replicas,
+                    replicas_timeout,
+                )
+            else:
+                await self.redis.xadd(streams.lifecycle, fields)  # type: ignore[arg-type]
+                acknowledged = 0
         # A command published before with this event_id (a retry) was answered once, maybe
         # long ago: wait() then reads the results stream from its start, not from here.
         self._sent[event_id] = (keys.shard, "0-0" if retried else start)
+        return acknowledged
 
     def _remember_life(self, project_id: str, session_id: str, spawn_event_id: str) -> None:
         self._lives.pop((project_id, session_id), None)

@@ -35,6 +35,7 @@ from worker.consumers.loop import GroupConsumer
 from worker.consumers.periodic import run_every
 from worker.consumers.retention import trim_dead_letters, trim_stream
 from worker.consumers.service import run_until_stopped
+from worker.credentials import mask
 from worker.keys import CONSOLIDATION_GROUP, LIFECYCLE_GROUP, StreamKeys
 from worker.lifecycle.admission import Admission
 from worker.lifecycle.apply import COMMANDS_PER_CALL, CommandApplier, Outcome, Plan
@@ -360,8 +361,12 @@ class LifecycleWorker:
         before = {shard: self.applier.url_of(shard) for shard in range(self.settings.shards)}
         await self.applier.resolve()
         after = {shard: self.applier.url_of(shard) for shard in range(self.settings.shards)}
-        if after != before:
-            log.warning("topology_changed", before=before, after=after)
+        if after != before:  # the URLs carry the ACL user's password: never logged
+            log.warning(
+                "topology_changed",
+                before={shard: mask(url) for shard, url in before.items()},
+                after={shard: mask(url) for shard, url in after.items()},
+            )
             await self.applier.ensure_scripts()
 
     # -- running ----------------------------------------------------------------------------
