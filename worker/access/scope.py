@@ -9,6 +9,7 @@ pinned takes the user from each call (none: the anonymous bucket, as ``worker.Me
 
 from __future__ import annotations
 
+import asyncio
 import warnings
 from typing import Any
 
@@ -36,6 +37,9 @@ from worker.user_memory.memory import Memory
 from worker.user_memory.models import IsolationWarning
 from worker.user_memory.turns import EpisodeConflictError
 from worker.user_memory.writes import BatchTooLargeError
+
+READY_SECONDS = 5.0
+"""How long ``/readyz`` waits for each of Redis and Postgres before it answers 503 naming it."""
 
 
 class AccessError(ActionableError):
@@ -107,14 +111,25 @@ class Access:
         )
 
     async def ready(self) -> str | None:
-        """Why the servers cannot be reached (one line), or None when both answer."""
-        try:
-            await self.redis.ping()
-            async with self.engine.connect() as conn:
-                await conn.execute(text("SELECT 1"))
-        except Exception as exc:
-            return one_line(exc)
+        """Why the servers cannot be reached (one line), or None when both answer; within
+        ``READY_SECONDS`` each, whatever a store does (a probe answers promptly: Sentinels
+        that never answer were a /readyz with no answer at all)."""
+        for name, check in (("Redis", self._redis_answers), ("Postgres", self._postgres_answers)):
+            try:
+                async with asyncio.timeout(READY_SECONDS) as clock:
+                    await check()
+            except Exception as exc:
+                if clock.expired():
+                    return f"{name} did not answer within {READY_SECONDS:.0f} s"
+                return one_line(exc)
         return None
+
+    async def _redis_answers(self) -> None:
+        await self.redis.ping()
+
+    async def _postgres_answers(self) -> None:
+        async with self.engine.connect() as conn:
+            await conn.execute(text("SELECT 1"))
 
 
 def _text(value: Any) -> str:
