@@ -59,7 +59,7 @@ def test_a_database_url_parameter_the_driver_does_not_take_is_refused_at_start()
 def test_the_connection_parameters_taken_are_those_asyncpg_connect_takes() -> None:
     import inspect
 
-    import asyncpg
+    import asyncpg  # type: ignore[import-untyped]
 
     from worker.settings import _CONNECT_PARAMETERS
 
