@@ -39,7 +39,8 @@ from worker.user_memory.turns import EpisodeConflictError
 from worker.user_memory.writes import BatchTooLargeError
 
 READY_SECONDS = 5.0
-"""How long ``/readyz`` waits for each of Redis and Postgres before it answers 503 naming it."""
+"""How long ``/readyz`` waits for Postgres, and for Redis past ``MEMWORKER_REDIS_RETRY_SECONDS``
+(a refused connection is retried that long, then named), before it answers 503 naming it."""
 
 
 class AccessError(ActionableError):
@@ -112,15 +113,20 @@ class Access:
 
     async def ready(self) -> str | None:
         """Why the servers cannot be reached (one line), or None when both answer; within
-        ``READY_SECONDS`` each, whatever a store does (a probe answers promptly: Sentinels
-        that never answer were a /readyz with no answer at all)."""
-        for name, check in (("Redis", self._redis_answers), ("Postgres", self._postgres_answers)):
+        ``READY_SECONDS`` each (Redis: plus its retry window), whatever a store does (a probe
+        answers promptly: Sentinels that never answer were a /readyz with no answer at all)."""
+        redis_s = READY_SECONDS + self.settings.redis_retry_seconds  # its retries said first
+        checks = (
+            ("Redis", self._redis_answers, redis_s),
+            ("Postgres", self._postgres_answers, READY_SECONDS),
+        )
+        for name, check, seconds in checks:
             try:
-                async with asyncio.timeout(READY_SECONDS) as clock:
+                async with asyncio.timeout(seconds) as clock:
                     await check()
             except Exception as exc:
                 if clock.expired():
-                    return f"{name} did not answer within {READY_SECONDS:.0f} s"
+                    return f"{name} did not answer within {seconds:g} s"
                 return one_line(exc)
         return None
 
