@@ -3,7 +3,6 @@ streams ``P:lifecycle:{i}``."""
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -18,7 +17,7 @@ from pydantic import (
 )
 
 from schemas.ids import Id
-from schemas.inputs import json_text_problem
+from schemas.inputs import When, json_text_problem
 from schemas.limits import MAX_CORRELATION_ID_CHARS, MAX_TASK_DESCRIPTION_CHARS
 from schemas.limits import MAX_SESSION_TTL_SECONDS as MAX_SESSION_TTL_SECONDS
 from schemas.limits import MAX_TRACEPARENT_BYTES as MAX_TRACEPARENT_BYTES
@@ -80,7 +79,7 @@ class CommandBase(BaseModel):
         "LifecycleClient sets it for the sessions it spawned.",
     )
     correlation_id: Annotated[Text, Field(max_length=MAX_CORRELATION_ID_CHARS)] | None = None
-    occurred_at: datetime | None = None
+    occurred_at: When | None = None
     metadata: dict[str, Any] | None = None
     schema_version: Annotated[StrictInt, Field(ge=-MAX_SAFE_INT, le=MAX_SAFE_INT)] = 1
 

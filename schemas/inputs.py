@@ -9,8 +9,10 @@ Bad input is refused before anything is touched, with an error naming the field:
   look-alike (fullwidth) letters;
 - **text**: a ``str``, with no NUL character and no lone surrogate (neither can be stored as
   UTF-8 text in Postgres), at most a field's byte size in UTF-8 (``schemas.limits``);
-- **times**: a real instant in 0001-01-01..9999-12-31 UTC, whatever its offset
-  (``0001-01-01T00:00:00+14:00`` is before year 1 in UTC: refused);
+- **times**: RFC 3339 text (``2026-11-20T08:00:00Z``; without an offset it is read as UTC),
+  never a number or numeric text taken as Unix time (``-1``, ``"5"``), naming a real instant in
+  0001-01-01..9999-12-31 UTC, whatever its offset (``0001-01-01T00:00:00+14:00`` is before
+  year 1 in UTC: refused);
 - **numbers**: finite (no NaN or Infinity), within the field's range; ``ttl_seconds`` in
   (0, ``MAX_TTL_SECONDS``]; ``limit`` an integer from 1.
 """
@@ -23,7 +25,7 @@ import re
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, WithJsonSchema
+from pydantic import AfterValidator, BeforeValidator, WithJsonSchema
 
 from schemas.ids import ID_PATTERN
 from schemas.limits import MAX_ID_CHARS, MAX_RESULTS, MAX_TTL_SECONDS
@@ -39,6 +41,7 @@ __all__ = [
     "check_when",
     "id_problem",
     "json_text_problem",
+    "parse_when",
     "text_problem",
     "text_rule",
     "when_problem",
@@ -153,6 +156,37 @@ def when_problem(value: Any) -> str | None:
     return None
 
 
+_RFC3339 = re.compile(
+    r"\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(?:\.(\d{1,9}))?([Zz]|[+-]\d{2}:\d{2})?"
+)
+RFC3339_EXAMPLE = "2026-11-20T08:00:00Z"
+
+
+def parse_when(value: Any) -> datetime:
+    """The instant RFC 3339 text names (a ``datetime`` passes as it is, for Python callers);
+    ``ValueError`` saying why not: a number, numeric text (``"5"``: not a Unix time here), a
+    date alone, an impossible date (``2026-02-30``), or a time outside 0001..9999 UTC."""
+    if isinstance(value, datetime):
+        when = value
+    elif not isinstance(value, str):
+        raise ValueError(f"must be RFC 3339 text ({RFC3339_EXAMPLE}), not {type(value).__name__}")
+    elif (match := _RFC3339.fullmatch(value)) is None:
+        raise ValueError(f"must be an RFC 3339 time ({RFC3339_EXAMPLE}); got {_shown(value)}")
+    else:
+        text = value
+        if match[1] is not None and len(match[1]) > 6:  # nanoseconds: kept to microseconds
+            text = text[: match.start(1) + 6] + text[match.end(1) :]
+        if match[2] in ("Z", "z"):
+            text = text[:-1] + "+00:00"
+        try:
+            when = datetime.fromisoformat(text.replace("t", "T"))
+        except ValueError:
+            raise ValueError(f"{_shown(value)} is not a real date and time") from None
+    if (problem := when_problem(when)) is not None:
+        raise ValueError(problem)
+    return when
+
+
 def check_when(value: Any, field: str) -> datetime:
     if (problem := when_problem(value)) is not None:
         raise InvalidInputError(field, problem)
@@ -184,12 +218,6 @@ def check_ttl(seconds: Any, field: str = "ttl_seconds") -> float:
     return float(seconds)
 
 
-def _when(value: datetime) -> datetime:
-    if (problem := when_problem(value)) is not None:
-        raise ValueError(problem)
-    return value
-
-
 def _text_validator(max_bytes: int, empty: bool) -> AfterValidator:
     def check(value: str) -> str:
         if (problem := text_problem(value, max_bytes, empty=empty)) is not None:
@@ -214,8 +242,9 @@ IdText = Annotated[
 ]
 """An id argument (the argument models' type; its JSON Schema carries the pattern)."""
 
-When = Annotated[datetime, AfterValidator(_when)]
-"""A time argument: a real instant in 0001..9999 UTC."""
+When = Annotated[datetime, BeforeValidator(parse_when)]
+"""A time argument: RFC 3339 text (or a ``datetime`` from Python) naming a real instant in
+0001..9999 UTC; never a number read as Unix time (``parse_when``)."""
 
 
 def text_rule(max_bytes: int, *, empty: bool = True) -> AfterValidator:

@@ -27,6 +27,22 @@ LOCAL_EMBEDDING_DIMENSION = 384
 """Its vector size: the ``episode_embeddings`` column the vectors migration creates."""
 
 
+_CONNECT_PARAMETERS = frozenset(
+    {
+        # asyncpg.connect's keyword arguments a URL can give (a test keeps this list true) ...
+        *("host", "port", "user", "password", "passfile", "service", "servicefile"),
+        *("database", "timeout", "statement_cache_size", "max_cached_statement_lifetime"),
+        *("max_cacheable_statement_size", "command_timeout", "ssl", "direct_tls"),
+        *("target_session_attrs", "krbsrvname", "gsslib"),
+        # ... and SQLAlchemy's own for it
+        "prepared_statement_cache_size",
+    }
+)
+"""The query parameters of DATABASE_URL that reach a connection (``sslmode`` is read as
+``ssl``): any other (libpq's ``sslpassword``, ``application_name``, a typo) is refused at
+start, naming it, rather than failing every connection later."""
+
+
 def asyncpg_url(database_url: str) -> str:
     """``postgresql://…`` and ``postgres://…`` as ``postgresql+asyncpg://…``."""
     for plain in ("postgresql://", "postgres://"):
@@ -268,6 +284,14 @@ class Settings(BaseSettings):
             raise ValueError(
                 f"memworker stores in PostgreSQL: use postgresql://user:password@host:port/db "
                 f"(got {scheme!r})"
+            )
+        query = value.partition("?")[2].partition("#")[0]
+        names = {pair.partition("=")[0] for pair in query.split("&") if pair}
+        if unknown := sorted(names - _CONNECT_PARAMETERS):
+            raise ValueError(
+                f"the connection parameter(s) {', '.join(map(repr, unknown))} are not known to "
+                f"asyncpg, memworker's Postgres driver (it takes: sslmode, "
+                f"{', '.join(sorted(_CONNECT_PARAMETERS))})"
             )
         return value
 

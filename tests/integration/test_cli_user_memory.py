@@ -261,7 +261,8 @@ async def test_bad_input_and_missing_servers_are_one_line_never_a_traceback(
     )
     too_big = "x" * (settings.max_value_bytes + 1)
     line = error_line(
-        await run(settings, "blocks", "-u", "ann", "--set", "b", "--content", "-", stdin=too_big)
+        await run(settings, "blocks", "-u", "ann", "--set", "b", "--content", "-", stdin=too_big),
+        2,  # bad input: a usage error
     )
     assert "MEMWORKER_MAX_VALUE_BYTES" in line
     assert as_json(await run(settings, "blocks", "-u", "ann", "--json")) == []  # nothing changed

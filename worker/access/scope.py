@@ -9,6 +9,7 @@ pinned takes the user from each call (none: the anonymous bucket, as ``worker.Me
 
 from __future__ import annotations
 
+import asyncio
 import warnings
 from typing import Any
 
@@ -36,6 +37,10 @@ from worker.user_memory.memory import Memory
 from worker.user_memory.models import IsolationWarning
 from worker.user_memory.turns import EpisodeConflictError
 from worker.user_memory.writes import BatchTooLargeError
+
+READY_SECONDS = 5.0
+"""How long ``/readyz`` waits for Postgres, and for Redis past ``MEMWORKER_REDIS_RETRY_SECONDS``
+(a refused connection is retried that long, then named), before it answers 503 naming it."""
 
 
 class AccessError(ActionableError):
@@ -107,14 +112,30 @@ class Access:
         )
 
     async def ready(self) -> str | None:
-        """Why the servers cannot be reached (one line), or None when both answer."""
-        try:
-            await self.redis.ping()  # type: ignore[misc]
-            async with self.engine.connect() as conn:
-                await conn.execute(text("SELECT 1"))
-        except Exception as exc:
-            return one_line(exc)
+        """Why the servers cannot be reached (one line), or None when both answer; within
+        ``READY_SECONDS`` each (Redis: plus its retry window), whatever a store does (a probe
+        answers promptly: Sentinels that never answer were a /readyz with no answer at all)."""
+        redis_s = READY_SECONDS + self.settings.redis_retry_seconds  # its retries said first
+        checks = (
+            ("Redis", self._redis_answers, redis_s),
+            ("Postgres", self._postgres_answers, READY_SECONDS),
+        )
+        for name, check, seconds in checks:
+            try:
+                async with asyncio.timeout(seconds) as clock:
+                    await check()
+            except Exception as exc:
+                if clock.expired():
+                    return f"{name} did not answer within {seconds:g} s"
+                return one_line(exc)
         return None
+
+    async def _redis_answers(self) -> None:
+        await self.redis.ping()  # type: ignore[misc]
+
+    async def _postgres_answers(self) -> None:
+        async with self.engine.connect() as conn:
+            await conn.execute(text("SELECT 1"))
 
 
 def _text(value: Any) -> str:

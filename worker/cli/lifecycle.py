@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import sys
 from typing import Annotated, Any
 
@@ -25,9 +26,20 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
+class _NotFiniteError(Exception):
+    """A JSON number past a float's range (``1e400``): no field can take it."""
+
+
+def _finite(raw: str) -> float:
+    if not math.isfinite(number := float(raw)):
+        raise _NotFiniteError(raw)
+    return number
+
+
 def _json(raw: str) -> Any:
-    """``raw`` as strict JSON; ValueError when it is not."""
-    return json.loads(raw, parse_constant=_no_constant)
+    """``raw`` as strict JSON; ValueError when it is not, ``_NotFiniteError`` for a number
+    too large to be one (``json.loads`` would make ``1e400`` Infinity)."""
+    return json.loads(raw, parse_constant=_no_constant, parse_float=_finite)
 
 
 def _parse_assignments(values: list[str]) -> dict[str, Any]:
@@ -40,6 +52,10 @@ def _parse_assignments(values: list[str]) -> dict[str, Any]:
             fields[name] = _json(raw)
         except ValueError:
             fields[name] = raw
+        except _NotFiniteError:
+            raise typer.BadParameter(
+                f"{name}: {raw} is not a finite number", param_hint="--set"
+            ) from None
         if (bad := json_text_problem(fields[name], name)) is not None:
             raise typer.BadParameter(f"{bad[0]} {bad[1]}", param_hint="--set")
     return fields

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
@@ -41,6 +42,16 @@ def migrate() -> None:
         print(f"warning: {vectors}", file=sys.stderr)  # one line, never wrapped
 
 
+MAX_RATE_SECONDS = 3600.0
+"""``stats --rate-seconds``: the longest wait between its two readings (an hour)."""
+
+
+def _finite(value: float) -> float:
+    if not math.isfinite(value):  # nan passes a range's min and max
+        raise typer.BadParameter(f"{value} is not a number of seconds")
+    return value
+
+
 def stats(
     as_json: Annotated[bool, typer.Option("--json", help="JSON instead of tables.")] = False,
     dead_after: Annotated[
@@ -60,8 +71,11 @@ def stats(
         float,
         typer.Option(
             min=0,
+            max=MAX_RATE_SECONDS,
+            callback=_finite,
             help="Seconds between the two readings of the lifecycle streams' entries-added "
-            "that give the command rate (0: the average over what the streams retain).",
+            "that give the command rate (0: the average over what the streams retain; at most "
+            f"{MAX_RATE_SECONDS:.0f}).",
         ),
     ] = 2.0,
     sample_keys: Annotated[

@@ -70,7 +70,7 @@ from worker.db.engine import create_database_engine
 from worker.db.erasures import covered, erasure_cutoffs, lock_projects
 from worker.db.outages import first_line, is_connection_error, is_data_error, storage_error
 from worker.episodes.announcements import Announcement, Announcer
-from worker.episodes.changes import publish_owed
+from worker.episodes.changes import publish_all_owed, publish_owed
 from worker.erasure.erased import record_erased
 from worker.erasure.forget import finish_owed
 from worker.keys import (
@@ -263,8 +263,8 @@ class Consolidator(GroupService):
 
     async def tick(self) -> None:
         """The group loop's ``tick``: the announcement relay when due, then retention of
-        ``P:episodes``, the copy of the erasure record (``sync_erased``) and the forgets still
-        owed (``finish_owed_forgets``) every
+        ``P:episodes``, the copy of the erasure record (``sync_erased``), the change events and
+        the forgets still owed (``publish_all_owed``, ``finish_owed_forgets``) every
         ``MEMWORKER_RETENTION_INTERVAL_SECONDS``, and every ``LESSONS_INTERVAL_S`` the lessons
         of stored sessions as facts (``lessons_once``). Never raises but for
         cancellation: a trim that fails is logged and tried at the next interval."""
@@ -288,6 +288,14 @@ class Consolidator(GroupService):
             raise
         except Exception as exc:  # Redis unavailable: the loop meets it too; trim next time
             self.log.warning("episodes stream not trimmed, will retry", error=first_line(exc))
+        try:
+            await publish_all_owed(
+                self.engine, self.redis, self.settings.stream_prefix, self.settings.shards
+            )
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a server unavailable: they stay owed to the next interval
+            self.log.warning("owed change events not published, will retry", error=first_line(exc))
         try:
             await self.finish_owed_forgets()
         except asyncio.CancelledError:

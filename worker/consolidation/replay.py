@@ -43,6 +43,7 @@ from redis.asyncio import Redis
 from sqlalchemy import Select, and_, func, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from schemas.inputs import parse_when
 from worker.codec import UnusableEntryError, decode_entry, text
 from worker.consolidation.consolidator import Consolidator
 from worker.consumers.loop import StreamEntry
@@ -62,18 +63,19 @@ _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86_400}
 
 
 def parse_instant(raw: str, now: datetime | None = None) -> datetime:
-    """An RFC 3339 time (``2026-11-20T08:00:00Z``) or how long ago (``90m``, ``36h``, ``7d``)."""
+    """An RFC 3339 time (``2026-11-20T08:00:00Z``, the input rule's ``parse_when``) or how
+    long ago (``90m``, ``36h``, ``7d``); ``ValueError`` saying why not."""
     match = _RELATIVE.match(raw.strip())
     if match:
-        ago = float(match[1]) * _UNITS[match[2]]
-        return (now or datetime.now(UTC)) - timedelta(seconds=ago)
+        seconds = float(match[1]) * _UNITS[match[2]]
+        try:
+            return (now or datetime.now(UTC)) - timedelta(seconds=seconds)
+        except OverflowError:  # longer ago than the calendar goes
+            raise ValueError(f"{raw!r} is before 0001-01-01") from None
     try:
-        value = datetime.fromisoformat(raw.strip())
-    except ValueError:
-        raise ValueError(
-            f"{raw!r} is neither an RFC 3339 time (2026-11-20T08:00:00Z) "
-            "nor a time ago (90m, 36h, 7d)"
-        ) from None
+        value = parse_when(raw.strip())
+    except ValueError as exc:
+        raise ValueError(f"{exc}; or a time ago (90m, 36h, 7d)") from None
     return value if value.tzinfo else value.replace(tzinfo=UTC)
 
 

@@ -12,9 +12,10 @@ JSON with ``type``, ``event_id`` (deterministic: a subscriber drops a duplicate)
 change, and ``publish_owed`` moves the project's owed events to its stream (XADD, then DELETE)
 under a per-project advisory lock, in ``seq`` order. It runs after every change; what a Redis
 outage leaves owed goes with the project's next change, ``Memory.flush_changes()``, or
-``Memory.close()``. So an event is never lost and, without a crash between XADD and DELETE
-(the DELETE's commit does not wait for the WAL flush: a Postgres crash just after it counts as
-one), published once.
+``Memory.close()``, or the consolidator's sweep (``publish_all_owed``, every
+``MEMWORKER_RETENTION_INTERVAL_SECONDS``). So an event is never lost and, without a crash
+between XADD and DELETE (the DELETE's commit does not wait for the WAL flush: a Postgres crash
+just after it counts as one), published once.
 
 **Group commit.** The ``Memory`` instances of a process that share an engine and a Redis
 client publish through one ``OwedPublisher`` (``worker.user_memory.writes.shared_writes``):
@@ -135,6 +136,20 @@ async def publish_owed(
     """Publish the project's owed events, oldest first; how many. A Redis that refuses leaves
     them owed (logged once per call) and returns what was published before."""
     return await publish_owed_many(engine, redis, prefix, shards, [project_id])
+
+
+async def publish_all_owed(
+    engine: AsyncEngine, redis: Redis | RedisCluster, prefix: str, shards: int
+) -> int:
+    """Publish every project's owed events; how many. The consolidator's sweep: what a Redis
+    outage left owed to a project that has made no change since goes out once Redis is back,
+    not only with that project's next change."""
+    async with engine.connect() as conn:
+        found = await conn.execute(text("SELECT DISTINCT project_id FROM memory_changes"))
+        projects = sorted(found.scalars())
+    if not projects:
+        return 0
+    return await publish_owed_many(engine, redis, prefix, shards, projects)
 
 
 async def publish_owed_many(

@@ -72,7 +72,7 @@ from worker.erasure.receipt import ForgetReceipt, Found
 from worker.erasure.scope import ForgetScope
 from worker.erasure.sessions import forget_counters, mark_live, mark_seen, shard_count
 from worker.erasure.streams import FORGOTTEN_EVENT, UserScope, scrub_streams
-from worker.errors import one_line
+from worker.errors import ActionableError, one_line
 from worker.keys import episodes_stream
 
 DEFAULT_MARKER_TTL_MS = 3_600_000
@@ -288,7 +288,7 @@ class ForgetResult:
     receipt: ForgetReceipt | None = field(default=None, compare=False)
 
 
-class ForgetIncompleteError(RuntimeError):
+class ForgetIncompleteError(ActionableError, RuntimeError):
     """A forget that could not remove everything: ``receipt`` says what went and what not, and
     where the forget is recorded as owed (a retry finishes it)."""
 

@@ -19,6 +19,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from schemas.inputs import When
 from worker.ids import validate_id
 
 _CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
@@ -140,7 +141,7 @@ class Episode(_Model):
     id: str = Field(default_factory=lambda: new_id("ep"))
     session_id: str
     user_id: str | None = None
-    occurred_at: datetime = Field(default_factory=utcnow)
+    occurred_at: When = Field(default_factory=utcnow)
     input: str
     output: str
     tool_calls: list[ToolCall] = Field(default_factory=list)
@@ -189,9 +190,9 @@ class Fact(_Model):
     predicate: str
     object: str
     confidence: float = 1.0
-    valid_from: datetime = Field(default_factory=utcnow)
-    valid_until: datetime | None = None
-    recorded_at: datetime = Field(default_factory=utcnow)
+    valid_from: When = Field(default_factory=utcnow)
+    valid_until: When | None = None
+    recorded_at: When = Field(default_factory=utcnow)
     sources: list[str] = Field(default_factory=list)
 
     @field_validator("predicate")
