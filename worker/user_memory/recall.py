@@ -40,7 +40,7 @@ from worker.db.vectors import CHUNK_TABLE, VECTOR_TABLE, has_chunk_table, vector
 from worker.episodes.embedding import Embedder
 from worker.episodes.text_search import BY_INDEX, TEXT_CAP
 from worker.user_memory.models import Episode, EpisodeMatch, ScoredMatches, as_utc
-from worker.user_memory.turn_ranking import Turn, lexeme_counts, rank, speaker_of
+from worker.user_memory.turn_ranking import Turn, rank, speaker_of
 from worker.user_memory.turns import (
     EPISODE_COLUMNS,
     SessionEpisode,
@@ -55,8 +55,9 @@ MIN_SIMILARITY = 0.2
 ~0..0.2 and paraphrases above ~0.4 (``tests/recall``)."""
 CANDIDATES = 50
 """How many turns each search brings at least (the vector search's nearest)."""
-CONTEXT_SESSIONS = 30
-"""The sessions of the best this many turns are read whole, for their turns' neighbours."""
+CONTEXT_TURNS = 30
+"""The best this many turns of a first ranking are linked to their neighbours (read with
+them), for the second."""
 CONTEXT_ROWS = 5_000
 PARTITION_BOUND = 100_000
 HEAD = 80
@@ -89,7 +90,7 @@ async def _words(
     by index (``_meaning`` set it), else this sets it first. One statement."""
     columns = (
         f"e.id, e.session_id, e.turn_id, left(e.input, {HEAD}) AS head,"
-        " length(e.search_vector) AS n, e.search_vector::text AS vector"
+        " length(e.search_vector) AS n, e.search_vector AS sv"
     )
     tiers = " UNION ".join(
         f"(SELECT {columns} FROM episodes e WHERE {' AND '.join(where)}"
@@ -100,7 +101,9 @@ async def _words(
         f"WITH q AS (SELECT tsvector_to_array(to_tsvector('{SEARCH_CONFIG}', :q)) AS lexemes,"
         " (SELECT count(*) FROM (SELECT 1 FROM episodes e"
         f" WHERE {' AND '.join(where)} LIMIT {PARTITION_BOUND}) s) AS total)"
-        f" SELECT q.lexemes, q.total, m.* FROM q LEFT JOIN ({tiers}) m ON true"
+        " SELECT q.lexemes, q.total, m.id, m.session_id, m.turn_id, m.head, m.n, c.words, c.tfs"
+        f" FROM q LEFT JOIN ({tiers}) m ON true LEFT JOIN LATERAL ({_COUNTS.format('q.lexemes')})"
+        " c ON true"
     )
     if not by_index:
         await conn.execute(text(BY_INDEX))  # for the rest of the recall's transaction
@@ -114,11 +117,20 @@ async def _words(
         turns[key] = Turn(
             key,
             session=row.session_id if row.turn_id is not None else None,
-            counts=lexeme_counts(row.vector, set(lexemes)),
+            counts=dict(zip(row.words or (), row.tfs or (), strict=True)),
             length=int(row.n),
             speaker=speaker_of(row.head),
         )
     return sorted(set(lexemes)), total
+
+
+_COUNTS = (
+    "SELECT array_agg(u.lexeme) AS words,"
+    " array_agg(coalesce(array_length(u.positions, 1), 1)) AS tfs"
+    " FROM unnest(m.sv) u WHERE u.lexeme = ANY({})"
+)
+"""A turn's counts of the query's lexemes (positions; a lexeme without positions counts one),
+read in Postgres: the turn's whole ``search_vector`` is not sent."""
 
 
 def _cosine_sql(dimension: int) -> str:
@@ -206,41 +218,48 @@ async def _context(
     where: list[str],
     params: dict[str, Any],
     turns: dict[str, Turn],
-    sessions: Sequence[str],
+    near: Sequence[str],
     dimension: int | None,
     floor: float,
 ) -> None:
-    """Every turn of ``sessions`` into ``turns``, each linked to the one before and after it
-    (by time, then by when it was stored), with its length and, for a new one, its cosine
-    (at any value: a neighbour's meaning counts only through its share)."""
+    """The turns ``near`` (ids) and the turn before and after each in its session (by time,
+    then by when it was stored) into ``turns``, linked, with their lengths and, for a new one,
+    its cosine (at any value: a neighbour's meaning counts only through its share). Only
+    these rows are sent (the sessions are walked in Postgres)."""
+    sessions = sorted({s for s in (turns[k].session for k in near) if s is not None})
+    if not sessions:
+        return
     cosine = f", {_cosine_sql(dimension)} AS cosine" if dimension else ", NULL AS cosine"
     join = (
-        f" LEFT JOIN {VECTOR_TABLE} v ON v.episode_id = e.id AND v.model = :m"
+        f" LEFT JOIN {VECTOR_TABLE} v ON v.episode_id = t.id AND v.model = :m"
         f" AND v.dimension = {dimension}"
         if dimension
         else ""
     )
     statement = text(
-        f"SELECT e.id, e.session_id, left(e.input, {HEAD}) AS head,"
-        f" length(e.search_vector) AS n{cosine} FROM episodes e{join}"
-        f" WHERE {' AND '.join(where)} AND e.turn_id IS NOT NULL"
+        "SELECT t.id, t.session_id, t.head, t.n, t.before, t.after"
+        f"{cosine} FROM (SELECT e.id, e.session_id, left(e.input, {HEAD}) AS head,"
+        " length(e.search_vector) AS n, lag(e.id) OVER w AS before, lead(e.id) OVER w AS after"
+        f" FROM episodes e WHERE {' AND '.join(where)} AND e.turn_id IS NOT NULL"
         " AND e.session_id = ANY(CAST(:sessions AS text[]))"
-        f" ORDER BY e.session_id, e.occurred_at, e.recorded_at, e.id LIMIT {CONTEXT_ROWS}"
+        " WINDOW w AS (PARTITION BY e.session_id ORDER BY e.occurred_at, e.recorded_at, e.id)"
+        f" LIMIT {CONTEXT_ROWS}) t{join}"
+        " WHERE t.id = ANY(CAST(:near AS uuid[])) OR t.before = ANY(CAST(:near AS uuid[]))"
+        " OR t.after = ANY(CAST(:near AS uuid[]))"
     )
-    previous: Turn | None = None
-    for row in await conn.execute(statement, {**params, "sessions": list(sessions)}):
+    rows = await conn.execute(statement, {**params, "sessions": sessions, "near": list(near)})
+    for row in rows:
         key = str(row.id)
         turn = turns.get(key)
         if turn is None:
             turn = turns[key] = Turn(key, speaker=speaker_of(row.head))
         turn.session = row.session_id
+        turn.before = str(row.before) if row.before is not None else None
+        turn.after = str(row.after) if row.after is not None else None
         if turn.cosine is None and row.cosine is not None and float(row.cosine) >= floor:
             turn.cosine = float(row.cosine)
         if not turn.counts:
             turn.length = int(row.n or 0)
-        if previous is not None and previous.session == turn.session:
-            previous.after, turn.before = key, previous.id
-        previous = turn
 
 
 async def recall_scored(
@@ -297,12 +316,14 @@ async def recall_scored(
             ],
             len(missing),
         )
-    first, _bm25 = rank(turns, query, alpha=alpha, total=total, lexemes=lexemes)
-    best = sorted(first, key=lambda k: -first[k])[:CONTEXT_SESSIONS]
-    sessions = sorted({s for s in (turns[k].session for k in best) if s is not None})
-    if sessions:
-        await _context(conn, where, params, turns, sessions, dimension, min_similarity)
-    scored, bm25 = rank(turns, query, alpha=alpha, total=total, lexemes=lexemes)
+    first, _bm25 = rank(
+        turns, query, alpha=alpha, total=total, lexemes=lexemes, floor=min_similarity
+    )
+    best = sorted(first, key=lambda k: -first[k])[:CONTEXT_TURNS]
+    await _context(conn, where, params, turns, best, dimension, min_similarity)
+    scored, bm25 = rank(
+        turns, query, alpha=alpha, total=total, lexemes=lexemes, floor=min_similarity
+    )
     chosen = sorted(scored, key=lambda k: (-scored[k], k))[:limit]
     rows = await conn.execute(
         text(f"SELECT {EPISODE_COLUMNS} FROM episodes WHERE id = ANY(CAST(:ids AS uuid[]))"),
