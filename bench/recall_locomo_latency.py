@@ -1,16 +1,17 @@
-"""``recall_scored``'s latency over LoCoMo's tuning questions, this checkout against an earlier
-commit in the same run, on the same database.
+"""``recall_scored``'s latency over LoCoMo's tuning questions, two commits in the same run, on the
+same database.
 
-    python bench/recall_locomo_latency.py --data PATH/TO/locomo10.json [--before COMMIT] \\
-        [--rounds 2] [--pgvector-url URL] [--redis-url URL]
+    python bench/recall_locomo_latency.py --data PATH/TO/locomo10.json [--after COMMIT] \\
+        [--before COMMIT] [--rounds 2] [--pgvector-url URL] [--redis-url URL]
 
 The turns of the split (``bench/recall_locomo.py``'s ingestion: one user per conversation, one
 episode per turn) are remembered and embedded once, by this checkout. Then, ``--rounds`` times,
-each version in turn (this checkout, then ``--before``, default ``main``, checked out in a
-temporary git worktree) runs in a process of its own: it loads the embedder, warms up with one
-question per conversation, and times ``recall_scored(question, user_id=<conversation>,
-limit=10)`` for every question of categories 1-4, one after another. p50 and p99 per version
-and round: the machine's load changes between rounds, so compare the versions within a round.
+each version in turn (``--after``, default ``HEAD``, then ``--before``, default ``main``, each
+checked out in a temporary git worktree) runs in a process of its own: it loads the embedder,
+warms up with one question per conversation, and times ``recall_scored(question,
+user_id=<conversation>, limit=10)`` for every question of categories 1-4, one after another.
+p50 and p99 per version and round: the machine's load changes between rounds, so compare the
+versions within a round.
 """
 
 from __future__ import annotations
@@ -33,8 +34,6 @@ from worker.episodes.embedding import LocalEmbedder
 from worker.episodes.vectorising import reindex
 from worker.settings import Settings
 from worker.user_memory.memory import Memory
-
-ROOT = Path(__file__).resolve().parent.parent
 
 TIMER = """
 import asyncio, json, sys, time
@@ -102,9 +101,9 @@ async def run(args: argparse.Namespace) -> str:
         questions.write_text(json.dumps(asked))
         async with fresh_database(pg) as url:
             await prepare(url, redis_url, conversations)
-            with earlier_checkout(args.before) as before:
+            with earlier_checkout(args.after) as after, earlier_checkout(args.before) as before:
                 for n in range(1, args.rounds + 1):
-                    for name, tree in (("this checkout", ROOT), (args.before, before)):
+                    for name, tree in ((args.after, after), (args.before, before)):
                         load_before = os.getloadavg()[0]
                         started = time.perf_counter()
                         seconds = await asyncio.to_thread(timed, tree, redis_url, url, questions)
@@ -127,6 +126,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--data", required=True, help="LoCoMo's locomo10.json")
     parser.add_argument("--before", default="main", help="the earlier commit (default main)")
+    parser.add_argument("--after", default="HEAD", help="the later commit (default HEAD)")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--redis-url", help="default: an embedded Valkey for the run")
     parser.add_argument("--pgvector-url", help="default: an embedded PostgreSQL for the run")
