@@ -55,9 +55,9 @@ MIN_SIMILARITY = 0.2
 ~0..0.2 and paraphrases above ~0.4 (``tests/recall``)."""
 CANDIDATES = 50
 """How many turns each search brings at least (the vector search's nearest)."""
-CONTEXT_TURNS = 30
-"""The best this many turns of a first ranking are linked to their neighbours (read with
-them), for the second."""
+CONTEXT_SESSIONS = 30
+"""The sessions of the best this many turns are read whole, for their turns' neighbours (read
+for the best 30 turns only, LoCoMo's R@10 fell 0.005: BENCHMARKS.md)."""
 CONTEXT_ROWS = 5_000
 PARTITION_BOUND = 100_000
 HEAD = 80
@@ -218,48 +218,41 @@ async def _context(
     where: list[str],
     params: dict[str, Any],
     turns: dict[str, Turn],
-    near: Sequence[str],
+    sessions: Sequence[str],
     dimension: int | None,
     floor: float,
 ) -> None:
-    """The turns ``near`` (ids) and the turn before and after each in its session (by time,
-    then by when it was stored) into ``turns``, linked, with their lengths and, for a new one,
-    its cosine (at any value: a neighbour's meaning counts only through its share). Only
-    these rows are sent (the sessions are walked in Postgres)."""
-    sessions = sorted({s for s in (turns[k].session for k in near) if s is not None})
-    if not sessions:
-        return
+    """Every turn of ``sessions`` into ``turns``, each linked to the one before and after it
+    (by time, then by when it was stored), with its length and, for a new one, its cosine
+    (at any value: a neighbour's meaning counts only through its share)."""
     cosine = f", {_cosine_sql(dimension)} AS cosine" if dimension else ", NULL AS cosine"
     join = (
-        f" LEFT JOIN {VECTOR_TABLE} v ON v.episode_id = t.id AND v.model = :m"
+        f" LEFT JOIN {VECTOR_TABLE} v ON v.episode_id = e.id AND v.model = :m"
         f" AND v.dimension = {dimension}"
         if dimension
         else ""
     )
     statement = text(
-        "SELECT t.id, t.session_id, t.head, t.n, t.before, t.after"
-        f"{cosine} FROM (SELECT e.id, e.session_id, left(e.input, {HEAD}) AS head,"
-        " length(e.search_vector) AS n, lag(e.id) OVER w AS before, lead(e.id) OVER w AS after"
-        f" FROM episodes e WHERE {' AND '.join(where)} AND e.turn_id IS NOT NULL"
+        f"SELECT e.id, e.session_id, left(e.input, {HEAD}) AS head,"
+        f" length(e.search_vector) AS n{cosine} FROM episodes e{join}"
+        f" WHERE {' AND '.join(where)} AND e.turn_id IS NOT NULL"
         " AND e.session_id = ANY(CAST(:sessions AS text[]))"
-        " WINDOW w AS (PARTITION BY e.session_id ORDER BY e.occurred_at, e.recorded_at, e.id)"
-        f" LIMIT {CONTEXT_ROWS}) t{join}"
-        " WHERE t.id = ANY(CAST(:near AS uuid[])) OR t.before = ANY(CAST(:near AS uuid[]))"
-        " OR t.after = ANY(CAST(:near AS uuid[]))"
+        f" ORDER BY e.session_id, e.occurred_at, e.recorded_at, e.id LIMIT {CONTEXT_ROWS}"
     )
-    rows = await conn.execute(statement, {**params, "sessions": sessions, "near": list(near)})
-    for row in rows:
+    previous: Turn | None = None
+    for row in await conn.execute(statement, {**params, "sessions": list(sessions)}):
         key = str(row.id)
         turn = turns.get(key)
         if turn is None:
             turn = turns[key] = Turn(key, speaker=speaker_of(row.head))
         turn.session = row.session_id
-        turn.before = str(row.before) if row.before is not None else None
-        turn.after = str(row.after) if row.after is not None else None
         if turn.cosine is None and row.cosine is not None and float(row.cosine) >= floor:
             turn.cosine = float(row.cosine)
         if not turn.counts:
             turn.length = int(row.n or 0)
+        if previous is not None and previous.session == turn.session:
+            previous.after, turn.before = key, previous.id
+        previous = turn
 
 
 async def recall_scored(
@@ -319,8 +312,10 @@ async def recall_scored(
     first, _bm25 = rank(
         turns, query, alpha=alpha, total=total, lexemes=lexemes, floor=min_similarity
     )
-    best = sorted(first, key=lambda k: -first[k])[:CONTEXT_TURNS]
-    await _context(conn, where, params, turns, best, dimension, min_similarity)
+    best = sorted(first, key=lambda k: -first[k])[:CONTEXT_SESSIONS]
+    sessions = sorted({s for s in (turns[k].session for k in best) if s is not None})
+    if sessions:
+        await _context(conn, where, params, turns, sessions, dimension, min_similarity)
     scored, bm25 = rank(
         turns, query, alpha=alpha, total=total, lexemes=lexemes, floor=min_similarity
     )
