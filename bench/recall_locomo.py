@@ -139,11 +139,20 @@ class Scores:
 
     def __init__(self) -> None:
         self.hits: dict[str, dict[int, list[list[float]]]] = defaultdict(lambda: defaultdict(list))
+        self.by_conversation: dict[tuple[str, str], list[list[float]]] = defaultdict(list)
 
-    def add(self, ranking: str, question: Question, found: Sequence[str]) -> None:
-        self.hits[ranking][question.category].append(
-            [recall_at(found, question.evidence, k) for k in KS]
-        )
+    def add(
+        self, ranking: str, question: Question, found: Sequence[str], conversation: str = ""
+    ) -> None:
+        hits = [recall_at(found, question.evidence, k) for k in KS]
+        self.hits[ranking][question.category].append(hits)
+        self.by_conversation[ranking, conversation].append(hits)
+
+    def spread(self, ranking: str, conversation: str) -> list[str]:
+        """R@k of one conversation's questions: how far the mean is from each part of it."""
+        return [
+            f"{m:.3f}" for m in np.mean(np.array(self.by_conversation[ranking, conversation]), 0)
+        ]
 
     def row(self, ranking: str, category: int | None) -> list[str]:
         by = self.hits[ranking]
@@ -242,7 +251,7 @@ async def run(args: argparse.Namespace) -> str:
                                     q.text, user_id=conv.sample_id, limit=LIMIT, alpha=alpha
                                 )
                             found = [ours.get(m.episode.id, "") for m in matches]
-                            scores.add(name, q, found)
+                            scores.add(name, q, found, conv.sample_id)
                     texts = [t.text for t in conv.turns]
                     bm25 = Bm25Baseline(texts)
                     turn_vectors = np.array(await embedder.embed(texts))
@@ -284,6 +293,19 @@ async def run(args: argparse.Namespace) -> str:
             markdown_table(header, [[names[n], *scores.row(n, category)] for n in names], "lrrr")
         )
         lines.append("")
+    lines.append("**per conversation**, `recall_scored` (default) R@1 / R@5 / R@10")
+    lines.append("")
+    lines.append(
+        markdown_table(
+            ["conversation", "questions", "R@1", "R@5", "R@10"],
+            [
+                [c.sample_id, str(len(c.questions)), *scores.spread("default", c.sample_id)]
+                for c in conversations
+            ],
+            "lrrrr",
+        )
+    )
+    lines.append("")
     lines.append(
         f"`recall_scored` latency (default, limit {LIMIT}, {len(latencies)} calls):"
         f" p50 {percentile(latencies, 50) * 1000:.1f} ms,"

@@ -120,3 +120,50 @@ async def test_a_long_outputs_end_is_found_by_meaning_and_forgotten_with_the_tur
         async with vector_engine.connect() as conn:
             left = await conn.execute(text(f"SELECT count(*) FROM {CHUNK_TABLE}"))
             assert left.scalar_one() == 0
+
+
+TWO_TURNS = [
+    ("Ann: My dog Rex needs his vaccine shots next week.", "Noted."),
+    ("Ann: I also want to plan a trip to Lisbon in May.", "Noted."),
+]
+
+
+async def test_in_a_two_turn_session_the_turn_a_query_names_comes_before_its_neighbour(
+    vector_engine: AsyncEngine, redis: Redis, vector_settings: Settings, embedder: LocalEmbedder
+) -> None:
+    """A neighbour lends a turn context, never its place: with only two turns in a session (and
+    in the partition), each half's scale must not turn a small difference into all or nothing."""
+    inline = vector_settings.model_copy(update={"remember_embedding": "inline"})
+    async with Memory(
+        "two", settings=inline, embedder=embedder, engine=vector_engine, redis=redis
+    ) as memory:
+        vet, trip = (
+            Episode(session_id="s1", user_id="ann", input=i, output=o) for i, o in TWO_TURNS
+        )
+        await memory.remember(vet)
+        await memory.remember(trip)
+        asked = {
+            "puppy immunisation appointment": vet,
+            "When are Rex's vaccine shots?": vet,
+            "holiday in Portugal": trip,
+            "Where does Ann want to travel in May?": trip,
+            "Lisbon trip": trip,
+        }
+        for query, named in asked.items():
+            for alpha in (0.0, 0.5, 1.0):
+                found = await memory.recall_scored(query, user_id="ann", limit=2, alpha=alpha)
+                print(
+                    query,
+                    alpha,
+                    [
+                        (
+                            m.episode.input[:12],
+                            round(m.score, 3),
+                            m.vector_score and round(m.vector_score, 3),
+                            m.bm25_score,
+                        )
+                        for m in found
+                    ],
+                )
+                if found and found[0].score > 0:
+                    assert found[0].episode.id == named.id, (query, alpha)

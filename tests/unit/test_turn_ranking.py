@@ -52,3 +52,18 @@ def test_a_long_output_is_split_to_its_end_and_a_short_one_not_at_all() -> None:
     assert chunks[0] == text[:CHUNK_CHARS] and text.endswith(chunks[-1])
     assert all(any(f"{i:05d}" in c for c in chunks) for i in range(600))  # none is lost
     assert len(output_chunks("y" * (CHUNK_CHARS * MAX_CHUNKS * 2))) == MAX_CHUNKS
+
+
+def test_in_a_two_turn_session_a_neighbour_closer_by_a_hair_does_not_outrank_the_match() -> None:
+    """The reply's vector reads the turn before it, so its cosine can sit a hair above the
+    turn the query's words name; with two turns considered, each half's scale must keep that
+    hair a hair (min-max made it all or nothing and the reply came first)."""
+    turns = {
+        "named": Turn(
+            "named", session="s", counts={"vaccin": 1}, length=6, cosine=0.55, after="reply"
+        ),
+        "reply": Turn("reply", session="s", length=5, cosine=0.60, before="named"),
+    }
+    for alpha in (0.25, 0.5, 0.75):
+        scores, _ = rank(turns, "Rex's vaccine?", alpha=alpha, total=2, lexemes=["vaccin"])
+        assert scores["named"] > scores["reply"] > 0, alpha

@@ -40,7 +40,7 @@ from worker.db.vectors import CHUNK_TABLE, VECTOR_TABLE, has_chunk_table, vector
 from worker.episodes.embedding import Embedder
 from worker.episodes.text_search import BY_INDEX, TEXT_CAP
 from worker.user_memory.models import EpisodeMatch, ScoredMatches, as_utc
-from worker.user_memory.turn_ranking import Turn, lexeme_counts, rank, speaker_of
+from worker.user_memory.turn_ranking import Turn, rank, speaker_of
 from worker.user_memory.turns import (
     EPISODE_COLUMNS,
     episode_from_row,
@@ -54,7 +54,8 @@ MIN_SIMILARITY = 0.2
 CANDIDATES = 50
 """How many turns each search brings at least (the vector search's nearest)."""
 CONTEXT_SESSIONS = 30
-"""The sessions of the best this many turns are read whole, for their turns' neighbours."""
+"""The sessions of the best this many turns are read whole, for their turns' neighbours (read
+for the best 30 turns only, LoCoMo's R@10 fell 0.005: BENCHMARKS.md)."""
 CONTEXT_ROWS = 5_000
 PARTITION_BOUND = 100_000
 HEAD = 80
@@ -87,7 +88,7 @@ async def _words(
     by index (``_meaning`` set it), else this sets it first. One statement."""
     columns = (
         f"e.id, e.session_id, e.turn_id, left(e.input, {HEAD}) AS head,"
-        " length(e.search_vector) AS n, e.search_vector::text AS vector"
+        " length(e.search_vector) AS n, e.search_vector AS sv"
     )
     tiers = " UNION ".join(
         f"(SELECT {columns} FROM episodes e WHERE {' AND '.join(where)}"
@@ -98,7 +99,9 @@ async def _words(
         f"WITH q AS (SELECT tsvector_to_array(to_tsvector('{SEARCH_CONFIG}', :q)) AS lexemes,"
         " (SELECT count(*) FROM (SELECT 1 FROM episodes e"
         f" WHERE {' AND '.join(where)} LIMIT {PARTITION_BOUND}) s) AS total)"
-        f" SELECT q.lexemes, q.total, m.* FROM q LEFT JOIN ({tiers}) m ON true"
+        " SELECT q.lexemes, q.total, m.id, m.session_id, m.turn_id, m.head, m.n, c.words, c.tfs"
+        f" FROM q LEFT JOIN ({tiers}) m ON true LEFT JOIN LATERAL ({_COUNTS.format('q.lexemes')})"
+        " c ON true"
     )
     if not by_index:
         await conn.execute(text(BY_INDEX))  # for the rest of the recall's transaction
@@ -112,11 +115,20 @@ async def _words(
         turns[key] = Turn(
             key,
             session=row.session_id if row.turn_id is not None else None,
-            counts=lexeme_counts(row.vector, set(lexemes)),
+            counts=dict(zip(row.words or (), row.tfs or (), strict=True)),
             length=int(row.n),
             speaker=speaker_of(row.head),
         )
     return sorted(set(lexemes)), total
+
+
+_COUNTS = (
+    "SELECT array_agg(u.lexeme) AS words,"
+    " array_agg(coalesce(array_length(u.positions, 1), 1)) AS tfs"
+    " FROM unnest(m.sv) u WHERE u.lexeme = ANY({})"
+)
+"""A turn's counts of the query's lexemes (positions; a lexeme without positions counts one),
+read in Postgres: the turn's whole ``search_vector`` is not sent."""
 
 
 def _cosine_sql(dimension: int) -> str:
@@ -295,12 +307,16 @@ async def recall_scored(
             ],
             len(missing),
         )
-    first, _bm25 = rank(turns, query, alpha=alpha, total=total, lexemes=lexemes)
+    first, _bm25 = rank(
+        turns, query, alpha=alpha, total=total, lexemes=lexemes, floor=min_similarity
+    )
     best = sorted(first, key=lambda k: -first[k])[:CONTEXT_SESSIONS]
     sessions = sorted({s for s in (turns[k].session for k in best) if s is not None})
     if sessions:
         await _context(conn, where, params, turns, sessions, dimension, min_similarity)
-    scored, bm25 = rank(turns, query, alpha=alpha, total=total, lexemes=lexemes)
+    scored, bm25 = rank(
+        turns, query, alpha=alpha, total=total, lexemes=lexemes, floor=min_similarity
+    )
     chosen = sorted(scored, key=lambda k: (-scored[k], k))[:limit]
     rows = await conn.execute(
         text(f"SELECT {EPISODE_COLUMNS} FROM episodes WHERE id = ANY(CAST(:ids AS uuid[]))"),

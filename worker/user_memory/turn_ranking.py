@@ -10,9 +10,11 @@ Measured on LoCoMo's tuning conversations (``bench/recall_locomo.py``, BENCHMARK
   is also scored **with its neighbours** (the turns before and after it in its session, their
   counts summed; ``WINDOW_WEIGHT``): a question's answer is often the reply to the turn that
   shares its words.
-- **Meaning** is the cosine of the query's vector and the turn's, min-max scaled over the
-  turns considered so the closest counts 1 and the farthest 0 (the cosines of one model crowd
-  a narrow band: raw, they would swamp or vanish beside the words).
+- **Meaning** is the cosine of the query's vector and the turn's, scaled over the turns
+  considered so the closest counts 1 and the relevance floor (or a farther turn) 0 (the
+  cosines of one model crowd a narrow band: raw, they would swamp or vanish beside the
+  words). The floor, not the farthest turn considered, is the zero: with a few turns
+  considered (a two-turn session) min-max made a hair's difference all or nothing.
 - The halves are summed, each scaled to its best turn, the words weighted ``1 - alpha`` and
   the meaning ``alpha × VECTOR_WEIGHT`` (``alpha``: LoomFlow's, 0 words only, 1 meaning
   only), the meaning less when its best cosine is weak (``CONFIDENT_COSINE``). A weighted sum
@@ -123,10 +125,10 @@ def _scaled(values: Mapping[str, float]) -> dict[str, float]:
     return {k: v / best for k, v in values.items()} if best > 0 else {}
 
 
-def _min_max(values: Mapping[str, float]) -> dict[str, float]:
+def _from_floor(values: Mapping[str, float], floor: float) -> dict[str, float]:
     if not values:
         return {}
-    lo, hi = min(values.values()), max(values.values())
+    lo, hi = min(floor, *values.values()), max(values.values())
     if hi <= lo:
         return dict.fromkeys(values, 1.0)
     return {k: (v - lo) / (hi - lo) for k, v in values.items()}
@@ -139,9 +141,10 @@ def rank(
     alpha: float,
     total: int,
     lexemes: Sequence[str],
+    floor: float = 0.0,
 ) -> tuple[dict[str, float], dict[str, float]]:
     """Each turn's score (module doc; a turn neither half found, nor a neighbour of one, is
-    left out) and each words match's own BM25."""
+    left out) and each words match's own BM25; ``floor``: the relevance floor of the cosines."""
     idf = idf_of((t for t in turns.values() if t.counts), lexemes, total)
     lengths = [t.length for t in turns.values() if t.length]
     average = sum(lengths) / len(lengths) if lengths else 1.0
@@ -165,7 +168,7 @@ def rank(
         words[key] = words.get(key, 0.0) + WINDOW_WEIGHT * value
     words = _scaled(words)
     cosines = {k: t.cosine for k, t in turns.items() if t.cosine is not None}
-    meaning = _min_max(cosines)
+    meaning = _from_floor(cosines, floor)
     word_weight, vector_weight = 1.0 - alpha, alpha * VECTOR_WEIGHT
     if cosines and CONFIDENT_COSINE > 0:
         vector_weight *= min(1.0, max(cosines.values()) / CONFIDENT_COSINE)
