@@ -173,6 +173,11 @@ class ForgetArguments(UserArguments):
     before: When | None = Field(
         default=None, description="Only what is older than this time (RFC 3339)."
     )
+    since: When | None = Field(
+        default=None,
+        description="With before: only what occurred at or after this time (RFC 3339), the "
+        "range [since, before).",
+    )
 
 
 class WmGetArguments(Arguments):
@@ -313,7 +318,9 @@ async def forget(access: Access, a: ForgetArguments) -> Any:
             "(that session's episodes); nothing was forgotten"
         )
     user = access.user(a.user_id)
-    removed = await access.memory.forget(user_id=user, session_id=a.session_id, before=a.before)
+    removed = await access.memory.forget(
+        user_id=user, session_id=a.session_id, before=a.before, since=a.since
+    )
     return {"forgotten": removed}
 
 

@@ -94,6 +94,7 @@ async def forget_everywhere(
     user_id: str | None = None,
     anonymous_user: bool = False,
     owed: Owed | None = None,
+    since: datetime | None = None,
 ) -> ForgetReceipt:
     """Forget the scope everywhere (see the module doc); never raises for one place that
     fails: its error is in ``receipt.errors``, the other places are still cleared (never
@@ -101,14 +102,21 @@ async def forget_everywhere(
     ``InvalidForgetError`` (a ``ValueError``), touching nothing, for a bad argument.
     ``shards``: ``MEMWORKER_SHARDS`` (default: as the streams under the prefix show it).
     ``user_id``: only that user's data; ``anonymous_user``: only the data of no user.
-    ``owed``: finish that owed forget (its scope, cutoff and id; the other selectors unused)."""
+    ``owed``: finish that owed forget (its scope, cutoff and id; the other selectors unused).
+    ``since`` (with ``before``): only the history of ``[since, before)``."""
     if owed is not None:
         scope = ForgetScope.checked(
-            owed.project_id, owed.session_id, owed.before, owed.user_id or None, owed.user_id == ""
+            owed.project_id,
+            owed.session_id,
+            owed.before,
+            owed.user_id or None,
+            owed.user_id == "",
+            owed.since,
         )
     else:
-        scope = ForgetScope.checked(project_id, session_id, before, user_id, anonymous_user)
+        scope = ForgetScope.checked(project_id, session_id, before, user_id, anonymous_user, since)
     receipt = ForgetReceipt(scope.project_id, scope.session_id, scope.before, dry_run, scope.user)
+    receipt.since = scope.since
     if not dry_run:
         receipt.erasure_id = owed.erasure_id if owed is not None else new_erasure_id()
     fixed = owed.cutoff if owed is not None else None
@@ -157,7 +165,7 @@ async def _clear_redis(
     """Steps 3 to 6: ``P:erased``, the streams, the sessions seen, counters, the event."""
     assert receipt.cutoff is not None
     cutoff_ms = _ms(receipt.cutoff)
-    if not receipt.dry_run:
+    if not receipt.dry_run and receipt.since is None:  # a range: not in ``P:erased`` (module doc)
         await _step(
             receipt,
             "redis erasure record",
@@ -226,6 +234,7 @@ async def _scrub_streams(
         None
         if receipt.user_id is None
         else UserScope(receipt.user_id, set(found.sessions), set(found.episode_ids)),
+        None if receipt.since is None else _ms(receipt.since),
     )
     receipt.streams.update(scrubbed.removed)
     found.sessions.update(scrubbed.sessions)
@@ -240,6 +249,7 @@ async def _announce(redis: Redis, prefix: str, receipt: ForgetReceipt) -> None:
         "session_id": receipt.session_id,
         "user_id": receipt.user_id,
         "before": receipt.before.isoformat() if receipt.before else None,
+        "since": receipt.since.isoformat() if receipt.since else None,
         "cutoff": receipt.cutoff.isoformat() if receipt.cutoff else None,
         "occurred_at": datetime.now(UTC).isoformat().replace("+00:00", "Z"),
         "counts": receipt.counts(),
@@ -316,6 +326,7 @@ async def forget_project(
     shards: int | None = None,
     user_id: str | None = None,
     anonymous_user: bool = False,
+    since: datetime | None = None,
 ) -> ForgetResult:
     """Forget the project (one session's, the history older than ``before``, when given)
     everywhere memworker keeps it: ``forget_everywhere``, the code ``memworker forget`` runs.
@@ -326,7 +337,8 @@ async def forget_project(
     project); the anonymous bucket (data of no user) is forgotten only with
     ``anonymous_user=True`` (``Memory.forget(user_id=None)``'s meaning).
 
-    ``before`` narrows only the history: working memory is live state, never "older".
+    ``before`` narrows only the history: working memory is live state, never "older";
+    ``since`` (with ``before``) narrows it to the range ``[since, before)``.
     Raises ``InvalidForgetError`` (a ``ValueError``; nothing touched) for a bad argument and
     ``ForgetIncompleteError`` (with the receipt; the forget is owed) when anything could not
     be removed.
@@ -343,6 +355,7 @@ async def forget_project(
         shards=shards,
         user_id=user_id,
         anonymous_user=anonymous_user,
+        since=since,
     )
     if not receipt.ok:
         raise ForgetIncompleteError(receipt)
