@@ -70,6 +70,17 @@ async def erasure_cutoffs(conn: AsyncConnection) -> dict[Scope, datetime]:
     return {(r[0], r[1], r[2]): r[3] for r in rows}
 
 
+async def erasure_ranges(conn: AsyncConnection) -> list[tuple[Scope, datetime, datetime]]:
+    """Every forget of a time range: its scope, start (``since``) and cutoff."""
+    rows = await conn.execute(
+        text(
+            "SELECT DISTINCT project_id, session_id, user_id, since, cutoff FROM erasures"
+            " WHERE since IS NOT NULL"
+        )
+    )
+    return [((r[0], r[1], r[2]), r[3], r[4]) for r in rows]
+
+
 Item = tuple[str | None, str | None, datetime] | tuple[str | None, str | None, datetime, str | None]
 """``(project_id, session_id, occurred_at[, user_id])`` of a piece of data (no user_id, or
 None: data of no user)."""

@@ -19,7 +19,7 @@ what could not be). In this order, so that nothing forgotten can come back:
    before it (``worker.erasure.postgres``). (Clocks of the worker's hosts are assumed within
    milliseconds of these; a result stamped by a clock running behind is still covered.)
 3. **``P:erased``** (``worker.erasure.erased``) gets the same cutoff, for the replay of
-   commands and the DLQ's redrive.
+   commands and the DLQ's redrive (a range's: ``P:erased_ranges``, never a cutoff).
 4. **Every stream under the prefix** (commands, results, ``P:episodes``, every DLQ, anything a
    replay published there): each entry that carries the scope and is older than the cutoff is
    acknowledged in every group of its stream and deleted (XACK and XDEL in one MULTI), so no
@@ -33,7 +33,10 @@ what could not be). In this order, so that nothing forgotten can come back:
 6. **``memory.forgotten``** on ``P:episodes``: the receipt's counts, no content.
 
 With ``before``, only history older than it goes (rows and stream entries): live sessions and
-their keys are live state, never "older". ``dry_run`` counts and changes nothing.
+their keys are live state, never "older". With ``since`` too (a range needs both), only history
+of ``[since, before)`` goes, and its record covers that range only (``erasures.since``,
+``P:erased_ranges``): nothing older is hidden from a replay, nothing of the range comes back.
+``dry_run`` counts and changes nothing.
 
 Every argument is checked before anything is touched (``worker.erasure.scope``): a bad one is
 a ``ValueError`` naming it. A forget that cannot clear every place is recorded as owed
@@ -165,7 +168,7 @@ async def _clear_redis(
     """Steps 3 to 6: ``P:erased``, the streams, the sessions seen, counters, the event."""
     assert receipt.cutoff is not None
     cutoff_ms = _ms(receipt.cutoff)
-    if not receipt.dry_run and receipt.since is None:  # a range: not in ``P:erased`` (module doc)
+    if not receipt.dry_run:
         await _step(
             receipt,
             "redis erasure record",
@@ -205,6 +208,7 @@ async def _record(
         cutoff_ms,
         user_id=receipt.user_id,
         shards=shards or await shard_count(redis, prefix),
+        since_ms=None if receipt.since is None else _ms(receipt.since),
     )
 
 
