@@ -124,12 +124,11 @@ async def recall(request: Request, ui: Inspector) -> Response:
     limit = _int(request.query_params.get("limit"), "limit", RECALL_LIMIT, 1, 100)
     context: dict[str, Any] = {"q": q or "", "limit": limit, "searched": q is not None}
     if q is not None:
-        matches = await access.memory.recall_scored(q, limit=limit, user_id=user_id)
-        context.update(
-            matches=matches,
-            unindexed=matches.unindexed,
-            facts=await access.memory.recall_facts(q, limit=limit, user_id=user_id),
+        matches, facts = await asyncio.gather(  # each its connection: the page waits for one
+            access.memory.recall_scored(q, limit=limit, user_id=user_id),
+            access.memory.recall_facts(q, limit=limit, user_id=user_id),
         )
+        context.update(matches=matches, unindexed=matches.unindexed, facts=facts)
     return ui.render(
         request,
         "recall.html",
