@@ -46,6 +46,10 @@ class MemoryForgotten(BaseModel):
         description="The user forgotten ('' the data of no user); null: not a user's forget.",
     )
     before: datetime | None = Field(description="Only history older than this, when given.")
+    since: datetime | None = Field(
+        default=None,
+        description="A range's start: only history at or after it (and before the cutoff).",
+    )
     cutoff: datetime | None = Field(description="What occurred before it is forgotten.")
     occurred_at: datetime
     counts: dict[str, dict[str, Any]] = Field(
@@ -105,6 +109,9 @@ class UserMemoryForgotten(_Change):
     type: Literal["memory.forgotten"] = "memory.forgotten"
     session_id: str | None
     before: datetime | None
+    since: datetime | None = Field(
+        default=None, description="A range's start: only what occurred at or after it."
+    )
     counts: dict[str, int] = Field(description='{"episodes": n, "facts": n, "blocks": n}')
 
 

@@ -100,6 +100,14 @@ def erased_key(prefix: str) -> str:
     return f"{prefix}:erased"
 
 
+def erased_ranges_key(prefix: str) -> str:
+    """The hash of erasures of a time range (``worker.erasure.erased``): ``project``,
+    ``project/session`` (``@user``), then ``|`` and the range's start (ms) → its end, the
+    cutoff (ms). A range is never a field of ``erased_key``, whose readers take a cutoff as
+    "all that is older". Ids and times only; kept for good."""
+    return f"{prefix}:erased_ranges"
+
+
 def owed_forgets_key(prefix: str) -> str:
     """The hash of forgets still owed that Postgres could not record (``worker.erasure.owed``):
     erasure id → the forget's scope and cutoff as JSON (ids and times only), until finished."""

@@ -106,3 +106,31 @@ async def test_the_change_feed_arrives_live_and_a_pinned_server_streams_its_user
     assert [e["user_id"] for e in everyone] == ["bob", "ann"]
     assert [e["user_id"] for e in anns] == ["ann"], anns
     assert all(e["type"] == "fact.added" for e in everyone)
+
+
+async def test_a_time_range_is_forgotten_from_the_forget_page_after_its_dry_run(
+    env: dict[str, str],
+) -> None:
+    months = ["2026-01-01T00:00:00Z", "2026-02-01T00:00:00Z", "2026-03-01T00:00:00Z"]
+    selector = {"since": "2026-01-15T00:00:00Z", "before": "2026-02-15T00:00:00Z"}
+    with serving(env) as base:
+        async with httpx.AsyncClient(base_url=base, timeout=60, headers=AUTH) as http:
+            for when in months:
+                turn = {"user_id": "ann", "session_id": "chat", "occurred_at": when}
+                turn |= {"input": f"said in {when[:7]}", "output": "ok"}
+                assert (await http.post("/v1/remember", json=turn)).status_code == 200
+            page = await http.get("/ui/users/ann/forget")
+            assert 'id="since"' in page.text
+            form = {"csrf": csrf_of(page.text), **selector}
+            ask = await http.post("/ui/users/ann/forget", data={**form, "step": "preview"})
+            assert ask.status_code == 200, ask.text
+            assert "history from 2026-01-15T00:00:00+00:00 to before 2026-02-15" in ask.text
+            assert "postgres episodes: 1" in ask.text
+            assert 'name="since" value="2026-01-15T00:00:00Z"' in ask.text  # kept to confirm
+            done = await http.post("/ui/users/ann/forget", data={**form, "step": "confirm"})
+            assert done.status_code == 200 and "1 episode(s)" in done.text, done.text
+            left = await http.post(
+                "/v1/session_messages", json={"user_id": "ann", "session_id": "chat"}
+            )
+            said = [m["content"] for m in left.json() if m["role"] == "user"]
+            assert said == ["said in 2026-01", "said in 2026-03"], said

@@ -18,6 +18,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 
 from tests.inspector_server import PROJECT, TOKEN, csrf_of, env_for, fill, routes, serving
 from tests.integration.results_factory import migrated_engine
+from worker.inspector.auth import SIGN_IN_FAILURES, SIGN_IN_WINDOW_SECONDS
 from worker.settings import Settings, asyncpg_url
 
 PINNED, OTHER = "ann", "bob"
@@ -181,11 +182,15 @@ async def test_hostile_form_values_are_a_4xx_and_erase_nothing(
     for data in (
         {"step": "preview", "before": "yesterday"},
         {"step": "preview", "before": "99999-01-01T00:00:00Z"},
+        {"step": "confirm", "since": "2026-02-01T00:00:00Z", "before": "2026-01-01T00:00:00Z"},
+        {"step": "confirm", "since": "2026-01-01T00:00:00Z"},
+        {"step": "confirm", "since": "0001-01-01T00:00:00+14:00", "before": "2026-01-01T00:00:00Z"},
         {"step": "confirm", "session_id": "<script>"},
         {"step": "erase-all"},
     ):
         answer = await pinned.post("/ui/users/ann/forget", data={**data, "csrf": csrf})
         assert 400 <= answer.status_code < 500, (data, answer.text)
+        assert "since" not in data or "since" in answer.text, answer.text  # named
     for data in (
         {"step": "preview", "stream": "inspsmoke:lifecycle:{0}", "entry_id": "1-0"},
         {"step": "confirm", "stream": "x", "entry_id": "1-0; FLUSHALL"},
@@ -245,3 +250,20 @@ def test_every_page_is_documented() -> None:
         if f"`{path}" not in guide.replace("GET ", "").replace("POST ", "")
     ]
     assert not missing, f"docs/guides/inspector.md names no {missing}"
+
+
+async def test_sign_in_is_rate_limited_per_address_with_a_429_and_retry_after(
+    env: dict[str, str],
+) -> None:
+    with serving(env) as base:
+        async with httpx.AsyncClient(base_url=base, timeout=60) as http:
+            for n in range(SIGN_IN_FAILURES):
+                wrong = await http.post("/ui/login", data={"token": f"guess-{n}"})
+                assert wrong.status_code == 401, (n, wrong.text)
+            for token in ("guess-again", TOKEN):  # even the right token waits now
+                held = await http.post("/ui/login", data={"token": token})
+                assert held.status_code == 429, held.text
+                assert 0 < int(held.headers["Retry-After"]) <= SIGN_IN_WINDOW_SECONDS
+                assert "set-cookie" not in held.headers and "Too many" in held.text
+            # the header still works: the limit is on guessing the token, not on using it
+            assert (await http.get("/ui/", headers=AUTH)).status_code == 200

@@ -4,7 +4,7 @@ the scheme in any case; a server without a token issues its own sessions."""
 
 from __future__ import annotations
 
-from worker.inspector.auth import HEADER_NONCE, SESSION_SECONDS, Keys
+from worker.inspector.auth import HEADER_NONCE, SESSION_SECONDS, Keys, SignInLimiter
 
 
 def test_a_cookie_is_good_only_as_issued_with_this_token_and_in_time() -> None:
@@ -49,3 +49,16 @@ def test_the_header_the_scheme_in_any_case_and_no_token_means_a_session_of_its_o
     assert session is not None and session.issue is not None
     assert open_server.session_of(session.issue) == session.nonce
     assert not open_server.token_matches(""), "no token: the login form matches nothing"
+
+
+def test_sign_in_failures_hold_an_address_for_the_rest_of_the_window_only() -> None:
+    limiter = SignInLimiter(failures=3, window=60, addresses=2)
+    for at in (0.0, 1.0, 2.0):
+        assert limiter.wait("a", at) == 0
+        limiter.failed("a", at)
+    assert limiter.wait("a", 10.0) == 50.0  # until the first failure leaves the window
+    assert limiter.wait("b", 10.0) == 0  # another address is not held
+    assert limiter.wait("a", 60.5) == 0  # one failure left the window: it may try again
+    limiter.failed("b", 70.0)
+    limiter.failed("c", 70.0)
+    assert set(limiter.seen) == {"b", "c"}  # bounded: the least recent address dropped

@@ -170,9 +170,8 @@ class ForgetArguments(UserArguments):
         description="Forget only this session's episodes. Without it, user_id must be given, "
         "and all of that user's episodes, facts and blocks are forgotten.",
     )
-    before: When | None = Field(
-        default=None, description="Only what is older than this time (RFC 3339)."
-    )
+    before: When | None = Field(default=None, description="Only what is older than this time.")
+    since: When | None = Field(default=None, description="With before: only from this time on.")
 
 
 class WmGetArguments(Arguments):
@@ -312,8 +311,8 @@ async def forget(access: Access, a: ForgetArguments) -> Any:
             "forget needs a selector: user_id (everything of that user) or session_id "
             "(that session's episodes); nothing was forgotten"
         )
-    user = access.user(a.user_id)
-    removed = await access.memory.forget(user_id=user, session_id=a.session_id, before=a.before)
+    chosen = a.model_dump(include={"session_id", "before", "since"})  # ids and times, checked
+    removed = await access.memory.forget(user_id=access.user(a.user_id), **chosen)
     return {"forgotten": removed}
 
 

@@ -1,9 +1,10 @@
 """``memworker forget`` and ``memworker export``: the data-subject request in two commands.
 
 Both take the same selectors (``--project``, narrowed by ``--user``, ``--session`` and
-``--before``) and run the same code as the Python API (``EpisodeStore.forget``/``export``:
-``worker.erasure.forget``, ``worker.erasure.export``). Every selector is checked before
-anything is touched: a bad one exits 2 naming it.
+``--before``; forget also ``--since``, with ``--before``: a range) and run the same code as
+the Python API (``EpisodeStore.forget``/``export``: ``worker.erasure.forget``,
+``worker.erasure.export``). Every selector is checked before anything is touched: a bad one
+exits 2 naming it.
 """
 
 from __future__ import annotations
@@ -53,17 +54,36 @@ BeforeOption = Annotated[
 ]
 
 
-def _before(raw: str | None) -> datetime | None:
+SinceOption = Annotated[
+    str | None,
+    typer.Option(
+        help="With --before: only history at or after this (RFC 3339, or ago: 90m, 36h, 7d), "
+        "the range [--since, --before)."
+    ),
+]
+
+
+def _before(raw: str | None, name: str = "before") -> datetime | None:
     if raw is None:
         return None
     from worker.consolidation.replay import parse_instant
     from worker.erasure.scope import check_before
 
     try:
-        return check_before(parse_instant(raw))
+        return check_before(parse_instant(raw), name)
     except (ValueError, OverflowError) as exc:  # a time ago too long for a calendar
         message = str(exc) if isinstance(exc, ValueError) else f"{raw!r} is too long ago"
-        raise typer.BadParameter(message, param_hint="--before") from exc
+        raise typer.BadParameter(message, param_hint=f"--{name}") from exc
+
+
+def _range(since: str | None, before: str | None) -> tuple[datetime | None, datetime | None]:
+    from worker.erasure.scope import check_range
+
+    start, end = _before(since, "since"), _before(before)
+    try:
+        return check_range(start, end)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--since") from exc
 
 
 def _narrowing(user: str | None, session: str | None) -> dict[str, str]:
@@ -76,6 +96,7 @@ def forget(
     user: UserOption = None,
     session: SessionOption = None,
     before: BeforeOption = None,
+    since: SinceOption = None,
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Print what would be removed; remove nothing.")
     ] = False,
@@ -102,7 +123,7 @@ def forget(
     entry; later commands for a forgotten session are rejected `forgotten`. Prints a
     receipt. A whole project or user is asked for on a terminal (--yes: not asked)."""
     check_ids(project_id=project, **_narrowing(user, session))
-    when = _before(before)
+    start, when = _range(since, before)
     if finish_owed and (user or session or when or dry_run):
         raise typer.BadParameter(
             "finishes what each owed forget recorded: give only --project",
@@ -144,6 +165,7 @@ def forget(
                     project,
                     session_id=session,
                     before=when,
+                    since=start,
                     dry_run=dry_run,
                     marker_ttl_ms=ttl_ms,
                     shards=settings.shards,

@@ -67,7 +67,7 @@ from worker.consumers.retention import trim_dead_letters, trim_stream
 from worker.consumers.service import GroupService
 from worker.db.batch import insert_batch
 from worker.db.engine import create_database_engine
-from worker.db.erasures import covered, erasure_cutoffs, lock_projects
+from worker.db.erasures import covered, erasure_cutoffs, erasure_ranges, lock_projects
 from worker.db.outages import first_line, is_connection_error, is_data_error, storage_error
 from worker.episodes.announcements import Announcement, Announcer
 from worker.episodes.changes import publish_all_owed, publish_owed
@@ -228,6 +228,17 @@ class Consolidator(GroupService):
         forget gets it back within one retention interval. How many scopes were written."""
         async with self.engine.connect() as conn:
             cutoffs = await erasure_cutoffs(conn)
+            ranges = await erasure_ranges(conn)
+        for (project, session, user), since, end in ranges:  # P:erased_ranges
+            await record_erased(
+                self.redis,  # type: ignore[arg-type]
+                self.settings.stream_prefix,
+                project,
+                session,
+                int(end.timestamp() * 1000),
+                user_id=user,
+                since_ms=int(since.timestamp() * 1000),
+            )
         for (project, session, user), cutoff in cutoffs.items():
             await record_erased(
                 self.redis,  # type: ignore[arg-type]
@@ -238,7 +249,7 @@ class Consolidator(GroupService):
                 user_id=user,
                 shards=self.settings.shards,
             )
-        return len(cutoffs)
+        return len(cutoffs) + len(ranges)
 
     async def finish_owed_forgets(self) -> int:
         """Finish the forgets still owed (``worker.erasure.owed``: recorded at least

@@ -2,7 +2,8 @@
 
 A row (``worker.db.models.Erasure``) covers the data of its project (and session, when it names
 one; and user, when it names one: ``''`` is the anonymous bucket, data of no user) that
-occurred before its ``cutoff``. ``memworker forget`` holds the project's advisory
+occurred before its ``cutoff`` (and, a range's row, at or after its ``since``: never
+widened to all that is older). ``memworker forget`` holds the project's advisory
 lock exclusive while it writes the row and deletes the rows it covers; a writer of the
 project's rows holds it shared (``lock_projects``) and checks the table in the same
 transaction, so a row is either written before the forget (and deleted by it) or checked after
@@ -25,7 +26,8 @@ NOT_ERASED = """NOT EXISTS (
     WHERE r.project_id = e.project_id
       AND (r.session_id IS NULL OR r.session_id = e.session_id)
       AND (r.user_id IS NULL OR r.user_id = coalesce(e.user_id, ''))
-      AND e.occurred_at < r.cutoff)"""
+      AND e.occurred_at < r.cutoff
+      AND (r.since IS NULL OR e.occurred_at >= r.since))"""
 """SQL: the episode ``e`` is not covered by any erasure."""
 
 
@@ -57,11 +59,26 @@ anonymous bucket."""
 
 
 async def erasure_cutoffs(conn: AsyncConnection) -> dict[Scope, datetime]:
-    """The latest cutoff of every scope (project; and session; and user) ever forgotten."""
+    """The latest cutoff of every scope (project; and session; and user) ever forgotten (a
+    range's row is not a cutoff: left out)."""
     rows = await conn.execute(
-        text("SELECT project_id, session_id, user_id, max(cutoff) FROM erasures GROUP BY 1, 2, 3")
+        text(
+            "SELECT project_id, session_id, user_id, max(cutoff) FROM erasures"
+            " WHERE since IS NULL GROUP BY 1, 2, 3"
+        )
     )
     return {(r[0], r[1], r[2]): r[3] for r in rows}
+
+
+async def erasure_ranges(conn: AsyncConnection) -> list[tuple[Scope, datetime, datetime]]:
+    """Every forget of a time range: its scope, start (``since``) and cutoff."""
+    rows = await conn.execute(
+        text(
+            "SELECT DISTINCT project_id, session_id, user_id, since, cutoff FROM erasures"
+            " WHERE since IS NOT NULL"
+        )
+    )
+    return [((r[0], r[1], r[2]), r[3], r[4]) for r in rows]
 
 
 Item = tuple[str | None, str | None, datetime] | tuple[str | None, str | None, datetime, str | None]
@@ -79,12 +96,21 @@ async def covered(conn: AsyncConnection, items: Sequence[Item]) -> list[bool]:
     rows = await conn.execute(
         text(
             "SELECT project_id, session_id, user_id, max(cutoff) FROM erasures"
-            " WHERE project_id = ANY(:p) GROUP BY 1, 2, 3"
+            " WHERE project_id = ANY(:p) AND since IS NULL GROUP BY 1, 2, 3"
         ),
         {"p": projects},
     )
     cutoffs: dict[Scope, datetime] = {(r[0], r[1], r[2]): r[3] for r in rows}
-    if not cutoffs:
+    ranges: dict[Scope, list[tuple[datetime, datetime]]] = {}
+    for r in await conn.execute(
+        text(
+            "SELECT project_id, session_id, user_id, since, cutoff FROM erasures"
+            " WHERE project_id = ANY(:p) AND since IS NOT NULL"
+        ),
+        {"p": projects},
+    ):
+        ranges.setdefault((r[0], r[1], r[2]), []).append((r[3], r[4]))
+    if not cutoffs and not ranges:
         return [False] * len(items)
     out = []
     for item in items:
@@ -96,7 +122,10 @@ async def covered(conn: AsyncConnection, items: Sequence[Item]) -> list[bool]:
         scopes: list[Scope] = [(project, None, None), (project, None, user)]
         if session:
             scopes += [(project, session, None), (project, session, user)]
-        out.append(any((c := cutoffs.get(s)) is not None and at < c for s in scopes))
+        out.append(
+            any((c := cutoffs.get(s)) is not None and at < c for s in scopes)
+            or any(a <= at < c for s in scopes for a, c in ranges.get(s, ()))
+        )
     return out
 
 
@@ -110,6 +139,7 @@ async def session_erasure(
         text(
             "SELECT session_id IS NOT NULL, cutoff FROM erasures WHERE project_id = :project"
             " AND (session_id IS NULL OR session_id = :session) AND user_id IS NULL"
+            " AND since IS NULL"
             " ORDER BY session_id IS NOT NULL DESC, cutoff DESC LIMIT 1"
         ),
         {"project": project_id, "session": session_id},

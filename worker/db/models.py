@@ -255,12 +255,13 @@ class Episode(Base):
 class Erasure(Base):
     """One ``forget`` (``worker.erasure.forget``): ids and times only, never content.
 
-    What it covers: the project's (or its one session's; of its ``user_id`` only, when it names
-    one: ``''`` for the data of no user) data that occurred before ``cutoff``
-    (when the forget ran, or its ``--before`` if earlier). The consolidator, every replay and
-    the indexer skip what a row covers, so no replay brings it back. Kept for good: one small
-    row per forget; delete a row only to let its data be stored again. A row covers what it
-    names from the moment it is written; ``completed_at`` says when the forget was done.
+        What it covers: the project's (or its one session's; of its ``user_id`` only, when it names
+        one: ``''`` for the data of no user) data that occurred before ``cutoff``
+        (when the forget ran, or its ``--before`` if earlier), and at or after ``since`` when it is
+    set (a range, ``--since``). The consolidator, every replay and
+        the indexer skip what a row covers, so no replay brings it back. Kept for good: one small
+        row per forget; delete a row only to let its data be stored again. A row covers what it
+        names from the moment it is written; ``completed_at`` says when the forget was done.
     """
 
     __tablename__ = "erasures"
@@ -275,6 +276,9 @@ class Erasure(Base):
     user_id: Mapped[str | None] = mapped_column(doc="The user the forget named (null: none).")
     completed_at: Mapped[datetime | None] = mapped_column(
         doc="When every place was cleared; null: the forget is owed (``worker.erasure.owed``)."
+    )
+    since: Mapped[datetime | None] = mapped_column(
+        doc="A range's start (included): the row covers only what occurred in [since, cutoff)."
     )
 
     __table_args__ = (

@@ -411,6 +411,7 @@ class EpisodeStore:
         shards: int | None = None,
         user_id: str | None = None,
         anonymous_user: bool = False,
+        since: datetime | None = None,
     ) -> ForgetResult:
         """Forget the project (a session, the history before a time; a user's data only, with
         ``user_id``, or the data of no user, with ``anonymous_user``) everywhere memworker
@@ -428,6 +429,7 @@ class EpisodeStore:
             shards=shards,
             user_id=user_id,
             anonymous_user=anonymous_user,
+            since=since,
         )
 
     async def export(

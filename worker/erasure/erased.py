@@ -8,6 +8,9 @@ and times only (no id holds ``/`` or ``@``). The paths that read streams and may
 (the replay of commands, the DLQ's redrive) check this hash; the consolidator checks the table.
 An entry is covered when its project (and session, and user: the ``user_id`` it carries) match
 and it is older than the cutoff: the time its stream id says, or the result's ``occurred_at``.
+A forget of a time range (``since``) is never a cutoff here (a reader would take it as all
+that is older): it is a field ``scope|since_ms`` → cutoff of ``P:erased_ranges``
+(``worker.keys.erased_ranges_key``), and covers an entry from ``since_ms`` to the cutoff.
 A user's erasure is also a field ``project@user`` of each shard's ``P:{i}:erased_users``
 (``worker.keys.erased_users_key``), which the apply function reads in the shard's slot: a
 spawn naming the user published before the cutoff is rejected ``forgotten``.
@@ -25,7 +28,7 @@ from typing import Any
 from redis.asyncio import Redis
 
 from worker.codec import UnusableEntryError, decode_entry, text
-from worker.keys import erased_key, erased_users_key
+from worker.keys import erased_key, erased_ranges_key, erased_users_key
 
 
 def entry_scope(fields: Mapping[Any, Any]) -> tuple[str | None, str | None]:
@@ -78,9 +81,11 @@ def entry_ms(entry_id: str | bytes) -> int:
 
 @dataclass(slots=True)
 class ErasedIndex:
-    """``P:erased`` as read once: cutoffs (ms) by project and by ``project/session``."""
+    """``P:erased`` as read once: cutoffs (ms) by project and by ``project/session``; and
+    ``P:erased_ranges``: ``(since, cutoff)`` (ms) by the same names."""
 
     cutoffs: dict[str, int] = field(default_factory=dict)
+    ranges: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
 
     def covers(
         self, project: str | None, session: str | None, at_ms: int, user: str | None = None
@@ -98,11 +103,13 @@ class ErasedIndex:
             cutoff = self.cutoffs.get(name)
             if cutoff is not None and at_ms < cutoff:
                 return True
+            if any(since <= at_ms < end for since, end in self.ranges.get(name, ())):
+                return True
         return False
 
     def covers_entry(self, entry_id: str | bytes, fields: Mapping[Any, Any]) -> bool:
         """True when a forget covered this stream entry (a dead letter: by its source id)."""
-        if not self.cutoffs:
+        if not self.cutoffs and not self.ranges:
             return False
         body = entry_body(fields)
         project, session = body.get("project_id"), body.get("session_id")
@@ -119,7 +126,12 @@ class ErasedIndex:
 async def load_erased(redis: Redis, prefix: str) -> ErasedIndex:
     """The record as it is now."""
     raw: Any = await redis.hgetall(erased_key(prefix))  # type: ignore[misc]
-    return ErasedIndex({text(k): int(v) for k, v in raw.items()})
+    index = ErasedIndex({text(k): int(v) for k, v in raw.items()})
+    ranges: Any = await redis.hgetall(erased_ranges_key(prefix))  # type: ignore[misc]
+    for key, value in ranges.items():
+        name, _, since = text(key).rpartition("|")
+        index.ranges.setdefault(name, []).append((int(since), int(value)))
+    return index
 
 
 async def record_erased(
@@ -131,9 +143,15 @@ async def record_erased(
     *,
     user_id: str | None = None,
     shards: int = 1,
+    since_ms: int | None = None,
 ) -> None:
     """Add one erasure to ``P:erased`` (keeping the later cutoff of a scope forgotten twice);
-    a named user's (of the whole project) to every shard's ``P:{i}:erased_users`` too."""
+    a named user's (of the whole project) to every shard's ``P:{i}:erased_users`` too. A
+    range's (``since_ms``) to ``P:erased_ranges`` only."""
+    if since_ms is not None:
+        name = f"{scope_field(project_id, session_id, user_id)}|{since_ms}"
+        await _keep_later(redis, erased_ranges_key(prefix), name, cutoff_ms)
+        return
     await _keep_later(
         redis, erased_key(prefix), scope_field(project_id, session_id, user_id), cutoff_ms
     )

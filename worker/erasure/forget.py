@@ -19,7 +19,7 @@ what could not be). In this order, so that nothing forgotten can come back:
    before it (``worker.erasure.postgres``). (Clocks of the worker's hosts are assumed within
    milliseconds of these; a result stamped by a clock running behind is still covered.)
 3. **``P:erased``** (``worker.erasure.erased``) gets the same cutoff, for the replay of
-   commands and the DLQ's redrive.
+   commands and the DLQ's redrive (a range's: ``P:erased_ranges``, never a cutoff).
 4. **Every stream under the prefix** (commands, results, ``P:episodes``, every DLQ, anything a
    replay published there): each entry that carries the scope and is older than the cutoff is
    acknowledged in every group of its stream and deleted (XACK and XDEL in one MULTI), so no
@@ -33,7 +33,10 @@ what could not be). In this order, so that nothing forgotten can come back:
 6. **``memory.forgotten``** on ``P:episodes``: the receipt's counts, no content.
 
 With ``before``, only history older than it goes (rows and stream entries): live sessions and
-their keys are live state, never "older". ``dry_run`` counts and changes nothing.
+their keys are live state, never "older". With ``since`` too (a range needs both), only history
+of ``[since, before)`` goes, and its record covers that range only (``erasures.since``,
+``P:erased_ranges``): nothing older is hidden from a replay, nothing of the range comes back.
+``dry_run`` counts and changes nothing.
 
 Every argument is checked before anything is touched (``worker.erasure.scope``): a bad one is
 a ``ValueError`` naming it. A forget that cannot clear every place is recorded as owed
@@ -94,6 +97,7 @@ async def forget_everywhere(
     user_id: str | None = None,
     anonymous_user: bool = False,
     owed: Owed | None = None,
+    since: datetime | None = None,
 ) -> ForgetReceipt:
     """Forget the scope everywhere (see the module doc); never raises for one place that
     fails: its error is in ``receipt.errors``, the other places are still cleared (never
@@ -101,14 +105,21 @@ async def forget_everywhere(
     ``InvalidForgetError`` (a ``ValueError``), touching nothing, for a bad argument.
     ``shards``: ``MEMWORKER_SHARDS`` (default: as the streams under the prefix show it).
     ``user_id``: only that user's data; ``anonymous_user``: only the data of no user.
-    ``owed``: finish that owed forget (its scope, cutoff and id; the other selectors unused)."""
+    ``owed``: finish that owed forget (its scope, cutoff and id; the other selectors unused).
+    ``since`` (with ``before``): only the history of ``[since, before)``."""
     if owed is not None:
         scope = ForgetScope.checked(
-            owed.project_id, owed.session_id, owed.before, owed.user_id or None, owed.user_id == ""
+            owed.project_id,
+            owed.session_id,
+            owed.before,
+            owed.user_id or None,
+            owed.user_id == "",
+            owed.since,
         )
     else:
-        scope = ForgetScope.checked(project_id, session_id, before, user_id, anonymous_user)
+        scope = ForgetScope.checked(project_id, session_id, before, user_id, anonymous_user, since)
     receipt = ForgetReceipt(scope.project_id, scope.session_id, scope.before, dry_run, scope.user)
+    receipt.since = scope.since
     if not dry_run:
         receipt.erasure_id = owed.erasure_id if owed is not None else new_erasure_id()
     fixed = owed.cutoff if owed is not None else None
@@ -197,6 +208,7 @@ async def _record(
         cutoff_ms,
         user_id=receipt.user_id,
         shards=shards or await shard_count(redis, prefix),
+        since_ms=None if receipt.since is None else _ms(receipt.since),
     )
 
 
@@ -226,6 +238,7 @@ async def _scrub_streams(
         None
         if receipt.user_id is None
         else UserScope(receipt.user_id, set(found.sessions), set(found.episode_ids)),
+        None if receipt.since is None else _ms(receipt.since),
     )
     receipt.streams.update(scrubbed.removed)
     found.sessions.update(scrubbed.sessions)
@@ -240,6 +253,7 @@ async def _announce(redis: Redis, prefix: str, receipt: ForgetReceipt) -> None:
         "session_id": receipt.session_id,
         "user_id": receipt.user_id,
         "before": receipt.before.isoformat() if receipt.before else None,
+        "since": receipt.since.isoformat() if receipt.since else None,
         "cutoff": receipt.cutoff.isoformat() if receipt.cutoff else None,
         "occurred_at": datetime.now(UTC).isoformat().replace("+00:00", "Z"),
         "counts": receipt.counts(),
@@ -316,6 +330,7 @@ async def forget_project(
     shards: int | None = None,
     user_id: str | None = None,
     anonymous_user: bool = False,
+    since: datetime | None = None,
 ) -> ForgetResult:
     """Forget the project (one session's, the history older than ``before``, when given)
     everywhere memworker keeps it: ``forget_everywhere``, the code ``memworker forget`` runs.
@@ -326,7 +341,8 @@ async def forget_project(
     project); the anonymous bucket (data of no user) is forgotten only with
     ``anonymous_user=True`` (``Memory.forget(user_id=None)``'s meaning).
 
-    ``before`` narrows only the history: working memory is live state, never "older".
+    ``before`` narrows only the history: working memory is live state, never "older";
+    ``since`` (with ``before``) narrows it to the range ``[since, before)``.
     Raises ``InvalidForgetError`` (a ``ValueError``; nothing touched) for a bad argument and
     ``ForgetIncompleteError`` (with the receipt; the forget is owed) when anything could not
     be removed.
@@ -343,6 +359,7 @@ async def forget_project(
         shards=shards,
         user_id=user_id,
         anonymous_user=anonymous_user,
+        since=since,
     )
     if not receipt.ok:
         raise ForgetIncompleteError(receipt)

@@ -47,6 +47,7 @@ class Owed:
     cutoff: datetime
     recorded_at: datetime
     where: str = "postgres"
+    since: datetime | None = None
 
     def to_json(self) -> bytes:
         return orjson.dumps(
@@ -55,6 +56,7 @@ class Owed:
                 "session_id": self.session_id,
                 "user_id": self.user_id,
                 "before": self.before.isoformat() if self.before else None,
+                "since": self.since.isoformat() if self.since else None,
                 "cutoff": self.cutoff.isoformat(),
                 "recorded_at": self.recorded_at.isoformat(),
             }
@@ -63,7 +65,7 @@ class Owed:
     @classmethod
     def from_json(cls, erasure_id: str, raw: bytes | str) -> Owed:
         body: dict[str, Any] = orjson.loads(raw)
-        before = body.get("before")
+        before, since = body.get("before"), body.get("since")
         return cls(
             erasure_id,
             body["project_id"],
@@ -73,6 +75,7 @@ class Owed:
             datetime.fromisoformat(body["cutoff"]),
             datetime.fromisoformat(body["recorded_at"]),
             "redis",
+            datetime.fromisoformat(since) if since else None,
         )
 
 
@@ -99,6 +102,7 @@ async def record_owed(
             receipt.cutoff,
             datetime.now(UTC),
             "redis",
+            receipt.since,
         )
         try:
             await redis.hset(owed_forgets_key(prefix), receipt.erasure_id, owed.to_json())  # type: ignore[misc, arg-type]
@@ -135,6 +139,7 @@ async def load_owed(
                 Erasure.before,
                 Erasure.cutoff,
                 Erasure.forgotten_at,
+                Erasure.since,
             ).where(
                 Erasure.completed_at.is_(None),
                 Erasure.forgotten_at <= limit,
@@ -150,6 +155,7 @@ async def load_owed(
                 row.before,
                 row.cutoff,
                 row.forgotten_at,
+                since=row.since,
             )
     return sorted(found.values(), key=lambda o: (o.recorded_at, o.erasure_id))
 
@@ -168,7 +174,7 @@ async def settle_redis(redis: Redis, prefix: str, receipt: ForgetReceipt) -> int
             receipt.project_id,
             receipt.session_id,
             receipt.user_id,
-        )
+        ) and owed.since == receipt.since
         if owed.erasure_id == receipt.erasure_id or (same and owed.cutoff <= receipt.cutoff):
             done.append(name)
     return int(await redis.hdel(key, *done)) if done else 0  # type: ignore[misc]

@@ -35,15 +35,17 @@ async def forget_rows(
     """Write the erasure record (not yet complete) and delete the rows it covers; with
     ``fixed_cutoff`` (an owed forget finished), only rows that occurred before it."""
     project, session, user = receipt.project_id, receipt.session_id, receipt.user_id
-    before = receipt.before
+    before, since = receipt.before, receipt.since
     if fixed_cutoff is not None:
         before = fixed_cutoff if before is None else min(before, fixed_cutoff)
     async with engine.begin() as conn:
         await lock_project(conn, project)
         if user is not None:  # the user's sessions: their results go, their keys are marked
-            found.sessions.update(await user_sessions(conn, project, session, before, user))
-        episodes = row_scope(Episode, project, session, before, user)
-        events = row_scope(LifecycleEvent, project, session, before, user, found.sessions)
+            found.sessions.update(await user_sessions(conn, project, session, before, user, since))
+        episodes = row_scope(Episode, project, session, before, user, since=since)
+        events = row_scope(
+            LifecycleEvent, project, session, before, user, found.sessions, since=since
+        )
         if fixed_cutoff is None:
             # After the lock: every row a writer committed before it is older than the cutoff.
             now: datetime = (await conn.execute(select(func.clock_timestamp()))).scalar_one()
@@ -87,7 +89,9 @@ async def forget_rows(
             found.sessions.update(s for s in event_sessions if s is not None)
         if user is not None and session is None:  # facts, blocks, the feed's outbox: a
             # user's, of no session (a session's forget leaves them, as LoomFlow's does)
-            tables = await forget_user_tables(conn, project, user, before, dry_run=receipt.dry_run)
+            tables = await forget_user_tables(
+                conn, project, user, before, dry_run=receipt.dry_run, since=since
+            )
     receipt.postgres.update(
         episodes=n_episodes, lifecycle_events=n_events, episode_embeddings=vectors
     )
@@ -106,6 +110,7 @@ async def write_record(conn: AsyncConnection, receipt: ForgetReceipt) -> None:
             project_id=receipt.project_id,
             session_id=receipt.session_id,
             before=receipt.before,
+            since=receipt.since,
             cutoff=receipt.cutoff,
             user_id=receipt.user_id,
             completed_at=None,
@@ -136,6 +141,7 @@ async def store_counts(engine: AsyncEngine, receipt: ForgetReceipt) -> int:
                 Erasure.project_id == receipt.project_id,
                 Erasure.session_id.is_not_distinct_from(receipt.session_id),
                 Erasure.user_id.is_not_distinct_from(receipt.user_id),
+                Erasure.since.is_not_distinct_from(receipt.since),
                 Erasure.cutoff <= receipt.cutoff,
             )
             .values(completed_at=func.now())

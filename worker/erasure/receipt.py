@@ -24,6 +24,8 @@ class ForgetReceipt:
     redis: dict[str, int] = field(default_factory=dict)
     streams: dict[str, int] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
+    since: datetime | None = None
+    """The range's start (included) when the forget was of ``[since, before)``."""
     owed: str | None = None
     """Where the record of this forget, still owed, is kept (``postgres`` or ``redis``:
     ``worker.erasure.owed``); None: complete, or not recorded."""
@@ -45,6 +47,7 @@ class ForgetReceipt:
             "session_id": self.session_id,
             "user_id": self.user_id,
             "before": self.before.isoformat() if self.before else None,
+            "since": self.since.isoformat() if self.since else None,
             "dry_run": self.dry_run,
             "erasure_id": self.erasure_id,
             "cutoff": self.cutoff.isoformat() if self.cutoff else None,
@@ -60,7 +63,9 @@ class ForgetReceipt:
             scope += f", user {self.user_id}" if self.user_id else ", the anonymous user"
         if self.session_id:
             scope += f", session {self.session_id}"
-        if self.before:
+        if self.since and self.before:
+            scope += f", history from {self.since.isoformat()} to before {self.before.isoformat()}"
+        elif self.before:
             scope += f", history before {self.before.isoformat()}"
         head = "would forget" if self.dry_run else "forgot"
         out = [f"{head} {scope}" + (f" (erasure {self.erasure_id})" if self.erasure_id else "")]

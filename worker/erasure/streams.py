@@ -83,11 +83,17 @@ def _covers(
     entry_id: Any,
     fields: dict[Any, Any],
     user: UserScope | None = None,
+    since_ms: int | None = None,
 ) -> bool:
     """Whether a forget of the scope deletes this entry: the scope's, and (when ``cutoff_ms``)
-    added before the cutoff (a dead letter: its source entry was)."""
+    added before the cutoff (a dead letter: its source entry was), and (when ``since_ms``) not
+    before that."""
     if not _older(project_id, session_id, cutoff_ms, entry_id, fields):
         return False
+    if since_ms is not None:
+        source = fields.get(b"source_id", fields.get("source_id"))
+        if entry_ms(source if source else entry_id) < since_ms:
+            return False
     if user is not None:
         body = entry_body(fields)
         if not user.owns(body, entry_scope(fields)[1]):
@@ -205,6 +211,7 @@ async def scrub_streams(
     cutoff_ms: int,
     dry_run: bool = False,
     user: UserScope | None = None,
+    since_ms: int | None = None,
 ) -> Scrubbed:
     """Delete (XACK in every group, then XDEL, in one MULTI) every entry of every stream under
     the prefix that carries the scope and was added before ``cutoff_ms`` (the forget's
@@ -219,7 +226,7 @@ async def scrub_streams(
         async for rows in _batches(redis, stream):
             doomed = []
             for entry_id, fields in rows:
-                if _covers(project_id, session_id, cutoff_ms, entry_id, fields, user):
+                if _covers(project_id, session_id, cutoff_ms, entry_id, fields, user, since_ms):
                     doomed.append(codec.text(entry_id))
                     session = entry_scope(fields)[1]
                     if session is not None and user is None:  # a user's: from the first pass

@@ -53,6 +53,7 @@ async def user_sessions(
     session_id: str | None,
     before: datetime | None,
     user: str,
+    since: datetime | None = None,
 ) -> set[str]:
     """The sessions of ``user`` Postgres knows: of its session episodes (not turns: a turn's
     session id is the caller's own) and of the results that carry the user."""
@@ -60,10 +61,13 @@ async def user_sessions(
         "user_id IS NULL" if user == "" else "user_id = :u"
     )
     params: dict[str, Any] = {"p": project_id, "u": user, "s": session_id, "b": before}
+    params["a"] = since
     if session_id is not None:
         where += " AND session_id = :s"
     if before is not None:
         where += " AND occurred_at < :b"
+    if since is not None:
+        where += " AND occurred_at >= :a"
     found = {
         r[0]
         for r in await conn.execute(text(f"SELECT session_id FROM episodes WHERE {where}"), params)
@@ -77,6 +81,8 @@ async def user_sessions(
         events += " AND session_id = :s"
     if before is not None:
         events += " AND occurred_at < :b"
+    if since is not None:
+        events += " AND occurred_at >= :a"
     rows = await conn.execute(
         text(f"SELECT DISTINCT session_id FROM lifecycle_events WHERE {events}"), params
     )
@@ -84,7 +90,9 @@ async def user_sessions(
     return found
 
 
-def _user_tables_where(user: str, before: datetime | None) -> dict[str, str]:
+def _user_tables_where(
+    user: str, before: datetime | None, since: datetime | None = None
+) -> dict[str, str]:
     anonymous = user == ""
     facts = "project_id = :p AND " + ("user_id IS NULL" if anonymous else "user_id = :u")
     blocks = "project_id = :p AND user_key = :u"
@@ -95,6 +103,10 @@ def _user_tables_where(user: str, before: datetime | None) -> dict[str, str]:
         facts += " AND recorded_at < :b"
         blocks += " AND updated_at < :b"
         changes += " AND (payload->>'occurred_at')::timestamptz < :b"
+    if since is not None:
+        facts += " AND recorded_at >= :a"
+        blocks += " AND updated_at >= :a"
+        changes += " AND (payload->>'occurred_at')::timestamptz >= :a"
     return {"facts": facts, "memory_blocks": blocks, "memory_changes": changes}
 
 
@@ -105,11 +117,12 @@ async def forget_user_tables(
     before: datetime | None,
     *,
     dry_run: bool,
+    since: datetime | None = None,
 ) -> dict[str, int]:
     """Delete (count, when ``dry_run``) the user's facts, blocks and outbox rows."""
-    params = {"p": project_id, "u": user, "b": before}
+    params = {"p": project_id, "u": user, "b": before, "a": since}
     counts = {}
-    for table, where in _user_tables_where(user, before).items():
+    for table, where in _user_tables_where(user, before, since).items():
         if dry_run:
             statement = f"SELECT count(*) FROM {table} WHERE {where}"
             counts[table] = int((await conn.execute(text(statement), params)).scalar_one())

@@ -6,8 +6,9 @@ token of a form checked, failures as one line) and signing in and out."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 
 from worker.access.scope import Access, failure
-from worker.inspector.auth import COOKIE, SESSION_SECONDS, Keys, Session
+from worker.inspector.auth import COOKIE, SESSION_SECONDS, Keys, Session, SignInLimiter
 from worker.logs import get_logger
 
 log = get_logger("worker.inspector")
@@ -59,6 +60,7 @@ class Inspector:
     shared: Shared
     keys: Keys
     templates: Environment
+    sign_ins: SignInLimiter = field(default_factory=SignInLimiter)
 
     @property
     def access(self) -> Access:
@@ -166,9 +168,18 @@ async def login(request: Request) -> Response:
         return RedirectResponse(PREFIX + "/", 303)
     if request.method == "GET":
         return login_form(request, ui, "", 200)
+    address = request.client.host if request.client else ""
+    wait = ui.sign_ins.wait(address)
+    if wait > 0:
+        seconds = math.ceil(wait)
+        message = f"Too many wrong tokens from your address: try again in {seconds} s."
+        answer = login_form(request, ui, message, 429)
+        answer.headers["Retry-After"] = str(seconds)
+        return answer
     form = await request.form()
     given, target = form.get("token"), _next(form.get("next"))
     if not isinstance(given, str) or not ui.keys.token_matches(given):
+        ui.sign_ins.failed(address)
         return login_form(request, ui, "Wrong token.", 401)
     _nonce, value = ui.keys.cookie()
     response = RedirectResponse(target, 303)

@@ -18,6 +18,7 @@ from starlette.responses import Response
 from schemas.inputs import When
 from worker.access.scope import AccessError
 from worker.erasure.forget import forget_project
+from worker.erasure.scope import InvalidForgetError, check_range
 from worker.ids import validate_id
 from worker.inspector import queries
 from worker.inspector.app import PREFIX, Inspector, user_url
@@ -123,12 +124,11 @@ async def recall(request: Request, ui: Inspector) -> Response:
     limit = _int(request.query_params.get("limit"), "limit", RECALL_LIMIT, 1, 100)
     context: dict[str, Any] = {"q": q or "", "limit": limit, "searched": q is not None}
     if q is not None:
-        matches = await access.memory.recall_scored(q, limit=limit, user_id=user_id)
-        context.update(
-            matches=matches,
-            unindexed=matches.unindexed,
-            facts=await access.memory.recall_facts(q, limit=limit, user_id=user_id),
+        matches, facts = await asyncio.gather(  # each its connection: the page waits for one
+            access.memory.recall_scored(q, limit=limit, user_id=user_id),
+            access.memory.recall_facts(q, limit=limit, user_id=user_id),
         )
+        context.update(matches=matches, unindexed=matches.unindexed, facts=facts)
     return ui.render(
         request,
         "recall.html",
@@ -140,27 +140,35 @@ async def recall(request: Request, ui: Inspector) -> Response:
     )
 
 
-def _selector(form: Any) -> tuple[str | None, datetime | None, str, str]:
-    """The forget form's session and time, checked: (session, before, as typed, as typed)."""
-    session_text = str(form.get("session_id") or "").strip()
-    before_text = str(form.get("before") or "").strip()
-    session_id = validate_id(session_text, "session_id") if session_text else None
-    before = None
-    if before_text:
+class _Selector:
+    """The forget form's session and times (``since``: a range's start, with ``before``),
+    checked whole; ``typed``: as typed, for the form and the confirm step."""
+
+    def __init__(self, form: Any) -> None:
+        names = ("session_id", "before", "since")
+        self.typed: dict[str, Any] = {k: str(form.get(k) or "").strip() for k in names}
+        session = self.typed["session_id"]
+        self.session_id = validate_id(session, "session_id") if session else None
         try:
-            before = _WHEN.validate_python(before_text)
+            self.since, self.before = check_range(self._time("since"), self._time("before"))
+        except InvalidForgetError as exc:
+            raise AccessError(str(exc), 422) from None
+
+    def _time(self, name: str) -> datetime | None:
+        if not self.typed[name]:
+            return None
+        try:
+            return _WHEN.validate_python(self.typed[name])
         except ValidationError as exc:
             problem = exc.errors()[0]["msg"].removeprefix("Value error, ")
             raise AccessError(
-                f"before: {problem} (RFC 3339, e.g. 2026-01-01T00:00:00Z)", 422
+                f"{name}: {problem} (RFC 3339, e.g. 2026-01-01T00:00:00Z)", 422
             ) from None
-    return session_id, before, session_text, before_text
 
 
 async def forget_form(request: Request, ui: Inspector) -> Response:
     user_id = _user(ui, request)
-    session_id, _before, session_text, before_text = _selector(request.query_params)
-    del session_id
+    chosen = _Selector(request.query_params)
     return ui.render(
         request,
         "forget.html",
@@ -169,8 +177,7 @@ async def forget_form(request: Request, ui: Inspector) -> Response:
         base=user_url(user_id),
         crumbs=_crumbs(user_id),
         receipt=None,
-        session_id=session_text,
-        before=before_text,
+        **chosen.typed,
     )
 
 
@@ -179,7 +186,8 @@ async def forget(request: Request, ui: Inspector) -> Response:
     forget itself (``Memory.forget``: ``worker.erasure`` and the change feed's event)."""
     access, user_id = ui.access, _user(ui, request)
     form = await request.form()
-    session_id, before, session_text, before_text = _selector(form)
+    chosen = _Selector(form)
+    session_id, before, since = chosen.session_id, chosen.before, chosen.since
     step = form.get("step")
     forgotten = None
     receipt: Any
@@ -190,6 +198,7 @@ async def forget(request: Request, ui: Inspector) -> Response:
             access.project_id,
             session_id=session_id,
             before=before,
+            since=since,
             redis=access.redis,  # type: ignore[arg-type]
             prefix=settings.stream_prefix,
             shards=settings.shards,
@@ -199,9 +208,9 @@ async def forget(request: Request, ui: Inspector) -> Response:
         receipt = result.receipt
     elif step == "confirm":
         forgotten = await access.memory.forget(
-            user_id=user_id, session_id=session_id, before=before
+            user_id=user_id, session_id=session_id, before=before, since=since
         )
-        receipt = _Done(user_id, session_id, before, forgotten)
+        receipt = _Done(user_id, session_id, before, since, forgotten)
     else:
         raise AccessError("step: must be preview or confirm", 422)
     return ui.render(
@@ -213,8 +222,7 @@ async def forget(request: Request, ui: Inspector) -> Response:
         crumbs=_crumbs(user_id),
         receipt=receipt,
         forgotten=forgotten,
-        session_id=session_text,
-        before=before_text,
+        **chosen.typed,
     )
 
 
@@ -224,9 +232,16 @@ class _Done:
     dry_run = False
 
     def __init__(
-        self, user_id: str, session_id: str | None, before: datetime | None, forgotten: int
+        self,
+        user_id: str,
+        session_id: str | None,
+        before: datetime | None,
+        since: datetime | None,
+        forgotten: int,
     ) -> None:
         self.scope = f"user {user_id}" + (f", session {session_id}" if session_id else "")
+        if since is not None:
+            self.scope += f", history from {since.isoformat()}"
         if before is not None:
             self.scope += f", history before {before.isoformat()}"
         self.forgotten = forgotten

@@ -29,7 +29,7 @@ from worker.episodes.changes import change_event, owe
 from worker.episodes.embedding import Embedder, EmbeddingError, embedder_from_settings
 from worker.episodes.vector_search import VectorSearch
 from worker.erasure.forget import forget_project
-from worker.erasure.scope import check_before
+from worker.erasure.scope import InvalidForgetError, check_range
 from worker.ids import validate_id
 from worker.logs import get_logger
 from worker.settings import Settings
@@ -393,8 +393,10 @@ class Memory:
         user_id: str | None = None,
         session_id: str | None = None,
         before: datetime | None = None,
+        since: datetime | None = None,
     ) -> int:
-        """Forget the user's episodes (of one session, or older than ``before``) everywhere
+        """Forget the user's episodes (of one session, or older than ``before``; with
+        ``since`` too, of the range ``[since, before)`` only) everywhere
         memworker keeps them, vectors and stream entries included, through the code
         ``memworker forget --user`` runs (``worker.erasure.forget.forget_project``: an
         erasure record keeps every replay from bringing them back); without ``session_id``
@@ -405,7 +407,12 @@ class Memory:
         In a LoomFlow program, the fact extractions its ``AutoExtractMemory`` still runs on
         what this forgets are stopped first (LoomFlow's rule), so none writes a fact back."""
         check_user_id(user_id)
-        before = check_before(before)  # refused before anything is stopped or touched
+        since, before = check_range(since, before)  # refused before anything is touched
+        if since is not None and session_id is None and not self._facts_are_ours():
+            raise InvalidForgetError(
+                "since: this memory's fact store forgets only what is older than a time, "
+                "not a range; nothing was forgotten"
+            )
         extractions = sys.modules.get("loomflow.memory._extractions")
         if extractions is not None:
             await extractions.stop_extractions(
@@ -416,6 +423,7 @@ class Memory:
             self.project_id,
             session_id=session_id,
             before=before,
+            since=since,
             redis=self.redis,  # type: ignore[arg-type]
             prefix=self.settings.stream_prefix,
             shards=self.settings.shards,
@@ -438,6 +446,7 @@ class Memory:
                 f"{user_id}/{session_id}",
                 session_id=session_id,
                 before=None if before is None else before.isoformat(),
+                **({} if since is None else {"since": since.isoformat()}),
                 counts=counts,
             )
             await owe(conn, self.project_id, [event])
