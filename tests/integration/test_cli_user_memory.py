@@ -50,11 +50,12 @@ def as_json(done: Any) -> Any:
 
 
 def error_line(done: Any, status: int = 1) -> str:
-    """The one stderr line a failed command printed (usage errors: Click's ``Error:`` line)."""
+    """The one stderr line a failed command printed (usage errors: Click's ``Error:`` line, or
+    the input rule's ``memworker: error: <field>: …`` alone)."""
     assert done.returncode == status, (done.returncode, done.stderr)
     assert "Traceback" not in done.stderr, done.stderr
     lines = done.stderr.strip().splitlines()
-    if status == 1:
+    if status == 1 or lines[-1].startswith("memworker: error: "):  # 2: the input rule's
         assert len(lines) == 1 and lines[0].startswith("memworker: error: "), done.stderr
         return str(lines[0])
     [line] = [line for line in lines if line.startswith("Error: ")]

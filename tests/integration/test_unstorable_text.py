@@ -138,7 +138,7 @@ async def test_cli_remember_names_the_field_of_unstorable_text(
 
     settings = await migrated(settings, database_url)
     done = memworker(settings, "remember", "-p", "projA", "--id", "clix1", *args)
-    assert done.returncode == 1
+    assert done.returncode == 2  # bad input: a usage error
     [line] = done.stderr.strip().splitlines()
     assert line.startswith(f"memworker: error: {field}: contains a "), line
     assert "Postgres" not in line

@@ -142,9 +142,10 @@ def plain_help(typer_app: typer.Typer) -> None:
 def main() -> None:
     """Entry point: map failures to one stderr line and the contract's exit statuses.
 
-    Usage errors are Typer's (exit status 2, with the usage line); everything raised by a
-    command is reported here as ``memworker: error: …`` with exit status 1, translated to one
-    line a person can act on by ``worker.errors.one_line``.
+    Usage errors are Typer's (exit status 2, with the usage line); bad input the input rule
+    refuses while a command runs is ``memworker: error: <field>: <why>``, exit status 2;
+    everything else raised by a command is reported here as ``memworker: error: …`` with exit
+    status 1, translated to one line a person can act on by ``worker.errors.one_line``.
     """
     typer_app = build(chosen(sys.argv[1:]))
     plain_help(typer_app)
@@ -152,14 +153,21 @@ def main() -> None:
         typer_app()
     except (CliError, RedisConditionError) as exc:
         print(f"memworker: error: {mask(str(exc))}", file=sys.stderr)
-        sys.exit(1)
+        sys.exit(2 if _bad_input(exc) else 1)
     except KeyboardInterrupt:
         sys.exit(130)
     except Exception as exc:
         if os.environ.get("MEMWORKER_DEBUG"):
             raise
         print(f"memworker: error: {one_line(exc)}", file=sys.stderr)
-        sys.exit(1)
+        sys.exit(2 if _bad_input(exc) else 1)
+
+
+def _bad_input(exc: BaseException) -> bool:
+    """Whether the input rule refused it (itself, or what a command reported it as)."""
+    from schemas.inputs import InvalidInputError
+
+    return any(isinstance(e, InvalidInputError) for e in (exc, exc.__cause__, exc.__context__))
 
 
 if __name__ == "__main__":

@@ -168,13 +168,9 @@ def check_ids(**ids: str) -> None:
 
 def run_async(coro: Coroutine[Any, Any, T]) -> T:
     """Run a command's work; bad input the input rule refuses on the way (a query too long,
-    a time outside the calendar) is a usage error (exit status 2) naming the field."""
-    from schemas.inputs import InvalidInputError
-
-    try:
-        return asyncio.run(coro)
-    except InvalidInputError as exc:
-        raise typer.BadParameter(exc.problem, param_hint=repr(exc.field)) from exc
+    a time outside the calendar) is a usage error: ``main`` says it in one line naming the
+    field, exit status 2."""
+    return asyncio.run(coro)
 
 
 async def with_redis(settings: Settings, use: Callable[[Redis], Awaitable[T]]) -> T:
