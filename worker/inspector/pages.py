@@ -167,8 +167,18 @@ class _Selector:
 
 
 async def forget_form(request: Request, ui: Inspector) -> Response:
-    user_id = _user(ui, request)
-    chosen = _Selector(request.query_params)
+    return _forget_page(request, ui, _user(ui, request), _Selector(request.query_params))
+
+
+def _forget_page(
+    request: Request,
+    ui: Inspector,
+    user_id: str,
+    chosen: _Selector,
+    receipt: Any = None,
+    forgotten: Any = None,
+) -> Response:
+    """The forget page: the form (``chosen`` filled in) and, after a step, its receipt."""
     return ui.render(
         request,
         "forget.html",
@@ -176,7 +186,8 @@ async def forget_form(request: Request, ui: Inspector) -> Response:
         user_id=user_id,
         base=user_url(user_id),
         crumbs=_crumbs(user_id),
-        receipt=None,
+        receipt=receipt,
+        forgotten=forgotten,
         **chosen.typed,
     )
 
@@ -213,17 +224,7 @@ async def forget(request: Request, ui: Inspector) -> Response:
         receipt = _Done(user_id, session_id, before, since, forgotten)
     else:
         raise AccessError("step: must be preview or confirm", 422)
-    return ui.render(
-        request,
-        "forget.html",
-        f"Forget {user_id}",
-        user_id=user_id,
-        base=user_url(user_id),
-        crumbs=_crumbs(user_id),
-        receipt=receipt,
-        forgotten=forgotten,
-        **chosen.typed,
-    )
+    return _forget_page(request, ui, user_id, chosen, receipt, forgotten)
 
 
 class _Done:
