@@ -8,7 +8,9 @@ the heap, then ``ts_rank``) cost 10-67 ms at 100k, most of a recall's time, and 
 store. So at most ``cap`` matches are ranked (``TEXT_CAP``): the GIN index still finds every
 match (a bitmap, cheap), but only the first ``cap`` rows the scan reads are ranked, plus every
 episode holding **all** the query's words (at most ``cap`` more; GIN intersects the words, so
-this stays small), which are the ones ``ts_rank`` puts first. A scope with at most ``cap``
+this stays small), which are the ones ``ts_rank`` puts first. The query's words are at most
+``MAX_QUERY_WORDS``, common words last (``worker.db.query_words``): a longer query costs no
+more than that. A scope with at most ``cap``
 matches is ranked exactly as without a cap. Above it, an episode sharing only some of the
 query's common words may be missed by this search (the vector search still finds it by
 meaning); BENCHMARKS.md has the measured cost and the labeled recall either way.
@@ -24,17 +26,19 @@ from sqlalchemy import (
     Select,
     Text,
     cast,
+    column,
     desc,
     func,
     literal,
     literal_column,
     select,
+    text,
     union,
 )
-from sqlalchemy.dialects.postgresql import TSQUERY
+from sqlalchemy.dialects.postgresql import ARRAY, TSQUERY
 from sqlalchemy.sql.elements import TextClause
 
-from worker.db.models import SEARCH_CONFIG
+from worker.db.query_words import all_of, any_of, lexemes_sql
 
 TEXT_CAP = 1_000
 """Default of ``EpisodeStore(text_cap=)``: how many matches of any word are ranked at most."""
@@ -47,15 +51,32 @@ index, and one that stops only after ~8% of 100k rows); the GIN index bounds it 
 UNSET_BY_INDEX = "SET LOCAL enable_seqscan TO DEFAULT"
 
 
+def _once(sql: str, query: Any, kind: Any) -> ColumnElement[Any]:
+    """``sql`` (of the bound ``:words_of``, the query) as a scalar subquery: evaluated once for
+    the statement, never per row."""
+    selected = text(f"SELECT {sql} AS found").bindparams(words_of=query)
+    return selected.columns(column("found", kind)).scalar_subquery()
+
+
+def query_lexemes(query: Any) -> ColumnElement[Any]:
+    """The distinct words the query is searched by (``text[]``): at most ``MAX_QUERY_WORDS``,
+    common words last (``worker.db.query_words``)."""
+    return _once(lexemes_sql(":words_of", "episodes"), query, ARRAY(Text))
+
+
 def any_word(query: Any) -> ColumnElement[Any]:
     """The query's words joined by OR: an episode sharing some of them matches."""
-    words = func.plainto_tsquery(SEARCH_CONFIG, query)
-    return cast(func.replace(cast(words, Text), "&", "|"), TSQUERY)
+    return _once(any_of(lexemes_sql(":words_of", "episodes")), query, TSQUERY)
+
+
+def all_words(query: Any) -> ColumnElement[Any]:
+    """The query's words joined by AND: an episode holding every one of them matches."""
+    return _once(all_of(lexemes_sql(":words_of", "episodes")), query, TSQUERY)
 
 
 PAIRED_WORDS = 12
 """``two_words`` pairs at most this many of the query's distinct words (66 pairs): a query of
-n words has n(n-1)/2 pairs, and a few hundred words would exceed Postgres' 1 MB tsquery."""
+n words has n(n-1)/2 pairs, and ``MAX_QUERY_WORDS`` would make 8,128."""
 
 
 def two_words(query: Any) -> ColumnElement[Any]:
@@ -64,7 +85,7 @@ def two_words(query: Any) -> ColumnElement[Any]:
     in the order Postgres sorts them). Each word goes through ``plainto_tsquery('simple',
     ...)`` and the pairs are joined as the text form Postgres itself writes, so no word can
     break the syntax."""
-    lexemes = func.tsvector_to_array(func.to_tsvector(SEARCH_CONFIG, query))
+    lexemes = query_lexemes(query)
     a = func.unnest(lexemes).table_valued("lexeme", with_ordinality="n").render_derived(name="a")
     b = func.unnest(lexemes).table_valued("lexeme", with_ordinality="n").render_derived(name="b")
     pair = func.plainto_tsquery("simple", a.c.lexeme).op("&&")(
@@ -101,7 +122,7 @@ def ranked_matches(
             .order_by(desc(rank), desc(c.occurred_at), c.id)
             .limit(n)
         )
-    allq = func.plainto_tsquery(SEARCH_CONFIG, query)
+    allq = all_words(query)
     limit: ColumnElement[int] = literal_column(str(int(cap)))  # a constant: the plan knows it
     parts = [
         select(*columns).where(*filters, c.search_vector.op("@@")(words)).limit(limit)

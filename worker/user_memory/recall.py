@@ -6,7 +6,9 @@ turn before and after in its session, the speaker the query names), weighted by 
 ``alpha`` (0 words only, 1 meaning only, 0.5 both).
 
 - **Words**: Postgres full text over ``search_vector`` (English stemming; any word of the
-  query matches; at most ``TEXT_CAP`` matches are considered, as in ``episodes.text_search``),
+  query matches, of at most ``MAX_QUERY_WORDS`` distinct words, common words last:
+  ``worker.db.query_words``; at most ``TEXT_CAP`` matches are considered, as in
+  ``episodes.text_search``),
   scored by BM25 over the lexemes of each match; ``bm25_score`` is that BM25. Findable as soon
   as ``remember`` returns.
 - **Meaning**: pgvector cosine over the vectors the indexer made (``episode_embeddings``, and
@@ -35,7 +37,7 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from worker.db.models import SEARCH_CONFIG
+from worker.db.query_words import all_of, any_of, lexemes_sql
 from worker.db.vectors import CHUNK_TABLE, VECTOR_TABLE, has_chunk_table, vector_literal
 from worker.episodes.embedding import Embedder
 from worker.episodes.text_search import BY_INDEX, TEXT_CAP
@@ -69,8 +71,8 @@ def _filters(user_id: str | None, time_range: tuple[datetime, datetime] | None) 
     return where
 
 
-_ANY_WORD = f"replace(plainto_tsquery('{SEARCH_CONFIG}', :q)::text, '&', '|')::tsquery"
-_ALL_WORDS = f"plainto_tsquery('{SEARCH_CONFIG}', :q)"
+_ANY_WORD = "(SELECT q.anyq FROM q)"
+_ALL_WORDS = "(SELECT q.allq FROM q)"
 
 
 async def _words(
@@ -81,8 +83,9 @@ async def _words(
     turns: dict[str, Turn],
     by_index: bool,
 ) -> tuple[list[str], int]:
-    """The query's lexemes and the partition's size (BM25's ``N``, up to
-    ``PARTITION_BOUND``); each match's counts of the lexemes into ``turns``. At most ``TEXT_CAP``
+    """The query's lexemes (at most ``MAX_QUERY_WORDS``: ``worker.db.query_words``) and the
+    partition's size (BM25's ``N``, up to ``PARTITION_BOUND``); each match's counts of the
+    lexemes into ``turns``. At most ``TEXT_CAP``
     turns holding any word, plus up to as many holding all of them (``episodes.text_search``:
     the GIN index finds them; only these are read). ``by_index``: the transaction already reads
     by index (``_meaning`` set it), else this sets it first. One statement."""
@@ -96,9 +99,10 @@ async def _words(
         for words in (_ALL_WORDS, _ANY_WORD)
     )
     statement = (
-        f"WITH q AS (SELECT tsvector_to_array(to_tsvector('{SEARCH_CONFIG}', :q)) AS lexemes,"
+        f"WITH w AS (SELECT {lexemes_sql(':q', 'episodes')} AS lexemes),"
+        f" q AS (SELECT w.lexemes, {any_of('w.lexemes')} AS anyq, {all_of('w.lexemes')} AS allq,"
         " (SELECT count(*) FROM (SELECT 1 FROM episodes e"
-        f" WHERE {' AND '.join(where)} LIMIT {PARTITION_BOUND}) s) AS total)"
+        f" WHERE {' AND '.join(where)} LIMIT {PARTITION_BOUND}) s) AS total FROM w)"
         " SELECT q.lexemes, q.total, m.id, m.session_id, m.turn_id, m.head, m.n, c.words, c.tfs"
         f" FROM q LEFT JOIN ({tiers}) m ON true LEFT JOIN LATERAL ({_COUNTS.format('q.lexemes')})"
         " c ON true"
