@@ -40,7 +40,7 @@ CALLS: list[tuple[str, str, str]] = [
         ' {"session_id": "s1", "input": "\\ud800", "output": "b"}]}',
         "turns.1.input",
     ),
-    ("wm_set", '{"session_id": "s1", "key": "k", "value": {"t": "\\ud800"}}', "value"),
+    ("wm_set", '{"session_id": "s1", "key": "k", "value": {"t": "\\ud800"}}', "value['t']"),
     ("add_fact", '{"subject": "a\\ud800", "predicate": "likes", "object": "tea"}', "subject"),
     ("recall", '{"query": "tea", "limit": NaN}', "limit"),
 ]
@@ -62,6 +62,14 @@ def refused_naming(answer: dict[str, Any], field: str) -> str:
     assert error.startswith("invalid arguments: ") and f"{field}:" in error, error
     assert "\n" not in error
     return str(error)
+
+
+def answered(response: httpx.Response) -> dict[str, Any]:
+    """The JSON-RPC answer of an ``mcp --http`` response, JSON or one server-sent event."""
+    if response.headers.get("content-type", "").startswith("text/event-stream"):
+        [data] = [line[5:] for line in response.text.splitlines() if line.startswith("data:")]
+        return dict(json.loads(data))
+    return dict(response.json())
 
 
 class Stdio:
@@ -159,7 +167,7 @@ async def test_mcp_over_http_names_the_field_holding_a_lone_surrogate() -> None:
                     "/mcp", content=call_line(n, tool, arguments), headers=session
                 )
                 assert got.status_code == 200, got.text
-                refused_naming(got.json(), field)
+                refused_naming(answered(got), field)
             no_token = await http.post(
                 "/mcp",
                 content=call_line(50, *CALLS[0][:2]),
@@ -168,8 +176,8 @@ async def test_mcp_over_http_names_the_field_holding_a_lone_surrogate() -> None:
             assert no_token.status_code == 401, no_token.text  # the guard still goes first
             ping = '{"jsonrpc": "2.0", "id": 60, "method": "ping", "params": {"x": "\\ud800"}}'
             got = await http.post("/mcp", content=ping, headers=session)
-            assert got.json()["error"]["code"] == -32602, got.text
-            assert "params['x']" in got.json()["error"]["message"], got.text
+            assert answered(got)["error"]["code"] == -32602, got.text
+            assert "params['x']" in answered(got)["error"]["message"], got.text
             listed = await http.post(
                 "/mcp", json={"jsonrpc": "2.0", "id": 61, "method": "tools/list"}, headers=session
             )

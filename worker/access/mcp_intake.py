@@ -74,7 +74,9 @@ def answer(message: dict[str, Any]) -> dict[str, Any] | None:
 
 def _refused_call(name: Any, arguments: Any) -> tuple[int, str] | None:
     """The status and line a call of tool ``name`` with ``arguments`` is refused with (counted
-    as ``invoke`` counts calls), or None: they follow the input rule."""
+    as ``invoke`` counts calls), or None: they follow the input rule. Text no argument model
+    checks (a working-memory value, any JSON) is checked here, naming where in it."""
+    from schemas.inputs import InvalidInputError, json_text_problem
     from worker.access.scope import AccessError, failure
     from worker.access.tools import BY_NAME
     from worker.metrics import ACCESS_CALLS
@@ -84,7 +86,10 @@ def _refused_call(name: Any, arguments: Any) -> tuple[int, str] | None:
         if tool is None:
             raise AccessError(f"no tool {name!r}: the tools are {', '.join(BY_NAME)}", 404)
         tool.arguments.model_validate(arguments or {})
-    except (AccessError, ValidationError) as exc:
+        for field, value in (arguments or {}).items():
+            if (found := json_text_problem(value, str(field))) is not None:
+                raise InvalidInputError(*found)
+    except (AccessError, ValidationError, InvalidInputError) as exc:
         status, line = failure(exc)
         ACCESS_CALLS.labels(SERVER, name if tool is not None else "unknown", str(status)).inc()
         return status, line

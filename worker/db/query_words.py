@@ -24,7 +24,15 @@ from __future__ import annotations
 from schemas.limits import MAX_QUERY_WORDS
 from worker.db.models import SEARCH_CONFIG
 
-__all__ = ["COMMON_SHARE", "MAX_QUERY_WORDS", "all_of", "any_of", "lexemes_sql"]
+__all__ = [
+    "COMMON_SHARE",
+    "MAX_QUERY_WORDS",
+    "all_of",
+    "all_words_sql",
+    "any_of",
+    "any_words_sql",
+    "lexemes_sql",
+]
 
 COMMON_SHARE = 0.05
 """A word the statistics show in more than this share of the table's rows is common."""
@@ -58,6 +66,30 @@ def lexemes_sql(query: str, table: str) -> str:
         f"(SELECT CASE WHEN length(v) <= {bound} THEN tsvector_to_array(v)"
         f" ELSE tsvector_to_array(array_to_tsvector(ARRAY({picked}))) END"
         f" FROM to_tsvector('{SEARCH_CONFIG}', {query}) AS v)"
+    )
+
+
+def _within(query: str) -> str:
+    return f"length(to_tsvector('{SEARCH_CONFIG}', {query})) <= {int(MAX_QUERY_WORDS)}"
+
+
+def any_words_sql(query: str, table: str) -> str:
+    """SQL: the ``tsquery`` matching any word of the text ``query`` (a SQL expression) that
+    the search uses (``lexemes_sql``). A query within the bound is the expression the planner
+    reads the words of (``plainto_tsquery``: it estimates the matches by them); a longer one,
+    a scalar subquery evaluated once."""
+    words = f"plainto_tsquery('{SEARCH_CONFIG}', {query})"
+    return (
+        f"(CASE WHEN {_within(query)} THEN CAST(replace(CAST({words} AS text), '&', '|')"
+        f" AS tsquery) ELSE (SELECT {any_of(lexemes_sql(query, table))}) END)"
+    )
+
+
+def all_words_sql(query: str, table: str) -> str:
+    """SQL: the ``tsquery`` matching all the words ``any_words_sql`` matches any of."""
+    return (
+        f"(CASE WHEN {_within(query)} THEN plainto_tsquery('{SEARCH_CONFIG}', {query})"
+        f" ELSE (SELECT {all_of(lexemes_sql(query, table))}) END)"
     )
 
 

@@ -25,6 +25,7 @@ from sqlalchemy import (
     ColumnElement,
     Select,
     Text,
+    case,
     cast,
     column,
     desc,
@@ -38,6 +39,8 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import ARRAY, TSQUERY
 from sqlalchemy.sql.elements import TextClause
 
+from schemas.limits import MAX_QUERY_WORDS
+from worker.db.models import SEARCH_CONFIG
 from worker.db.query_words import all_of, any_of, lexemes_sql
 
 TEXT_CAP = 1_000
@@ -58,20 +61,32 @@ def _once(sql: str, query: Any, kind: Any) -> ColumnElement[Any]:
     return selected.columns(column("found", kind)).scalar_subquery()
 
 
+def _within(query: Any) -> ColumnElement[bool]:
+    return func.length(func.to_tsvector(SEARCH_CONFIG, query)) <= MAX_QUERY_WORDS
+
+
 def query_lexemes(query: Any) -> ColumnElement[Any]:
     """The distinct words the query is searched by (``text[]``): at most ``MAX_QUERY_WORDS``,
-    common words last (``worker.db.query_words``)."""
-    return _once(lexemes_sql(":words_of", "episodes"), query, ARRAY(Text))
+    common words last (``worker.db.query_words``). Within the bound, the expression the
+    planner reads the words of (it estimates the matches by them); past it, a subquery."""
+    every = func.tsvector_to_array(func.to_tsvector(SEARCH_CONFIG, query))
+    bounded = _once(lexemes_sql(":words_of", "episodes"), query, ARRAY(Text))
+    return case((_within(query), every), else_=bounded)
 
 
 def any_word(query: Any) -> ColumnElement[Any]:
     """The query's words joined by OR: an episode sharing some of them matches."""
-    return _once(any_of(lexemes_sql(":words_of", "episodes")), query, TSQUERY)
+    words = func.plainto_tsquery(SEARCH_CONFIG, query)
+    every = cast(func.replace(cast(words, Text), "&", "|"), TSQUERY)
+    bounded = _once(any_of(lexemes_sql(":words_of", "episodes")), query, TSQUERY)
+    return case((_within(query), every), else_=bounded)
 
 
 def all_words(query: Any) -> ColumnElement[Any]:
     """The query's words joined by AND: an episode holding every one of them matches."""
-    return _once(all_of(lexemes_sql(":words_of", "episodes")), query, TSQUERY)
+    every = func.plainto_tsquery(SEARCH_CONFIG, query)
+    bounded = _once(all_of(lexemes_sql(":words_of", "episodes")), query, TSQUERY)
+    return case((_within(query), every), else_=bounded)
 
 
 PAIRED_WORDS = 12

@@ -47,7 +47,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from worker.db.query_words import any_of, lexemes_sql
+from worker.db.query_words import any_words_sql
 from worker.episodes.changes import change_event, owe
 from worker.episodes.embedding import fact_text
 from worker.user_memory.inputs import check_fact
@@ -371,8 +371,7 @@ class FactStore:
         if not query.strip():
             order = "recorded_at DESC, id DESC"
         else:
-            # at most MAX_QUERY_WORDS of its words, common ones last; evaluated once
-            words = f"(SELECT {any_of(lexemes_sql(':q', 'facts'))})"
+            words = any_words_sql(":q", "facts")  # at most MAX_QUERY_WORDS of its words
             where.append(f"search_vector @@ {words}")
             order = f"ts_rank(search_vector, {words}) DESC, length(subject || object), id"
             params = {**params, "q": query}

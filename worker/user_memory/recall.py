@@ -37,7 +37,7 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from worker.db.query_words import all_of, any_of, lexemes_sql
+from worker.db.query_words import all_words_sql, any_words_sql, lexemes_sql
 from worker.db.vectors import CHUNK_TABLE, VECTOR_TABLE, has_chunk_table, vector_literal
 from worker.episodes.embedding import Embedder
 from worker.episodes.text_search import BY_INDEX, TEXT_CAP
@@ -71,8 +71,8 @@ def _filters(user_id: str | None, time_range: tuple[datetime, datetime] | None) 
     return where
 
 
-_ANY_WORD = "(SELECT q.anyq FROM q)"
-_ALL_WORDS = "(SELECT q.allq FROM q)"
+_ANY_WORD = any_words_sql(":q", "episodes")
+_ALL_WORDS = all_words_sql(":q", "episodes")
 
 
 async def _words(
@@ -99,10 +99,9 @@ async def _words(
         for words in (_ALL_WORDS, _ANY_WORD)
     )
     statement = (
-        f"WITH w AS (SELECT {lexemes_sql(':q', 'episodes')} AS lexemes),"
-        f" q AS (SELECT w.lexemes, {any_of('w.lexemes')} AS anyq, {all_of('w.lexemes')} AS allq,"
+        f"WITH q AS (SELECT {lexemes_sql(':q', 'episodes')} AS lexemes,"
         " (SELECT count(*) FROM (SELECT 1 FROM episodes e"
-        f" WHERE {' AND '.join(where)} LIMIT {PARTITION_BOUND}) s) AS total FROM w)"
+        f" WHERE {' AND '.join(where)} LIMIT {PARTITION_BOUND}) s) AS total)"
         " SELECT q.lexemes, q.total, m.id, m.session_id, m.turn_id, m.head, m.n, c.words, c.tfs"
         f" FROM q LEFT JOIN ({tiers}) m ON true LEFT JOIN LATERAL ({_COUNTS.format('q.lexemes')})"
         " c ON true"
