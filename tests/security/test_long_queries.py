@@ -1,10 +1,11 @@
 """A recall's work is bounded by the words it searches by, the same rule at every door: a query
 of more than ``MAX_QUERY_WORDS`` distinct words is searched by that many, in its order but the
-table's common words (in more than 5% of its rows, by Postgres's statistics) last. Measured on real servers at every door (``Memory``, ``EpisodeStore``,
-``memworker serve`` and its inspector, ``memworker mcp`` over stdio, the CLI's two recalls): a
-word past the bound finds nothing by words, the same word within it does; a 32 KiB query of
-distinct words is answered, not refused. Before, every word of the query was searched (a 32 KiB
-query of matched words cost seconds: BENCHMARKS.md)."""
+table's common words (in more than 5% of its rows, by Postgres's statistics) last. Measured on
+real servers at every door (``Memory``, ``EpisodeStore``, ``memworker serve`` and its
+inspector, ``memworker mcp`` over stdio, the CLI's two recalls): a word past the bound finds
+nothing by words, the same word within it does; a 32 KiB query of distinct words is answered,
+not refused. Before, every word of the query was searched (a 32 KiB query of matched words
+cost seconds: BENCHMARKS.md)."""
 
 from __future__ import annotations
 

@@ -14,12 +14,23 @@ query's order decides (a rarest-first order put every absent word before a rare 
 a few turns). The query is not refused and not cut: the meaning half still embeds it whole
 (to the model's window), and a query within the bound is searched by every word, as before.
 
-One SQL expression, ``lexemes_sql``, gives the bounded words (``text[]``); ``any_of`` and
-``all_of`` make the ``tsquery`` matching any or all of them. Each is one scalar subquery of
-the statement (evaluated once, never per row).
+How: a query of at most ``MAX_QUERY_WORDS // 2`` runs of letters and digits cannot have more
+words than the bound (``surely_within``) and is searched as it always was, in one statement.
+A longer one costs one round trip more: ``lexemes_sql`` picks its words, and the statement
+gets them as values (``words_of``): the planner estimates its matches by them, and nothing is
+computed per row (a ``tsquery`` built inside the statement made 32-128 word recalls ~3x
+slower: BENCHMARKS.md).
 """
 
 from __future__ import annotations
+
+import itertools
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from schemas.limits import MAX_QUERY_WORDS
 from worker.db.models import SEARCH_CONFIG
@@ -28,10 +39,11 @@ __all__ = [
     "COMMON_SHARE",
     "MAX_QUERY_WORDS",
     "all_of",
-    "all_words_sql",
     "any_of",
-    "any_words_sql",
     "lexemes_sql",
+    "surely_within",
+    "tsquery_text",
+    "words_of",
 ]
 
 COMMON_SHARE = 0.05
@@ -69,28 +81,64 @@ def lexemes_sql(query: str, table: str) -> str:
     )
 
 
-def _within(query: str) -> str:
-    return f"length(to_tsvector('{SEARCH_CONFIG}', {query})) <= {int(MAX_QUERY_WORDS)}"
+_RUN = re.compile(r"[^\W_]+")
 
 
-def any_words_sql(query: str, table: str) -> str:
-    """SQL: the ``tsquery`` matching any word of the text ``query`` (a SQL expression) that
-    the search uses (``lexemes_sql``). A query within the bound is the expression the planner
-    reads the words of (``plainto_tsquery``: it estimates the matches by them); a longer one,
-    a scalar subquery evaluated once."""
-    words = f"plainto_tsquery('{SEARCH_CONFIG}', {query})"
-    return (
-        f"(CASE WHEN {_within(query)} THEN CAST(replace(CAST({words} AS text), '&', '|')"
-        f" AS tsquery) ELSE (SELECT {any_of(lexemes_sql(query, table))}) END)"
+def surely_within(query: str) -> bool:
+    """Whether ``query`` has at most ``MAX_QUERY_WORDS // 2`` runs of letters and digits: then
+    it has at most ``MAX_QUERY_WORDS`` words as Postgres indexes them (it makes at most two of
+    each run: a hyphenated word's parts and whole, a URL's host and path), and it is searched
+    by every word the way it always was (one statement, its words estimated by the planner).
+    Counted up to the first run past that, whatever the query's length."""
+    half = MAX_QUERY_WORDS // 2
+    return sum(1 for _ in itertools.islice(_RUN.finditer(query), half + 1)) <= half
+
+
+@dataclass(frozen=True)
+class Words:
+    """How a statement names the words a query is searched by: ``lexemes`` (``text[]``),
+    ``any`` and ``all`` (``tsquery``) as SQL of the query ``:q``, with ``params``."""
+
+    lexemes: str
+    any: str
+    all: str
+    params: dict[str, Any]
+
+
+_EVERY = Words(
+    f"tsvector_to_array(to_tsvector('{SEARCH_CONFIG}', :q))",
+    f"CAST(replace(CAST(plainto_tsquery('{SEARCH_CONFIG}', :q) AS text), '&', '|') AS tsquery)",
+    f"plainto_tsquery('{SEARCH_CONFIG}', :q)",
+    {},
+)
+
+
+async def words_of(conn: AsyncConnection, query: str, table: str) -> Words:
+    """The words ``query`` is searched by in ``table``: a short query (``surely_within``) by
+    all of them, read in the statement itself; a longer one by at most ``MAX_QUERY_WORDS``
+    (``lexemes_sql``, one round trip more), passed to the statement as values, so the planner
+    estimates by them and nothing is computed per row."""
+    if surely_within(query):
+        return _EVERY
+    found = await conn.execute(text(f"SELECT {lexemes_sql(':q', table)}"), {"q": query})
+    lexemes = list(found.scalar_one() or [])
+    return Words(
+        "CAST(:words AS text[])",
+        "CAST(:any_words AS tsquery)",
+        "CAST(:all_words AS tsquery)",
+        {
+            "words": lexemes,
+            "any_words": tsquery_text(lexemes, "|"),
+            "all_words": tsquery_text(lexemes, "&"),
+        },
     )
 
 
-def all_words_sql(query: str, table: str) -> str:
-    """SQL: the ``tsquery`` matching all the words ``any_words_sql`` matches any of."""
-    return (
-        f"(CASE WHEN {_within(query)} THEN plainto_tsquery('{SEARCH_CONFIG}', {query})"
-        f" ELSE (SELECT {all_of(lexemes_sql(query, table))}) END)"
-    )
+def tsquery_text(lexemes: list[str], operator: str) -> str:
+    """``lexemes`` as ``tsquery`` text joined by ``operator``, each quoted as Postgres quotes
+    a lexeme (a quote doubled, a backslash escaped): no word can break the syntax."""
+    quoted = ("'" + w.replace("\\", "\\\\").replace("'", "''") + "'" for w in lexemes)
+    return f" {operator} ".join(quoted)
 
 
 def _joined(lexemes: str, operator: str) -> str:

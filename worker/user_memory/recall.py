@@ -37,7 +37,7 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from worker.db.query_words import all_words_sql, any_words_sql, lexemes_sql
+from worker.db.query_words import words_of
 from worker.db.vectors import CHUNK_TABLE, VECTOR_TABLE, has_chunk_table, vector_literal
 from worker.episodes.embedding import Embedder
 from worker.episodes.text_search import BY_INDEX, TEXT_CAP
@@ -71,10 +71,6 @@ def _filters(user_id: str | None, time_range: tuple[datetime, datetime] | None) 
     return where
 
 
-_ANY_WORD = any_words_sql(":q", "episodes")
-_ALL_WORDS = all_words_sql(":q", "episodes")
-
-
 async def _words(
     conn: AsyncConnection,
     query: str,
@@ -93,13 +89,14 @@ async def _words(
         f"e.id, e.session_id, e.turn_id, left(e.input, {HEAD}) AS head,"
         " length(e.search_vector) AS n, e.search_vector AS sv"
     )
+    searched = await words_of(conn, query, "episodes")
     tiers = " UNION ".join(
         f"(SELECT {columns} FROM episodes e WHERE {' AND '.join(where)}"
         f" AND e.search_vector @@ {words} LIMIT {TEXT_CAP})"
-        for words in (_ALL_WORDS, _ANY_WORD)
+        for words in (searched.all, searched.any)
     )
     statement = (
-        f"WITH q AS (SELECT {lexemes_sql(':q', 'episodes')} AS lexemes,"
+        f"WITH q AS (SELECT {searched.lexemes} AS lexemes,"
         " (SELECT count(*) FROM (SELECT 1 FROM episodes e"
         f" WHERE {' AND '.join(where)} LIMIT {PARTITION_BOUND}) s) AS total)"
         " SELECT q.lexemes, q.total, m.id, m.session_id, m.turn_id, m.head, m.n, c.words, c.tfs"
@@ -110,7 +107,7 @@ async def _words(
         await conn.execute(text(BY_INDEX))  # for the rest of the recall's transaction
     lexemes: list[str] = []
     total = 0
-    for row in await conn.execute(text(statement), {**params, "q": query}):
+    for row in await conn.execute(text(statement), {**params, **searched.params, "q": query}):
         lexemes, total = row.lexemes or [], int(row.total)
         if row.id is None:
             break
