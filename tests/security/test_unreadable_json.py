@@ -190,7 +190,7 @@ async def test_the_stream_door_names_the_field_holding_a_lone_surrogate(
 ) -> None:
     """The lifecycle stream's JSON, a lone surrogate escaped in a command's text: the command is
     rejected ``invalid_event`` naming the field, and nothing of the session is made."""
-    cases = {
+    cases: dict[str, tuple[str, dict[str, Any], str]] = {
         "u1": ("spawn", {"metadata": {"m": "\ud800"}}, "metadata['m']"),
         "u2": ("spawn", {"correlation_id": "c\udfff"}, "correlation_id"),
         "u3": ("spawn", {"initial_state": {"a": ["ok", {"b": "\ud800"}]}}, "initial_state['a'][1]"),

@@ -132,7 +132,7 @@ def _nul_in_fields(raw: Mapping[str, Any]) -> tuple[str, str] | None:
     return None
 
 
-def _lenient(payload: bytes) -> tuple[dict[str, Any], tuple[str, str]] | None:
+def _lenient(payload: bytes | str) -> tuple[dict[str, Any], tuple[str, str]] | None:
     """JSON orjson refuses but ``json`` reads because of a lone surrogate (``"\\ud800"``): the
     command with each such text made printable, and the first field holding one; else None."""
     try:
