@@ -168,8 +168,8 @@ async def test_every_process_door_applies_the_same_bound(
                     page.text,
                     re.DOTALL,
                 )
-                assert cells is not None, page.text[-3000:]
-                return cells[1].strip() != "–"  # the Words column: its BM25, or none
+                # the Words column: its BM25, or none (not listed: not found by words)
+                return cells is not None and cells[1].strip() != "–"
 
             seen["inspector"] = (await inspected(WITHIN), await inspected(PAST))
     finally:
