@@ -29,7 +29,7 @@ from tests.integration.test_client_and_cli import memworker
 from worker.episodes.store import EpisodeStore
 from worker.settings import Settings
 from worker.user_memory.memory import Memory
-from worker.user_memory.models import Episode
+from worker.user_memory.models import Episode, Fact
 
 PROJECT = "longq"
 USER = "reader"
@@ -99,6 +99,17 @@ async def test_python_doors_search_by_at_most_max_query_words_common_ones_last(
         # the longest query is answered, searched by its first words
         longest = " ".join(absent_words(6000))[: MAX_QUERY_BYTES - len(RARE) - 1]
         assert await by_words(f"{RARE} {longest}", RARE)
+        # facts: the same rule
+        await memory.facts.append(
+            Fact(user_id=USER, subject="reader", predicate="saw", object=f"a {RARE}")
+        )
+
+        async def fact_found(query: str) -> bool:
+            facts = await memory.recall_facts(query, limit=40, user_id=USER)
+            return any(RARE in f.object for f in facts)
+
+        assert await fact_found(WITHIN)
+        assert not await fact_found(PAST)
         store = EpisodeStore(memory.engine)
 
         async def store_by_words(query: str) -> bool:
