@@ -125,7 +125,8 @@ def _nul_in_fields(raw: Mapping[str, Any]) -> tuple[str, str] | None:
     """The first command field holding a NUL character at any depth (``metadata['m']``,
     ``initial_state (a key, ...)``, ``correlation_id``): text cannot hold one, and the
     session's rows in Postgres would be refused. Only looked for when the entry's JSON has
-    ``\\u0000`` at all (one scan of its bytes); a lone surrogate is not JSON to orjson."""
+    ``\\u0000`` at all (one scan of its bytes); a lone surrogate, which orjson cannot read, is
+    found by ``_lenient``."""
     for name, value in raw.items():
         if name in _COMMAND_FIELDS and (bad := json_text_problem(value, name)) is not None:
             return bad
