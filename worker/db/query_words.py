@@ -38,8 +38,6 @@ from worker.db.models import SEARCH_CONFIG
 __all__ = [
     "COMMON_SHARE",
     "MAX_QUERY_WORDS",
-    "all_of",
-    "any_of",
     "lexemes_sql",
     "surely_within",
     "tsquery_text",
@@ -139,22 +137,3 @@ def tsquery_text(lexemes: list[str], operator: str) -> str:
     a lexeme (a quote doubled, a backslash escaped): no word can break the syntax."""
     quoted = ("'" + w.replace("\\", "\\\\").replace("'", "''") + "'" for w in lexemes)
     return f" {operator} ".join(quoted)
-
-
-def _joined(lexemes: str, operator: str) -> str:
-    # The words as a tsvector's text ('a' 'b''s' ...: each quoted and escaped by Postgres),
-    # joined by the operator: a word cannot break the tsquery's syntax.
-    return (
-        f"CAST(replace(CAST(strip(array_to_tsvector({lexemes})) AS text), ''' ''',"
-        f" ''' {operator} ''') AS tsquery)"
-    )
-
-
-def any_of(lexemes: str) -> str:
-    """SQL: the ``tsquery`` matching any of ``lexemes`` (a ``text[]`` expression)."""
-    return _joined(lexemes, "|")
-
-
-def all_of(lexemes: str) -> str:
-    """SQL: the ``tsquery`` matching all of ``lexemes`` (a ``text[]`` expression)."""
-    return _joined(lexemes, "&")
