@@ -26,6 +26,12 @@ so 256 KiB of text always fits (a longer text is refused, never cut)."""
 MAX_QUERY_BYTES = 32_768
 """A recall query, UTF-8 (LoomFlow's agents recall with the user's prompt: 32 KiB is a long
 prompt; a longer one is refused with an error naming ``query``)."""
+MAX_QUERY_WORDS = 128
+"""The most distinct words (English stems, stop words dropped) a recall's words search uses:
+a query with more is searched by this many of them, in its order but the table's common words
+last (``worker.db.query_words``; the meaning half still reads the whole query). Bounds a
+recall's work, which grows with the words it searches by: a pasted paragraph (~60-120 distinct
+words) is searched whole."""
 MAX_FACT_FIELD_BYTES = 4_096
 """A fact's ``subject``, ``predicate``, ``object`` and each of its ``sources``, UTF-8."""
 MAX_REMEMBER_BATCH = 1_000

@@ -3,7 +3,8 @@ low-level ``Server``: over stdio (what desktop assistants and agent frameworks s
 streamable HTTP (``--http PORT``, path ``/mcp``, behind the same ``Guard`` as
 ``memworker serve``, with the same probes; sessions capped and closed when idle). Listing
 gives each tool's description and JSON Schema; a call answers the tool's JSON result as text,
-or ``{"error": "<one line>"}`` with ``isError`` set.
+or ``{"error": "<one line>"}`` with ``isError`` set, also for a request the SDK cannot read
+but JSON can (a lone surrogate: ``mcp_intake``).
 """
 
 from __future__ import annotations
@@ -95,10 +96,13 @@ async def run_stdio(access: Callable[[], Access]) -> None:
     """Serve MCP on stdin/stdout until the client closes them."""
     from mcp.server.stdio import stdio_server
 
+    from worker.access.mcp_intake import StdioIntake
+
     server = build(access)
     try:
         async with stdio_server() as (read, write):
-            await server.run(read, write, server.create_initialization_options())
+            intake = StdioIntake(read, write)  # a line the SDK cannot read, answered
+            await server.run(intake, write, server.create_initialization_options())
     finally:
         await close(server)
 
@@ -120,6 +124,7 @@ def http_app(
     from mcp.server.transport_security import TransportSecuritySettings
 
     from worker.access.guard import Guard
+    from worker.access.mcp_intake import HttpIntake
     from worker.access.probes import probe_routes
     from worker.metrics import MCP_SESSIONS_OPEN
 
@@ -135,7 +140,7 @@ def http_app(
     manager = server.session_manager
     # Read at each scrape: the SDK's table of open sessions (no hook to count them by).
     MCP_SESSIONS_OPEN.set_function(lambda: len(getattr(manager, "_server_instances", ())))
-    capped = SessionCapMessage(app, max_sessions)
+    capped = SessionCapMessage(HttpIntake(app), max_sessions)
     guarded = Guard(
         capped,
         token=token,

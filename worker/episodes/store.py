@@ -28,6 +28,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker
 from schemas.inputs import check_limit, check_text, check_when
 from schemas.limits import MAX_QUERY_BYTES
 from worker.db.models import SEARCH_CONFIG, Episode, LifecycleEvent
+from worker.db.query_words import words_of
 from worker.episodes.embedding import Embedder
 from worker.episodes.ranking import DEFAULT_WEIGHTS, Candidate, RecallWeights, fuse
 from worker.episodes.text_search import BY_INDEX, TEXT_CAP, ranked_matches
@@ -363,8 +364,10 @@ class EpisodeStore:
         self, query: str, filters: list[ColumnElement[bool]], n: int, scope: Hashable
     ) -> list[tuple[Candidate, float]]:
         cap = await self._words_cap(filters, scope)
-        statement = ranked_matches(Episode.__table__, query, filters, n, cap)
         async with self.engine.begin() as conn:
+            searched = await words_of(conn, query, "episodes")  # at most MAX_QUERY_WORDS
+            bounded = searched.params.get("words")
+            statement = ranked_matches(Episode.__table__, query, filters, n, cap, bounded)
             if cap is not None:
                 await conn.execute(text(BY_INDEX))
             return [

@@ -8,10 +8,12 @@ the heap, then ``ts_rank``) cost 10-67 ms at 100k, most of a recall's time, and 
 store. So at most ``cap`` matches are ranked (``TEXT_CAP``): the GIN index still finds every
 match (a bitmap, cheap), but only the first ``cap`` rows the scan reads are ranked, plus every
 episode holding **all** the query's words (at most ``cap`` more; GIN intersects the words, so
-this stays small), which are the ones ``ts_rank`` puts first. A scope with at most ``cap``
-matches is ranked exactly as without a cap. Above it, an episode sharing only some of the
-query's common words may be missed by this search (the vector search still finds it by
-meaning); BENCHMARKS.md has the measured cost and the labeled recall either way.
+this stays small), which are the ones ``ts_rank`` puts first. A query is searched by at most
+``MAX_QUERY_WORDS`` of its words (``worker.db.query_words``): a longer one costs no more. A
+scope with at most ``cap`` matches is ranked exactly as without a cap. Above it, an episode
+sharing only some of the query's common words may be missed by this search (the vector search
+still finds it by meaning); BENCHMARKS.md has the measured cost and the labeled recall either
+way.
 """
 
 from __future__ import annotations
@@ -31,10 +33,11 @@ from sqlalchemy import (
     select,
     union,
 )
-from sqlalchemy.dialects.postgresql import TSQUERY
+from sqlalchemy.dialects.postgresql import ARRAY, TSQUERY
 from sqlalchemy.sql.elements import TextClause
 
 from worker.db.models import SEARCH_CONFIG
+from worker.db.query_words import tsquery_text
 
 TEXT_CAP = 1_000
 """Default of ``EpisodeStore(text_cap=)``: how many matches of any word are ranked at most."""
@@ -47,10 +50,20 @@ index, and one that stops only after ~8% of 100k rows); the GIN index bounds it 
 UNSET_BY_INDEX = "SET LOCAL enable_seqscan TO DEFAULT"
 
 
-def any_word(query: Any) -> ColumnElement[Any]:
-    """The query's words joined by OR: an episode sharing some of them matches."""
+def any_word(query: Any, bounded: list[str] | None = None) -> ColumnElement[Any]:
+    """The query's words joined by OR: an episode sharing some of them matches. ``bounded``:
+    the words a long query is searched by (``worker.db.query_words``), given as a value."""
+    if bounded is not None:
+        return cast(literal(tsquery_text(bounded, "|"), Text), TSQUERY)
     words = func.plainto_tsquery(SEARCH_CONFIG, query)
     return cast(func.replace(cast(words, Text), "&", "|"), TSQUERY)
+
+
+def all_words(query: Any, bounded: list[str] | None = None) -> ColumnElement[Any]:
+    """The query's words joined by AND (``bounded``: as ``any_word``)."""
+    if bounded is not None:
+        return cast(literal(tsquery_text(bounded, "&"), Text), TSQUERY)
+    return func.plainto_tsquery(SEARCH_CONFIG, query)
 
 
 PAIRED_WORDS = 12
@@ -58,13 +71,15 @@ PAIRED_WORDS = 12
 n words has n(n-1)/2 pairs, and a few hundred words would exceed Postgres' 1 MB tsquery."""
 
 
-def two_words(query: Any) -> ColumnElement[Any]:
+def two_words(query: Any, bounded: list[str] | None = None) -> ColumnElement[Any]:
     """Any two of the query's words (``(a & b) | (a & c) | ...``; NULL, matching nothing, for
     a query of one word; of a longer query, pairs of its first ``PAIRED_WORDS`` distinct words
     in the order Postgres sorts them). Each word goes through ``plainto_tsquery('simple',
     ...)`` and the pairs are joined as the text form Postgres itself writes, so no word can
-    break the syntax."""
-    lexemes = func.tsvector_to_array(func.to_tsvector(SEARCH_CONFIG, query))
+    break the syntax. ``bounded``: as ``any_word`` (its first ``PAIRED_WORDS``)."""
+    lexemes: Any = func.tsvector_to_array(func.to_tsvector(SEARCH_CONFIG, query))
+    if bounded is not None:
+        lexemes = cast(literal(sorted(bounded), ARRAY(Text)), ARRAY(Text))
     a = func.unnest(lexemes).table_valued("lexeme", with_ordinality="n").render_derived(name="a")
     b = func.unnest(lexemes).table_valued("lexeme", with_ordinality="n").render_derived(name="b")
     pair = func.plainto_tsquery("simple", a.c.lexeme).op("&&")(
@@ -86,12 +101,14 @@ def ranked_matches(
     filters: Sequence[ColumnElement[bool] | TextClause],
     n: int,
     cap: int | None = TEXT_CAP,
+    bounded: list[str] | None = None,
 ) -> Select[Any]:
     """``id, occurred_at, importance_score, rank`` of at most ``n`` of the ``episodes`` (the
     table or an alias of it) under ``filters`` matching any word of ``query``, best
-    ``ts_rank`` first; ``cap`` (None: no cap) bounds how many are ranked (module doc)."""
+    ``ts_rank`` first; ``cap`` (None: no cap) bounds how many are ranked (module doc);
+    ``bounded``: the words a long query is searched by (``worker.db.query_words.words_of``)."""
     c = episodes.c
-    anyq = any_word(query)
+    anyq = any_word(query, bounded)
     rank = func.ts_rank(c.search_vector, anyq).label("rank")
     columns = (c.id, c.occurred_at, c.importance_score, rank)
     if cap is None:
@@ -101,11 +118,11 @@ def ranked_matches(
             .order_by(desc(rank), desc(c.occurred_at), c.id)
             .limit(n)
         )
-    allq = func.plainto_tsquery(SEARCH_CONFIG, query)
+    allq = all_words(query, bounded)
     limit: ColumnElement[int] = literal_column(str(int(cap)))  # a constant: the plan knows it
     parts = [
         select(*columns).where(*filters, c.search_vector.op("@@")(words)).limit(limit)
-        for words in (allq, two_words(query), anyq)
+        for words in (allq, two_words(query, bounded), anyq)
     ]
     found = union(*parts).subquery("matched")
     m = found.c

@@ -7,6 +7,7 @@ a dead letter (``Unusable``: not JSON, not an object, or no usable ``event_id``)
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -124,11 +125,35 @@ def _nul_in_fields(raw: Mapping[str, Any]) -> tuple[str, str] | None:
     """The first command field holding a NUL character at any depth (``metadata['m']``,
     ``initial_state (a key, ...)``, ``correlation_id``): text cannot hold one, and the
     session's rows in Postgres would be refused. Only looked for when the entry's JSON has
-    ``\\u0000`` at all (one scan of its bytes); a lone surrogate is not JSON to orjson."""
+    ``\\u0000`` at all (one scan of its bytes); a lone surrogate, which orjson cannot read, is
+    found by ``_lenient``."""
     for name, value in raw.items():
         if name in _COMMAND_FIELDS and (bad := json_text_problem(value, name)) is not None:
             return bad
     return None
+
+
+def _lenient(payload: bytes | str) -> tuple[dict[str, Any], tuple[str, str]] | None:
+    """JSON orjson refuses but ``json`` reads because of a lone surrogate (``"\\ud800"``): the
+    command with each such text made printable, and the first field holding one; else None."""
+    try:
+        raw = json.loads(payload)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(raw, dict):
+        return None
+    found = _nul_in_fields(raw) or json_text_problem(raw, "data")
+    return None if found is None else (_printable(raw), found)
+
+
+def _printable(value: Any) -> Any:
+    if isinstance(value, str):
+        return value.encode("utf-8", "replace").decode("utf-8")
+    if isinstance(value, dict):
+        return {_printable(k): _printable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_printable(v) for v in value]
+    return value
 
 
 def parse_entry(fields: Mapping[bytes, bytes], shard: int, settings: Settings) -> Intake:
@@ -139,10 +164,13 @@ def parse_entry(fields: Mapping[bytes, bytes], shard: int, settings: Settings) -
         return Unusable(f"FastStream envelope in __data__ could not be read: {exc}")
     if payload is None:
         return Unusable("entry has no 'data' field (nor FastStream's '__data__')")
+    unstorable = None
     try:
         raw = orjson.loads(payload)
     except orjson.JSONDecodeError as exc:
-        return Unusable(f"'data' is not valid UTF-8 JSON: {exc}")
+        if (lenient := _lenient(payload)) is None:
+            return Unusable(f"'data' is not valid UTF-8 JSON: {exc}")
+        raw, unstorable = lenient  # a lone surrogate: rejected below, naming its field
     if not isinstance(raw, dict):
         return Unusable(f"'data' is JSON {type(raw).__name__}, not an object")
     event_id = raw.get("event_id")
@@ -192,6 +220,8 @@ def parse_entry(fields: Mapping[bytes, bytes], shard: int, settings: Settings) -
             "invalid_event",
             f"type must be one of {', '.join(COMMAND_TYPES)}; got {raw.get('type')!r:.60}",
         )
+    if unstorable is not None:
+        return refuse("invalid_event", f"invalid fields: {unstorable[0]}: {unstorable[1]}")
     if b"\\u0000" in payload and (bad := _nul_in_fields(raw)) is not None:
         return refuse("invalid_event", f"invalid fields: {bad[0]}: {bad[1]}")
     try:

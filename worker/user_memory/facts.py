@@ -47,7 +47,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from worker.db.models import SEARCH_CONFIG
+from worker.db.query_words import words_of
 from worker.episodes.changes import change_event, owe
 from worker.episodes.embedding import fact_text
 from worker.user_memory.inputs import check_fact
@@ -368,21 +368,20 @@ class FactStore:
         self, query: str, where: list[str], params: dict[str, Any]
     ) -> list[Fact]:
         where = list(where)
-        if not query.strip():
-            order = "recorded_at DESC, id DESC"
-        else:
-            words = (
-                f"CAST(replace(CAST(plainto_tsquery('{SEARCH_CONFIG}', :q) AS text), '&', '|')"
-                " AS tsquery)"
-            )
-            where.append(f"search_vector @@ {words}")
-            order = f"ts_rank(search_vector, {words}) DESC, length(subject || object), id"
-            params = {**params, "q": query}
-        statement = text(
-            f"SELECT {_COLUMNS} FROM facts WHERE {' AND '.join(where)} ORDER BY {order}"
-            f" LIMIT {FUSED_CANDIDATES}"
-        )
         async with self.engine.connect() as conn:
+            if not query.strip():
+                order = "recorded_at DESC, id DESC"
+            else:
+                searched = await words_of(conn, query, "facts")  # at most MAX_QUERY_WORDS
+                where.append(f"search_vector @@ {searched.any}")
+                order = (
+                    f"ts_rank(search_vector, {searched.any}) DESC, length(subject || object), id"
+                )
+                params = {**params, **searched.params, "q": query}
+            statement = text(
+                f"SELECT {_COLUMNS} FROM facts WHERE {' AND '.join(where)} ORDER BY {order}"
+                f" LIMIT {FUSED_CANDIDATES}"
+            )
             return [fact_from_row(r) for r in await conn.execute(statement, params)]
 
     async def _indexed_embedder(self) -> Any:

@@ -6,7 +6,9 @@ turn before and after in its session, the speaker the query names), weighted by 
 ``alpha`` (0 words only, 1 meaning only, 0.5 both).
 
 - **Words**: Postgres full text over ``search_vector`` (English stemming; any word of the
-  query matches; at most ``TEXT_CAP`` matches are considered, as in ``episodes.text_search``),
+  query matches, of at most ``MAX_QUERY_WORDS`` distinct words, common words last:
+  ``worker.db.query_words``; at most ``TEXT_CAP`` matches are considered, as in
+  ``episodes.text_search``),
   scored by BM25 over the lexemes of each match; ``bm25_score`` is that BM25. Findable as soon
   as ``remember`` returns.
 - **Meaning**: pgvector cosine over the vectors the indexer made (``episode_embeddings``, and
@@ -35,7 +37,7 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from worker.db.models import SEARCH_CONFIG
+from worker.db.query_words import words_of
 from worker.db.vectors import CHUNK_TABLE, VECTOR_TABLE, has_chunk_table, vector_literal
 from worker.episodes.embedding import Embedder
 from worker.episodes.text_search import BY_INDEX, TEXT_CAP
@@ -69,10 +71,6 @@ def _filters(user_id: str | None, time_range: tuple[datetime, datetime] | None) 
     return where
 
 
-_ANY_WORD = f"replace(plainto_tsquery('{SEARCH_CONFIG}', :q)::text, '&', '|')::tsquery"
-_ALL_WORDS = f"plainto_tsquery('{SEARCH_CONFIG}', :q)"
-
-
 async def _words(
     conn: AsyncConnection,
     query: str,
@@ -81,8 +79,9 @@ async def _words(
     turns: dict[str, Turn],
     by_index: bool,
 ) -> tuple[list[str], int]:
-    """The query's lexemes and the partition's size (BM25's ``N``, up to
-    ``PARTITION_BOUND``); each match's counts of the lexemes into ``turns``. At most ``TEXT_CAP``
+    """The query's lexemes (at most ``MAX_QUERY_WORDS``: ``worker.db.query_words``) and the
+    partition's size (BM25's ``N``, up to ``PARTITION_BOUND``); each match's counts of the
+    lexemes into ``turns``. At most ``TEXT_CAP``
     turns holding any word, plus up to as many holding all of them (``episodes.text_search``:
     the GIN index finds them; only these are read). ``by_index``: the transaction already reads
     by index (``_meaning`` set it), else this sets it first. One statement."""
@@ -90,13 +89,14 @@ async def _words(
         f"e.id, e.session_id, e.turn_id, left(e.input, {HEAD}) AS head,"
         " length(e.search_vector) AS n, e.search_vector AS sv"
     )
+    searched = await words_of(conn, query, "episodes")
     tiers = " UNION ".join(
         f"(SELECT {columns} FROM episodes e WHERE {' AND '.join(where)}"
         f" AND e.search_vector @@ {words} LIMIT {TEXT_CAP})"
-        for words in (_ALL_WORDS, _ANY_WORD)
+        for words in (searched.all, searched.any)
     )
     statement = (
-        f"WITH q AS (SELECT tsvector_to_array(to_tsvector('{SEARCH_CONFIG}', :q)) AS lexemes,"
+        f"WITH q AS (SELECT {searched.lexemes} AS lexemes,"
         " (SELECT count(*) FROM (SELECT 1 FROM episodes e"
         f" WHERE {' AND '.join(where)} LIMIT {PARTITION_BOUND}) s) AS total)"
         " SELECT q.lexemes, q.total, m.id, m.session_id, m.turn_id, m.head, m.n, c.words, c.tfs"
@@ -107,7 +107,7 @@ async def _words(
         await conn.execute(text(BY_INDEX))  # for the rest of the recall's transaction
     lexemes: list[str] = []
     total = 0
-    for row in await conn.execute(text(statement), {**params, "q": query}):
+    for row in await conn.execute(text(statement), {**params, **searched.params, "q": query}):
         lexemes, total = row.lexemes or [], int(row.total)
         if row.id is None:
             break
