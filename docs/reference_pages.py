@@ -8,7 +8,8 @@ A page holds a marker line ``<!-- reference: NAME -->``; the build replaces it w
   field's docstring);
 - ``http``: every route of ``memworker serve``'s OpenAPI document;
 - ``streams``: the streams of the AsyncAPI document and the events of ``memworker schema``;
-- ``alerts``: every alert of ``deploy/prometheus/alerts.yml``.
+- ``alerts``: every alert of ``deploy/prometheus/alerts.yml``;
+- ``metrics``: every metric of ``worker/metrics.py`` (name, type, labels, help).
 
 ``tests/unit/test_docs_reference.py`` imports this file to check that every setting, command
 and route has its line. Nothing here reaches a server or the network.
@@ -219,6 +220,33 @@ def streams_markdown() -> str:
     return "\n".join(out) + "\n"
 
 
+# -- metrics ------------------------------------------------------------------------------
+
+
+def metrics() -> list[tuple[str, str, str, tuple[str, ...]]]:
+    """Every metric of ``worker/metrics.py`` as ``(name as scraped, type, help, labels)``."""
+    from prometheus_client.metrics import MetricWrapperBase
+
+    import worker.metrics
+
+    found = []
+    for value in vars(worker.metrics).values():
+        if isinstance(value, MetricWrapperBase):
+            [family] = value.describe()
+            name = family.name + ("_total" if family.type == "counter" else "")
+            labels = tuple(getattr(value, "_labelnames", ()))
+            found.append((name, family.type, family.documentation, labels))
+    return found
+
+
+def metrics_markdown() -> str:
+    out = ["| metric | type | labels | what it measures |", "|---|---|---|---|"]
+    for name, kind, documentation, labels in metrics():
+        shown = ", ".join(f"`{label}`" for label in labels) or "—"
+        out.append(f"| `{name}` | {kind} | {shown} | {_cell(documentation)} |")
+    return "\n".join(out) + "\n"
+
+
 # -- alerts -------------------------------------------------------------------------------
 
 
@@ -245,6 +273,7 @@ REFERENCES: dict[str, Callable[[], str]] = {
     "http": http_markdown,
     "streams": streams_markdown,
     "alerts": alerts_markdown,
+    "metrics": metrics_markdown,
 }
 
 

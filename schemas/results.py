@@ -55,23 +55,31 @@ class ResultBase(BaseModel):
 
 
 class AgentSpawned(ResultBase):
+    """A spawn was applied: the session exists, active, with ``initial_items`` variables."""
+
     type: Literal["agent.spawned"] = "agent.spawned"
     initial_items: int = Field(ge=0)
 
 
 class AgentPaused(ResultBase):
+    """A pause was applied: the session is paused, its working memory saved as ``checkpoint_id``."""
+
     type: Literal["agent.paused"] = "agent.paused"
     checkpoint_id: str
     items_saved: int = Field(ge=0)
 
 
 class AgentResumed(ResultBase):
+    """A resume was applied: checkpoint ``checkpoint_id`` restored, the session active again."""
+
     type: Literal["agent.resumed"] = "agent.resumed"
     checkpoint_id: str
     items_restored: int = Field(ge=0)
 
 
 class ScratchpadEntry(BaseModel):
+    """One scratchpad entry of a terminated session's snapshot, with its RFC 3339 time."""
+
     content: JsonValue
     timestamp: str
 
@@ -86,6 +94,9 @@ class Snapshot(BaseModel):
 
 
 class AgentTerminated(ResultBase):
+    """A terminate was applied: the session ended (with ``consolidate``, the consolidator
+    writes its episode from this result)."""
+
     type: Literal["agent.terminated"] = "agent.terminated"
     outcome: Outcome
     items_cleared: int = Field(ge=0)
@@ -100,6 +111,9 @@ class AgentTerminated(ResultBase):
 
 
 class CommandRejected(ResultBase):
+    """A command was not applied: ``reason`` says why (the contract lists the reasons),
+    ``detail`` in words."""
+
     type: Literal["command.rejected"] = "command.rejected"
     reason: RejectionReason
     detail: str

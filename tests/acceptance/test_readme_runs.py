@@ -10,7 +10,8 @@ environment ``dev.env`` exports, as after ``source dev.env``.
 A block that cannot run in a test says so in its page, right before it, with
 ``<!-- not run: <why> -->``; that marker is the only way to skip one. ``docs/contract.md`` is the
 one page left out: its raw example has a test of its own (tests/integration/test_contract_doc.py)
-and its other block is JavaScript.
+and its other block is JavaScript. A block in a language this test cannot run (JavaScript, Go,
+…), on any page, carries a ``not run`` marker saying why.
 
 A port a block's server listens on (``--port 8765``) is a free one of the test's in the code it
 runs: the user's own server may hold the README's, and the test's requests must not reach it.
@@ -52,6 +53,9 @@ FENCE = re.compile(
     r"(?:<!--\s*not run:(?P<why>.*?)-->\s*\n)?```(?P<lang>[\w-]*)\n(?P<code>.*?)```", re.S
 )
 RUNNABLE = {"bash": "bash", "sh": "bash", "shell": "bash", "python": "python"}
+# Code this test cannot run (another language's runtime and packages): each such block says,
+# in its marker, why it is not run and how a reader runs it.
+OTHER_CODE = {"javascript", "js", "typescript", "ts", "go", "java", "ruby", "rust", "csharp"}
 LISTENS = re.compile(r"--(?:port|http|metrics-port)[ =](\d+)\b")
 
 
@@ -94,11 +98,17 @@ def readme_blocks() -> list[Block]:
 def test_every_block_the_readme_does_not_run_says_why() -> None:
     blocks = readme_blocks()
     assert any(b.language == "python" for b in blocks)
-    for block in blocks:
+    elsewhere = [b for page in RUN_ELSEWHERE for b in blocks_of(ROOT / "docs" / page)]
+    for block in [*blocks, *elsewhere]:
         if block.not_run is not None:
             assert block.not_run, f"{block.path}:{block.line}: `not run:` needs a reason"
-            assert block.language in RUNNABLE, (
-                f"{block.path}:{block.line}: only runnable code is marked"
+            assert block.language in RUNNABLE.keys() | OTHER_CODE, (
+                f"{block.path}:{block.line}: only code is marked"
+            )
+        elif block.language in OTHER_CODE:
+            raise AssertionError(
+                f"{block.path}:{block.line}: a {block.language} block is never run: say why "
+                "and how a reader runs it with <!-- not run: why -->"
             )
     for path in documents():
         prose = FENCE.sub("", path.read_text())

@@ -98,6 +98,16 @@ def test_every_alert_is_listed() -> None:
         assert f"| `{rule['alert']}` |" in text
 
 
+def test_every_metric_is_listed_with_what_it_measures() -> None:
+    text = pages.metrics_markdown()
+    found = pages.metrics()
+    assert any(name == "memworker_stream_lag" for name, *_ in found)
+    assert any(name == "memworker_commands_total" for name, *_ in found)
+    for name, _, documentation, _ in found:
+        assert f"| `{name}` |" in text, f"metric {name} is not in the metrics reference"
+        assert documentation.strip(), f"{name} has no help text in worker/metrics.py"
+
+
 def test_an_unknown_reference_marker_fails_the_build() -> None:
     with pytest.raises(ValueError, match="no reference named 'nope'"):
         pages.render("text\n<!-- reference: nope -->\n")
@@ -107,6 +117,88 @@ def test_every_page_with_a_marker_names_a_known_reference() -> None:
     for page in (ROOT / "docs").rglob("*.md"):
         for name in pages.MARKER.findall(page.read_text()):
             assert name in pages.REFERENCES, f"{page.name}: unknown reference {name!r}"
+
+
+# Where each generated reference is placed: a marker taken off its page would leave every
+# setting, command, route or stream without its line, and the tests above would still pass.
+PLACED = {
+    "settings": "reference/configuration.md",
+    "cli": "reference/cli.md",
+    "http": "reference/http.md",
+    "streams": "reference/streams.md",
+    "alerts": "guides/metrics.md",
+    "metrics": "guides/metrics.md",
+}
+
+
+def test_every_reference_is_placed_on_its_page() -> None:
+    assert set(PLACED) == set(pages.REFERENCES), "say which page shows each reference"
+    for name, page in PLACED.items():
+        text = (ROOT / "docs" / page).read_text()
+        assert name in pages.MARKER.findall(text), (
+            f"docs/{page} no longer places the {name} reference: its lines would be missing"
+        )
+
+
+# The Python API reference: these classes (and the models) have a `:::` line in
+# docs/reference/python.md, and every public method they define has a docstring to show there.
+PYTHON_API = {
+    "worker.memory.api.WorkingMemory",
+    "worker.user_memory.memory.Memory",
+    "worker.user_memory.facts.FactStore",
+    "worker.lifecycle.client.LifecycleClient",
+    "worker.agents.manager.AgentLifecycleManager",
+    "worker.user_memory.models",
+}
+
+
+def _python_reference() -> list[object]:
+    """Every object a `:::` line of the Python API page renders: the object it names, or the
+    members its options list."""
+    import importlib
+
+    text = (ROOT / "docs/reference/python.md").read_text()
+    objects: list[object] = []
+    for match in re.finditer(r"^::: ([\w.]+)\n((?:    .*\n)*)", text, re.M):
+        path, options = match.group(1), match.group(2)
+        members = re.findall(r"^        - (\w+)$", options, re.M)
+        try:
+            module = importlib.import_module(path)
+        except ModuleNotFoundError:
+            parent, _, name = path.rpartition(".")
+            objects.append(getattr(importlib.import_module(parent), name))
+            continue
+        public = members or [
+            name
+            for name, value in vars(module).items()
+            if not name.startswith("_") and getattr(value, "__module__", None) == path
+        ]
+        objects += [getattr(module, name) for name in public]
+    return objects
+
+
+def test_the_python_reference_renders_each_named_class() -> None:
+    text = (ROOT / "docs/reference/python.md").read_text()
+    missing = [name for name in PYTHON_API if f"::: {name}\n" not in text]
+    assert not missing, f"docs/reference/python.md has no `:::` line for {missing}"
+
+
+def test_every_class_and_method_the_python_reference_shows_has_a_docstring() -> None:
+    import inspect
+
+    undocumented = []
+    for obj in _python_reference():
+        if not inspect.isclass(obj):
+            continue
+        if not (obj.__doc__ or "").strip():
+            undocumented.append(obj.__qualname__)
+        for name, member in vars(obj).items():
+            function = getattr(member, "__func__", member)
+            if name.startswith("_") or not inspect.isfunction(function):
+                continue
+            if not (function.__doc__ or "").strip():
+                undocumented.append(f"{obj.__qualname__}.{name}")
+    assert not undocumented, f"no docstring for the Python API reference: {undocumented}"
 
 
 def _mkdocs() -> str | None:

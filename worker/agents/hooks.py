@@ -133,15 +133,19 @@ class LifecycleHooks:
         return self._register("spawn", hook)
 
     def on_pause(self, hook: LifecycleHook) -> LifecycleHook:
+        """Register ``hook`` for pauses (usable as ``@hooks.on_pause``)."""
         return self._register("pause", hook)
 
     def on_resume(self, hook: LifecycleHook) -> LifecycleHook:
+        """Register ``hook`` for resumes (usable as ``@hooks.on_resume``)."""
         return self._register("resume", hook)
 
     def on_terminate(self, hook: LifecycleHook) -> LifecycleHook:
+        """Register ``hook`` for terminations (usable as ``@hooks.on_terminate``)."""
         return self._register("terminate", hook)
 
     def hooks_for(self, event_type: str) -> list[LifecycleHook]:
+        """The hooks registered for ``event_type`` (``spawn``, …), in registration order."""
         return list(self._hooks.get(event_type, ()))
 
     async def run(self, result: Result, done: set[int] | None = None) -> int:

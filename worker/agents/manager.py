@@ -128,6 +128,7 @@ class AgentLifecycleManager:
         await self.close()
 
     async def close(self) -> None:
+        """Close the client, when this manager opened it."""
         if self._owns:
             await self.client.close()
 

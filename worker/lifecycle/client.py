@@ -86,6 +86,7 @@ class LifecycleClient:
         await self.close()
 
     async def close(self) -> None:
+        """Close the Redis connection, when this client opened it."""
         if self._owns:
             await self.redis.aclose()
 
@@ -277,6 +278,7 @@ class LifecycleClient:
     async def pause(
         self, project_id: str, session_id: str, agent_instance_id: str, **fields: Any
     ) -> str:
+        """Publish a pause (``checkpoint_id``, ``description`` in ``fields``); its ``event_id``."""
         return await self.publish(
             {
                 "type": "pause",
@@ -290,6 +292,7 @@ class LifecycleClient:
     async def resume(
         self, project_id: str, session_id: str, agent_instance_id: str, **fields: Any
     ) -> str:
+        """Publish a resume (``checkpoint_id``: which one, else the newest); its ``event_id``."""
         return await self.publish(
             {
                 "type": "resume",
@@ -303,6 +306,8 @@ class LifecycleClient:
     async def terminate(
         self, project_id: str, session_id: str, agent_instance_id: str, **fields: Any
     ) -> str:
+        """Publish a terminate (``outcome``, ``lessons_learned``, ``consolidate``, … in
+        ``fields``); its ``event_id``."""
         return await self.publish(
             {
                 "type": "terminate",
@@ -410,7 +415,9 @@ class LifecycleClient:
             yield entry_id, EpisodeRecorded.model_validate(data)
 
     def results_stream(self, shard: int) -> str:
+        """The name of shard ``shard``'s results stream (``P:results:{i}``)."""
         return StreamKeys(self.settings.stream_prefix, shard).results
 
     def episodes_stream(self) -> str:
+        """The name of the episodes stream (``P:episodes``)."""
         return episodes_stream(self.settings.stream_prefix)

@@ -234,6 +234,7 @@ class WorkingMemory:
         await self.backend.set(key, text, ttl_ms)
 
     async def get(self, key: str, default: Any = None) -> Any:
+        """The value of ``key`` (decoded from JSON), or ``default`` when it is not set."""
         found = await self.backend.get(validate_key(key))
         return default if found is None else orjson.loads(found)
 
@@ -242,6 +243,7 @@ class WorkingMemory:
         return await self.backend.delete(validate_key(key))
 
     async def exists(self, key: str) -> bool:
+        """Whether ``key`` is set in this session."""
         return await self.backend.exists(validate_key(key))
 
     async def list_keys(self, pattern: str = "*") -> list[str]:
@@ -297,6 +299,7 @@ class WorkingMemory:
         return state
 
     async def get_task_state(self) -> TaskState | None:
+        """The session's task state, or None when none was set."""
         found = await self.backend.get_task()
         return None if found is None else TaskState.model_validate_json(found)
 
@@ -370,6 +373,7 @@ class WorkingMemory:
         return await self._entries(limit)
 
     async def clear_scratchpad(self) -> int:
+        """Empty the scratchpad; how many entries it held."""
         return await self.backend.clear_scratchpad()
 
     # Checkpoints.
@@ -423,6 +427,7 @@ class WorkingMemory:
         return listed
 
     async def delete_checkpoint(self, checkpoint_id: str) -> bool:
+        """Delete one checkpoint; whether it existed."""
         return await self.backend.delete_checkpoint(_checkpoint_id(checkpoint_id))
 
     # Operations.

@@ -434,6 +434,7 @@ class FactStore:
             return await delete_facts(conn, self.project_id, user_id, before)
 
     async def count(self, *, user_id: str | None = None) -> int:
+        """How many facts the project holds about ``user_id`` (superseded ones included)."""
         statement = text(f"SELECT count(*) FROM facts WHERE project_id = :p AND {_user(user_id)}")
         async with self.engine.connect() as conn:
             return int(

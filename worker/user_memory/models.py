@@ -91,6 +91,8 @@ class _Model(BaseModel):
 
 
 class Role(StrEnum):
+    """Who said a ``Message``."""
+
     SYSTEM = "system"
     USER = "user"
     ASSISTANT = "assistant"
@@ -98,6 +100,8 @@ class Role(StrEnum):
 
 
 class ToolCall(_Model):
+    """A tool an assistant called, with its arguments."""
+
     id: str = Field(default_factory=lambda: new_id("tcall"))
     tool: str
     args: dict[str, Any] = Field(default_factory=dict)
@@ -111,11 +115,16 @@ class ToolCall(_Model):
 
 
 class Image(_Model):
+    """An image in a ``Message``: its ``data`` as text, and its ``media_type``."""
+
     data: str
     media_type: str = "image/png"
 
 
 class Message(_Model):
+    """One message of a conversation (LoomFlow's): an episode's ``tool_transcript``, or a
+    session's turns as messages (``Memory.session_messages``)."""
+
     role: Role
     content: str
     name: str | None = None
@@ -125,12 +134,15 @@ class Message(_Model):
 
 
 class MemoryBlock(_Model):
+    """A named block of text pinned to a user (``pinned_order``: its place in the profile)."""
+
     name: str
     content: str
     updated_at: datetime = Field(default_factory=utcnow)
     pinned_order: int = 0
 
     def format(self) -> str:
+        """The block as a prompt fragment: ``<name>content</name>``."""
         return f"<{self.name}>\n{self.content}\n</{self.name}>"
 
 
@@ -154,6 +166,7 @@ class Episode(_Model):
         return check_user_id(value)
 
     def format(self) -> str:
+        """The turn as one line: ``[when] input -> output``."""
         return f"[{self.occurred_at.isoformat()}] {self.input!r} -> {self.output!r}"
 
 
@@ -216,6 +229,7 @@ class Fact(_Model):
         return None if value is None else as_utc(value)
 
     def format(self) -> str:
+        """The fact as one line: subject, predicate, object, confidence, until when."""
         suffix = "" if self.valid_until is None else f" (until {self.valid_until.isoformat()})"
         return (
             f"{self.subject} {self.predicate} {self.object}"
@@ -224,6 +238,8 @@ class Fact(_Model):
 
 
 class MemoryProfile(_Model):
+    """What memory holds about a user, in short (``Memory.profile``)."""
+
     user_id: str | None
     episode_count: int = 0
     fact_count: int = 0
@@ -233,6 +249,8 @@ class MemoryProfile(_Model):
 
 
 class MemoryExport(_Model):
+    """Everything kept about a user (``Memory.export``): episodes, facts, blocks."""
+
     user_id: str | None
     episodes: list[Episode] = Field(default_factory=list)
     facts: list[Fact] = Field(default_factory=list)
