@@ -50,7 +50,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from worker.db.models import SEARCH_CONFIG
 from worker.episodes.changes import change_event, owe
 from worker.episodes.embedding import fact_text
-from worker.user_memory.fact_ranking import FUSED_CANDIDATES, by_cosine, rank_facts
+from worker.user_memory.fact_ranking import FUSED_CANDIDATES, by_cosine, cosines, rank_facts
 from worker.user_memory.fact_ranking import cosine as cosine  # where it was first
 from worker.user_memory.fact_ranking import fuse_facts as fuse_facts  # where it was first
 from worker.user_memory.inputs import check_fact
@@ -421,7 +421,8 @@ class FactStore:
         )
         async with self.engine.connect() as conn:
             rows = (await conn.execute(statement, params)).all()
-        return by_cosine([(fact_from_row(r), cosine(wanted, r.embedding)) for r in rows])
+        similar = cosines(wanted, [r.embedding for r in rows])
+        return by_cosine([(fact_from_row(r), c) for r, c in zip(rows, similar, strict=True)])
 
     async def _has_named_users(self) -> bool:
         statement = text(
