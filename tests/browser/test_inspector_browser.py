@@ -125,6 +125,9 @@ async def test_remember_recall_forget_live_and_edit_in_a_browser(
     first = rows[0].find_elements(By.TAG_NAME, "td")
     assert first[2].text.split()[0] != "–", "a vector score"
     assert "Relevance floor" in browser.find_element(By.TAG_NAME, "main").text
+    [fact] = browser.find_elements(By.CSS_SELECTOR, "#facts tbody tr")  # by its word "ferry"
+    cells = [td.text for td in fact.find_elements(By.TAG_NAME, "td")]
+    assert "commutes_by ferry" in cells[1] and float(cells[3]) > 0 and float(cells[4]) > 0
     shot(browser, shots / "inspector-recall.png")
 
     # live: a change arrives while the page is open

@@ -126,7 +126,7 @@ async def recall(request: Request, ui: Inspector) -> Response:
     if q is not None:
         matches, facts = await asyncio.gather(  # each its connection: the page waits for one
             access.memory.recall_scored(q, limit=limit, user_id=user_id),
-            access.memory.recall_facts(q, limit=limit, user_id=user_id),
+            access.memory.recall_facts_scored(q, limit=limit, user_id=user_id),
         )
         context.update(matches=matches, unindexed=matches.unindexed, facts=facts)
     return ui.render(

@@ -18,7 +18,8 @@ Where LoomFlow leaves a choice, a shared durable store takes these:
 Appends of one (user, subject, predicate) are serialised by an advisory lock, so concurrent
 writers never leave two facts valid at once for one predicate.
 
-``recall_text`` ranks among the user's facts valid at ``valid_at``:
+``recall_text`` ranks among the user's facts valid at ``valid_at`` (``recall_scored``: the
+same, with each fact's scores; how they are ranked and scored: ``fact_ranking``):
 
 - **by meaning** when the store has an embedder (``FactStore(embedder=...)``, LoomFlow's or
   ours): each appended fact's triple ("subject predicate object") is embedded and kept with it
@@ -37,7 +38,6 @@ writers never leave two facts valid at once for one predicate.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
@@ -50,9 +50,13 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from worker.db.query_words import words_of
 from worker.episodes.changes import change_event, owe
 from worker.episodes.embedding import fact_text
+from worker.user_memory.fact_ranking import FUSED_CANDIDATES, by_cosine, cosines, rank_facts
+from worker.user_memory.fact_ranking import cosine as cosine  # where it was first
+from worker.user_memory.fact_ranking import fuse_facts as fuse_facts  # where it was first
 from worker.user_memory.inputs import check_fact
 from worker.user_memory.models import (
     Fact,
+    FactMatch,
     as_fact,
     as_utc,
     check_user_id,
@@ -159,30 +163,8 @@ def model_name(embedder: Any) -> str:
     return name if isinstance(name, str) and name else type(embedder).__qualname__
 
 
-def cosine(a: Sequence[float], b: Sequence[float]) -> float:
-    dot = sum(x * y for x, y in zip(a, b, strict=False))
-    norm = math.sqrt(sum(x * x for x in a)) * math.sqrt(sum(y * y for y in b))
-    return dot / norm if norm else 0.0
-
-
 def triple_text(fact: Fact) -> str:
     return fact_text(fact.subject, fact.predicate, fact.object)
-
-
-FUSED_CANDIDATES = 50
-RRF_K = 60
-
-
-def fuse_facts(by_words: list[Fact], by_meaning: list[Fact]) -> list[Fact]:
-    """Words and meaning together, by reciprocal rank fusion (k = 60, equal weights): a fact
-    not embedded yet is still found by its words."""
-    score: dict[str, float] = {}
-    facts: dict[str, Fact] = {}
-    for ranking in (by_words, by_meaning):
-        for rank, fact in enumerate(ranking, start=1):
-            score[fact.id] = score.get(fact.id, 0.0) + 1.0 / (RRF_K + rank)
-            facts[fact.id] = fact
-    return [facts[i] for i in sorted(score, key=lambda i: (-score[i], i))]
 
 
 class FactStore:
@@ -339,12 +321,35 @@ class FactStore:
         user_id: str | None = None,
     ) -> list[Fact]:
         """The user's facts valid at ``valid_at`` best matching ``query``'s words."""
+        found = await self._ranked(query, limit, valid_at, user_id, "recall_text")
+        return [match.fact for match in found]
+
+    async def recall_scored(
+        self,
+        query: str,
+        *,
+        limit: int = 5,
+        valid_at: datetime | None = None,
+        user_id: str | None = None,
+    ) -> list[FactMatch]:
+        """``recall_text``'s facts, in its order, each with its scores (``FactMatch``: the
+        fused score that orders them, its cosine to the query, its words' rank)."""
+        return await self._ranked(query, limit, valid_at, user_id, "recall_scored")
+
+    async def _ranked(
+        self,
+        query: str,
+        limit: int,
+        valid_at: datetime | None,
+        user_id: str | None,
+        called: str,
+    ) -> list[FactMatch]:
         if user_id is None and await self._has_named_users():
             warn_isolation(
-                "FactStore.recall_text called without user_id, but the store contains facts for"
+                f"FactStore.{called} called without user_id, but the store contains facts for"
                 " one or more named users; only anonymous facts are searched. Did you forget"
                 " to pass user_id=?",
-                stacklevel=3,
+                stacklevel=4,  # the caller of Memory's method (or of this store's, one less)
             )
         where = ["project_id = :p", _user(user_id)]
         params: dict[str, Any] = {"p": self.project_id, "u": user_id, "n": max(0, limit)}
@@ -352,37 +357,38 @@ class FactStore:
             where.append("valid_from <= :at AND (valid_until IS NULL OR valid_until > :at)")
             params["at"] = as_utc(valid_at)
         if query.strip() and self.embedder is not None:
-            return await self._recall_by_meaning(query, where, params, limit)
+            nearest = await self._recall_by_meaning(self.embedder, query, where, params)
+            return rank_facts(None, nearest, limit)
         by_words = await self._recall_by_words(query, where, params)
         indexed = await self._indexed_embedder() if query.strip() else None
         if indexed is None:
-            return by_words[: max(0, limit)]
-        saved, self.embedder = self.embedder, indexed
-        try:
-            by_meaning = await self._recall_by_meaning(query, where, params, FUSED_CANDIDATES)
-        finally:
-            self.embedder = saved
-        return fuse_facts(by_words, by_meaning)[: max(0, limit)]
+            return rank_facts(by_words, None, limit)
+        nearest = await self._recall_by_meaning(indexed, query, where, params)
+        return rank_facts(by_words, nearest, limit)
 
     async def _recall_by_words(
         self, query: str, where: list[str], params: dict[str, Any]
-    ) -> list[Fact]:
+    ) -> list[tuple[Fact, float | None]]:
+        """The best ``FUSED_CANDIDATES`` facts holding a word of ``query``, with their
+        ``ts_rank`` (an empty query: the most recently recorded, ranked None)."""
         where = list(where)
         async with self.engine.connect() as conn:
             if not query.strip():
-                order = "recorded_at DESC, id DESC"
+                order, rank = "recorded_at DESC, id DESC", "NULL"
             else:
                 searched = await words_of(conn, query, "facts")  # at most MAX_QUERY_WORDS
                 where.append(f"search_vector @@ {searched.any}")
-                order = (
-                    f"ts_rank(search_vector, {searched.any}) DESC, length(subject || object), id"
-                )
+                rank = f"ts_rank(search_vector, {searched.any})"
+                order = "word_rank DESC, length(subject || object), id"
                 params = {**params, **searched.params, "q": query}
             statement = text(
-                f"SELECT {_COLUMNS} FROM facts WHERE {' AND '.join(where)} ORDER BY {order}"
-                f" LIMIT {FUSED_CANDIDATES}"
+                f"SELECT {_COLUMNS}, {rank} AS word_rank FROM facts WHERE {' AND '.join(where)}"
+                f" ORDER BY {order} LIMIT {FUSED_CANDIDATES}"
             )
-            return [fact_from_row(r) for r in await conn.execute(statement, params)]
+            return [
+                (fact_from_row(r), None if r.word_rank is None else float(r.word_rank))
+                for r in await conn.execute(statement, params)
+            ]
 
     async def _indexed_embedder(self) -> Any:
         """The settings' embedder once the indexer has embedded facts of this project with it
@@ -400,18 +406,20 @@ class FactStore:
             return embedder if found.first() is not None else None
 
     async def _recall_by_meaning(
-        self, query: str, where: list[str], params: dict[str, Any], limit: int
-    ) -> list[Fact]:
-        [wanted] = await embed_texts(self.embedder, [query])
-        params = {**params, "model": model_name(self.embedder)}
+        self, embedder: Any, query: str, where: list[str], params: dict[str, Any]
+    ) -> list[tuple[Fact, float]]:
+        """Every candidate with a vector of ``embedder``'s model and its cosine to the
+        query's, the most similar first."""
+        [wanted] = await embed_texts(embedder, [query])
+        params = {**params, "model": model_name(embedder)}
         statement = text(
             f"SELECT {_COLUMNS}, embedding FROM facts WHERE {' AND '.join(where)}"
             " AND embedding_model = :model"
         )
         async with self.engine.connect() as conn:
             rows = (await conn.execute(statement, params)).all()
-        ranked = sorted(rows, key=lambda r: (-cosine(wanted, r.embedding), r.id))
-        return [fact_from_row(r) for r in ranked[: max(0, limit)]]
+        similar = cosines(wanted, [r.embedding for r in rows])
+        return by_cosine([(fact_from_row(r), c) for r, c in zip(rows, similar, strict=True)])
 
     async def _has_named_users(self) -> bool:
         statement = text(

@@ -41,6 +41,7 @@ from worker.user_memory.inputs import check_recall, check_recall_facts, check_se
 from worker.user_memory.models import (
     Episode,
     Fact,
+    FactMatch,
     MemoryBlock,
     MemoryExport,
     MemoryProfile,
@@ -326,6 +327,22 @@ class Memory:
         """The user's facts valid at ``valid_at`` best matching ``query``."""
         check_recall_facts(query, limit, valid_at)
         found = await self.facts.recall_text(query, limit=limit, valid_at=valid_at, user_id=user_id)
+        return list(found)
+
+    async def recall_facts_scored(
+        self,
+        query: str,
+        *,
+        limit: int = 5,
+        valid_at: datetime | None = None,
+        user_id: str | None = None,
+    ) -> list[FactMatch]:
+        """``recall_facts``'s facts, in its order, with their scores (``FactMatch``: fused,
+        vector, words; ``FactStore.recall_scored``)."""
+        check_recall_facts(query, limit, valid_at)
+        found = await self.facts.recall_scored(
+            query, limit=limit, valid_at=valid_at, user_id=user_id
+        )
         return list(found)
 
     async def session_messages(

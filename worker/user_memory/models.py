@@ -237,6 +237,22 @@ class Fact(_Model):
         )
 
 
+class FactMatch(_Model):
+    """A recalled fact and its scores (``FactStore.recall_scored``, memworker's): ``score``
+    orders them (higher is better): reciprocal rank fusion, ``1 / (60 + rank)`` summed over
+    the rankings that found the fact (by words, by meaning; 1.0 for each fact of an empty
+    query, the most recently recorded); ``vector_score`` is the cosine similarity of its
+    vector to the query's (-1..1; None: it has no vector of the query's model, or the recall
+    was by words alone); ``word_score`` its full-text rank (Postgres ``ts_rank``; None: no
+    word of the query is in it, or the recall was by meaning alone). Facts have no relevance
+    floor: every fact with a vector is ranked by meaning."""
+
+    fact: Fact
+    score: float
+    vector_score: float | None = None
+    word_score: float | None = None
+
+
 class MemoryProfile(_Model):
     """What memory holds about a user, in short (``Memory.profile``)."""
 

@@ -40,7 +40,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from worker.db.query_words import words_of
 from worker.db.vectors import CHUNK_TABLE, VECTOR_TABLE, has_chunk_table, vector_literal
 from worker.episodes.embedding import Embedder
-from worker.episodes.text_search import BY_INDEX, TEXT_CAP
+from worker.episodes.text_search import TEXT_CAP
 from worker.user_memory.models import EpisodeMatch, ScoredMatches, as_utc
 from worker.user_memory.turn_ranking import Turn, rank, speaker_of
 from worker.user_memory.turns import (
@@ -104,7 +104,7 @@ async def _words(
         " c ON true"
     )
     if not by_index:
-        await conn.execute(text(BY_INDEX))  # for the rest of the recall's transaction
+        await conn.execute(text(_BY_INDEX_PLANNED))  # for the rest of the recall's transaction
     lexemes: list[str] = []
     total = 0
     for row in await conn.execute(text(statement), {**params, **searched.params, "q": query}):
@@ -125,20 +125,34 @@ async def _words(
 _COUNTS = (
     "SELECT array_agg(u.lexeme) AS words,"
     " array_agg(coalesce(array_length(u.positions, 1), 1)) AS tfs"
-    " FROM unnest(m.sv) u WHERE u.lexeme = ANY({})"
+    " FROM unnest(ts_filter(setweight(setweight(m.sv, 'D'), 'A', {}), '{{a}}')) u"
 )
 """A turn's counts of the query's lexemes (positions; a lexeme without positions counts one),
-read in Postgres: the turn's whole ``search_vector`` is not sent."""
+read in Postgres: the turn's whole ``search_vector`` is not sent. The query's lexemes are
+picked out of the turn's by weight (every position weighted D, theirs A, the A kept; every
+lexeme of ``search_vector``, ``to_tsvector``'s, has a position) before it is unnested:
+unnesting every lexeme to keep two or three made the words search ~1.7× as long
+(BENCHMARKS.md, the memory inspector)."""
 
 
 def _cosine_sql(dimension: int) -> str:
     return f"1 - (v.embedding::vector({dimension}) <=> CAST(CAST(:qv AS text) AS vector))"
 
 
-_READ_BY_INDEX = "(SELECT set_config('enable_seqscan', 'off', true)) = 'off'"
-"""``BY_INDEX`` as a condition evaluated once when the statement starts: it holds for the
-statements after it in the transaction (this one is planned already), saving the words search
-a round trip (each costs most on loaded cores)."""
+_CUSTOM_PLANS = "set_config('plan_cache_mode', 'force_custom_plan', true)"
+"""The recall's statements after it are planned for their values: the driver prepares every
+statement, and after five runs Postgres may keep a generic plan, made without the user, the
+query's words or the sessions: the words search over 10,000 turns took ~4× as long with one
+(BENCHMARKS.md, the memory inspector)."""
+_BY_INDEX_PLANNED = f"SELECT set_config('enable_seqscan', 'off', true), {_CUSTOM_PLANS}"
+"""``BY_INDEX`` and ``_CUSTOM_PLANS`` for the rest of the transaction, in one round trip."""
+_READ_BY_INDEX = (
+    f"(SELECT set_config('enable_seqscan', 'off', true) || {_CUSTOM_PLANS})"
+    " = 'offforce_custom_plan'"
+)
+"""``_BY_INDEX_PLANNED`` as a condition evaluated once when the statement starts: it holds for
+the statements after it in the transaction (this one is planned already), saving the words
+search a round trip (each costs most on loaded cores)."""
 
 
 async def _meaning(
