@@ -23,6 +23,7 @@ import asyncio
 import itertools
 import json
 import os
+import resource
 import sys
 import time
 import uuid
@@ -50,6 +51,8 @@ SCHEDULE = [
     (90, "restart-postgres"),
 ]
 LOAD_SECONDS = 120
+CPU_WINDOW = (4.0, 18.0)
+"""Seconds of the load (before any fault) over which where the CPU goes is measured."""
 
 
 def env(name: str, default: str) -> str:
@@ -83,7 +86,8 @@ class Load:
             redis_url=redis_url, redis_cluster=True, shards=SHARDS, stream_prefix=PREFIX
         )
         self.client = LifecycleClient(settings=self.settings)
-        self.reader: Any = RedisCluster.from_url(redis_url)
+        # a read of a node that died without a reset fails after 5 s, not never
+        self.reader: Any = RedisCluster.from_url(redis_url, socket_timeout=5)
         self.futures: dict[str, asyncio.Future[dict[str, Any]]] = {}
         self.sent: list[str] = []
         self.sessions: list[str] = []
@@ -230,6 +234,63 @@ class Load:
     def now(self) -> float:
         return time.monotonic() - self.t0
 
+    # -- where the CPU goes ----------------------------------------------------------------------
+    async def cpu_profile(self) -> None:
+        """Over ``CPU_WINDOW``: the machine's busy share (/proc/stat), this driver's own CPU
+        (getrusage) and each service's containers (``docker stats``, one ~2 s sample in the
+        middle), against the commands answered in the window."""
+        start, end = CPU_WINDOW
+        await asyncio.sleep(max(0.0, self.t0 + start - time.monotonic()))
+        (busy0, total0), own0 = machine_cpu(), own_cpu()
+        await asyncio.sleep(max(0.0, self.t0 + (start + end) / 2 - 1 - time.monotonic()))
+        try:
+            services = await service_cpu()
+        except Exception as exc:  # a figure, not a check
+            say(f"cpu       docker stats failed: {exc}")
+            services = {}
+        await asyncio.sleep(max(0.0, self.t0 + end - time.monotonic()))
+        (busy1, total1), own1 = machine_cpu(), own_cpu()
+        cores = os.cpu_count() or 1
+        seconds = end - start
+        answered = sum(1 for t in self.done_at if start <= t - self.t0 < end)
+        rate = answered / seconds
+        machine = (busy1 - busy0) / max(total1 - total0, 1) * cores
+        driver = (own1 - own0) / seconds
+        say(f"cpu       t={start:g}..{end:g}s: {rate:.0f} commands/s; machine busy "
+            f"{machine:.2f} of {cores} cores; this driver {driver:.2f} cores")  # fmt: skip
+        ranked = sorted(services.items(), key=lambda item: -item[1])
+        shares = " ".join(f"{name} {pct / 100:.2f}" for name, pct in ranked)
+        say(f"cpu       containers (cores, docker stats): {shares}")
+        if rate:
+            say(f"cpu       per command: {machine / rate * 1000:.2f} ms of the machine's CPU, "
+                f"{driver / rate * 1000:.2f} ms of it this driver's")  # fmt: skip
+
+
+def machine_cpu() -> tuple[float, float]:
+    """The machine's (busy, total) CPU time so far, in clock ticks (/proc/stat)."""
+    with open("/proc/stat") as f:
+        ticks = [int(x) for x in f.readline().split()[1:9]]
+    idle = ticks[3] + ticks[4]
+    return float(sum(ticks) - idle), float(sum(ticks))
+
+
+def own_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+async def service_cpu() -> dict[str, float]:
+    """Per compose service (the six Redis nodes as one), its containers' CPU, in percent of
+    one core."""
+    out = await run("docker", "stats", "--no-stream", "--format", "{{.Name}} {{.CPUPerc}}")
+    project = os.environ.get("COMPOSE_PROJECT_NAME", "memworker-cluster-test")
+    shares: dict[str, float] = defaultdict(float)
+    for line in out.splitlines():
+        name, pct = line.split()
+        service = name.removeprefix(project + "-").rsplit("-", 1)[0]
+        shares["redis" if service.startswith("redis") else service] += float(pct.rstrip("%"))
+    return shares
+
 
 async def load() -> int:
     seed = await container_ip("redis")
@@ -244,8 +305,10 @@ async def load() -> int:
     work = [asyncio.create_task(state.session_loop(w)) for w in range(CONCURRENCY)]
     work += [asyncio.create_task(state.remember_loop(http, w)) for w in range(4)]
     faults = asyncio.create_task(state.faults())
+    profile = asyncio.create_task(state.cpu_profile())
     await asyncio.sleep(LOAD_SECONDS)
     await faults
+    await profile
     state.stop.set()
     say(f"t={state.now():.0f}s load stopped; finishing the sessions in flight")
     _done, left = await asyncio.wait(work, timeout=300)
