@@ -34,7 +34,8 @@ import asyncpg  # type: ignore[import-untyped]
 import httpx
 from redis.asyncio.cluster import RedisCluster
 
-from worker.keys import StreamKeys
+from worker.connections import client_for
+from worker.keys import StreamKeys, shard_of, tag
 from worker.lifecycle.client import LifecycleClient, NotReplicatedError
 from worker.settings import Settings
 
@@ -85,13 +86,17 @@ class Load:
         self.settings = Settings(
             redis_url=redis_url, redis_cluster=True, shards=SHARDS, stream_prefix=PREFIX
         )
-        self.client = LifecycleClient(settings=self.settings)
+        # a publish to a node that died without a reset fails within seconds and is retried
+        publisher: Any = client_for(self.settings, socket_timeout=5, socket_connect_timeout=2)
+        self.client = LifecycleClient(publisher, self.settings)
         # a read of a node that died without a reset fails after 5 s, not never
         self.reader: Any = RedisCluster.from_url(redis_url, socket_timeout=5)
         self.futures: dict[str, asyncio.Future[dict[str, Any]]] = {}
         self.sent: list[str] = []
         self.sessions: list[str] = []
         self.done_at: list[float] = []  # monotonic time of each answered command
+        self.done_on: list[int] = []  # the shard of each
+        self.dead_shards: set[int] = set()  # the killed master's
         self.publish_retries = 0
         self.at_risk = 0
         self.errors = Counter[str]()
@@ -128,7 +133,7 @@ class Load:
                         future.set_result(data)
 
     # -- lifecycle sessions --------------------------------------------------------------------
-    async def command(self, body: dict[str, Any]) -> None:
+    async def command(self, body: dict[str, Any], shard: int) -> None:
         event_id = body["event_id"]
         self.sent.append(event_id)
         future = self.futures[event_id] = asyncio.get_running_loop().create_future()
@@ -154,13 +159,19 @@ class Load:
             except TimeoutError:
                 continue  # republish with the same event id (docs/contract.md, Failover)
         self.done_at.append(time.monotonic())
+        self.done_on.append(shard)
         del self.futures[event_id]
 
     async def session_loop(self, worker: int) -> None:
-        n = 0
+        """Sessions one after another, all on shard ``worker % SHARDS``: a steady load on every
+        shard (a loop whose sessions went anywhere would end up waiting on the dead master's
+        shards, and load the others no more)."""
+        n, shard = 0, worker % SHARDS
         while not self.stop.is_set():
             session = f"s-{worker}-{n}"
             n += 1
+            if shard_of(f"cl-{self.run_id}", session, SHARDS) != shard:
+                continue
             self.sessions.append(session)
             base = {"project_id": f"cl-{self.run_id}", "session_id": session,
                     "agent_instance_id": "a"}  # fmt: skip
@@ -174,7 +185,7 @@ class Load:
                     body["initial_state"] = {"n": n}
                 if kind == "terminate":
                     body["lessons_learned"] = [f"lesson {session}"]
-                await self.command(body)
+                await self.command(body, shard)
 
     # -- user memory ---------------------------------------------------------------------------
     async def remember_loop(self, http: httpx.AsyncClient, worker: int) -> None:
@@ -227,7 +238,12 @@ class Load:
         await self.reader.initialize()
         masters = {str(node.host) for node in self.reader.get_primaries()}
         for service in ("redis-2", "redis-3", "redis-4", "redis-5", "redis-6"):
-            if await container_ip(service) in masters:
+            if (ip := await container_ip(service)) in masters:
+                self.dead_shards = {
+                    shard
+                    for shard in range(SHARDS)
+                    if str(self.reader.get_node_from_key(tag(shard)).host) == ip
+                }
                 return (await run("docker", "compose", "ps", "-q", service)).split()[0][:12]
         raise RuntimeError(f"no master other than the seed among {masters}")
 
@@ -419,12 +435,18 @@ def figures(state: Load) -> None:
         f"republished after {ANSWER_TIMEOUT:g} s without a result, {state.remember_retries} "
         f"remembers retried; recalls {dict(state.recalls)}")  # fmt: skip
     if kill is not None:
-        after = [t for t in times if t >= kill]
-        gaps = [b - a for a, b in zip([kill, *after], after, strict=False)]
-        say(
-            f"stall     {max(gaps, default=0):.1f} s without an answered command after the "
-            "master died"
-        )
+        live = sorted(set(range(SHARDS)) - state.dead_shards)
+        for name, shards in (("live", live), ("dead", sorted(state.dead_shards))):
+            after = sorted(
+                t - state.t0
+                for t, s in zip(state.done_at, state.done_on, strict=True)
+                if s in shards and t - state.t0 >= kill
+            )
+            gaps = [b - a for a, b in zip([kill, *after], after, strict=False)]
+            say(
+                f"stall     {max(gaps, default=0):.1f} s without an answered command after the "
+                f"master died, on the {name} masters' shards {shards}"
+            )
 
     def rate(a: float, b: float) -> str:
         n = sum(1 for t in times if a <= t < b)
