@@ -17,45 +17,31 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . deploy/dotenv.sh
+. deploy/engine-run.sh
 
 PYTHON="${PYTHON:-.venv/bin/python}"
-ENGINE_DIR="${MEMWORKER_ENGINE_DIR:-/run/memworker-engine}"
+RUN_NAME=cluster-test
 export COMPOSE_PROJECT_NAME=memworker-cluster-test
 export COMPOSE_FILE=docker-compose.yml:docker-compose.cluster.yml
-export MEMWORKER_ENGINE_DIR="$ENGINE_DIR"
+# Shorter than the defaults (30 s each), and still well above what a live server or worker
+# takes: a read blocks MEMWORKER_BLOCK_MS (100 ms) and a batch's replies come in milliseconds,
+# so 5 s without a reply is a dead node; a live worker's entries are acknowledged within the
+# reply timeout or held with their leases renewed, so one idle 10 s belongs to a dead worker
+# (a command applied twice is answered once: the apply function dedupes on its event_id).
+export MEMWORKER_REPLY_TIMEOUT_SECONDS="${MEMWORKER_REPLY_TIMEOUT_SECONDS:-5}"
+export MEMWORKER_RECLAIM_IDLE_MS="${MEMWORKER_RECLAIM_IDLE_MS:-10000}"
 
 RUN_STARTED=$SECONDS
-OURS=false
-UP=false
 
 say() { printf '\n== %s (%d s)\n' "$1" $((SECONDS - RUN_STARTED)); }
+announce() { say "$1"; }
 fail() { echo "cluster-test: $*" >&2; exit 1; }
 
 cleanup() {
     local status=$?
     trap - EXIT INT TERM
     set +e
-    if [ "$status" -ne 0 ] && $UP; then
-        echo "== the stack when it failed" >&2
-        docker compose ps -a >&2
-        docker compose logs --tail 15 >&2
-    fi
-    if $UP; then
-        say "docker compose down -v --remove-orphans"
-        docker compose down -v --remove-orphans --timeout 30 > /dev/null 2>&1
-        local label="label=com.docker.compose.project=$COMPOSE_PROJECT_NAME"
-        left="$(docker ps -aq --filter "$label"; docker network ls -q --filter "$label"; docker volume ls -q --filter "$label")"
-        [ -z "$left" ] || { echo "cluster-test: left after down: $left" >&2; status=1; }
-    fi
-    if $OURS; then
-        say "stop dockerd (and its containerd, shims)"
-        deploy/engine.sh stop
-        if pgrep -f "dockerd --host unix://$ENGINE_DIR/" > /dev/null \
-            || pgrep -f "containerd.*$ENGINE_DIR/" > /dev/null; then
-            echo "cluster-test: a dockerd, containerd or shim of this run is still running" >&2
-            status=1
-        fi
-    fi
+    engine_teardown "$status" || status=1
     printf '%5d s  total\n' $((SECONDS - RUN_STARTED))
     if [ "$status" -eq 0 ]; then echo "cluster-test: passed"; else echo "cluster-test: FAILED" >&2; fi
     exit "$status"
@@ -63,27 +49,9 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-LOCK="$ENGINE_DIR.lock"  # stack-test's: one engine run at a time
-if [ "$(id -u)" -ne 0 ]; then
-    mkdir -p build
-    LOCK=build/stack-test.lock
-fi
-exec 9> "$LOCK"
-flock --nonblock 9 || { echo "cluster-test: another stack-test or cluster-test runs (lock $LOCK)" >&2; trap - EXIT; exit 1; }
-
+engine_lock  # stack-test's lock: one engine run at a time
 [ -x "$PYTHON" ] || fail "no $PYTHON: run make install first"
-
-if [ -n "${DOCKER_HOST:-}" ] && docker info > /dev/null 2>&1; then
-    echo "using the engine at $DOCKER_HOST (left running)"
-else
-    say "install docker.io, debootstrap (when missing); start dockerd"
-    deploy/engine.sh install
-    deploy/engine.sh stop
-    OURS=true
-    started="$(deploy/engine.sh start)" || fail "the dockerd did not start (see above)"
-    eval "$started"
-    export DOCKER_HOST
-fi
+engine_start
 
 say "compose v2 (when missing), images"
 PYTHON="$PYTHON" deploy/compose-plugin.sh

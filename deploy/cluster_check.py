@@ -23,6 +23,7 @@ import asyncio
 import itertools
 import json
 import os
+import resource
 import sys
 import time
 import uuid
@@ -33,7 +34,8 @@ import asyncpg  # type: ignore[import-untyped]
 import httpx
 from redis.asyncio.cluster import RedisCluster
 
-from worker.keys import StreamKeys
+from worker.connections import client_for
+from worker.keys import StreamKeys, shard_of, tag
 from worker.lifecycle.client import LifecycleClient, NotReplicatedError
 from worker.settings import Settings
 
@@ -50,6 +52,8 @@ SCHEDULE = [
     (90, "restart-postgres"),
 ]
 LOAD_SECONDS = 120
+CPU_WINDOW = (4.0, 18.0)
+"""Seconds of the load (before any fault) over which where the CPU goes is measured."""
 
 
 def env(name: str, default: str) -> str:
@@ -82,12 +86,17 @@ class Load:
         self.settings = Settings(
             redis_url=redis_url, redis_cluster=True, shards=SHARDS, stream_prefix=PREFIX
         )
-        self.client = LifecycleClient(settings=self.settings)
-        self.reader: Any = RedisCluster.from_url(redis_url)
+        # a publish to a node that died without a reset fails within seconds and is retried
+        publisher: Any = client_for(self.settings, socket_timeout=5, socket_connect_timeout=2)
+        self.client = LifecycleClient(publisher, self.settings)
+        # a read of a node that died without a reset fails after 5 s, not never
+        self.reader: Any = RedisCluster.from_url(redis_url, socket_timeout=5)
         self.futures: dict[str, asyncio.Future[dict[str, Any]]] = {}
         self.sent: list[str] = []
         self.sessions: list[str] = []
         self.done_at: list[float] = []  # monotonic time of each answered command
+        self.done_on: list[int] = []  # the shard of each
+        self.dead_shards: set[int] = set()  # the killed master's
         self.publish_retries = 0
         self.at_risk = 0
         self.errors = Counter[str]()
@@ -124,7 +133,7 @@ class Load:
                         future.set_result(data)
 
     # -- lifecycle sessions --------------------------------------------------------------------
-    async def command(self, body: dict[str, Any]) -> None:
+    async def command(self, body: dict[str, Any], shard: int) -> None:
         event_id = body["event_id"]
         self.sent.append(event_id)
         future = self.futures[event_id] = asyncio.get_running_loop().create_future()
@@ -150,13 +159,19 @@ class Load:
             except TimeoutError:
                 continue  # republish with the same event id (docs/contract.md, Failover)
         self.done_at.append(time.monotonic())
+        self.done_on.append(shard)
         del self.futures[event_id]
 
     async def session_loop(self, worker: int) -> None:
-        n = 0
+        """Sessions one after another, all on shard ``worker % SHARDS``: a steady load on every
+        shard (a loop whose sessions went anywhere would end up waiting on the dead master's
+        shards, and load the others no more)."""
+        n, shard = 0, worker % SHARDS
         while not self.stop.is_set():
             session = f"s-{worker}-{n}"
             n += 1
+            if shard_of(f"cl-{self.run_id}", session, SHARDS) != shard:
+                continue
             self.sessions.append(session)
             base = {"project_id": f"cl-{self.run_id}", "session_id": session,
                     "agent_instance_id": "a"}  # fmt: skip
@@ -170,7 +185,7 @@ class Load:
                     body["initial_state"] = {"n": n}
                 if kind == "terminate":
                     body["lessons_learned"] = [f"lesson {session}"]
-                await self.command(body)
+                await self.command(body, shard)
 
     # -- user memory ---------------------------------------------------------------------------
     async def remember_loop(self, http: httpx.AsyncClient, worker: int) -> None:
@@ -223,12 +238,74 @@ class Load:
         await self.reader.initialize()
         masters = {str(node.host) for node in self.reader.get_primaries()}
         for service in ("redis-2", "redis-3", "redis-4", "redis-5", "redis-6"):
-            if await container_ip(service) in masters:
+            if (ip := await container_ip(service)) in masters:
+                self.dead_shards = {
+                    shard
+                    for shard in range(SHARDS)
+                    if str(self.reader.get_node_from_key(tag(shard)).host) == ip
+                }
                 return (await run("docker", "compose", "ps", "-q", service)).split()[0][:12]
         raise RuntimeError(f"no master other than the seed among {masters}")
 
     def now(self) -> float:
         return time.monotonic() - self.t0
+
+    # -- where the CPU goes ----------------------------------------------------------------------
+    async def cpu_profile(self) -> None:
+        """Over ``CPU_WINDOW``: the machine's busy share (/proc/stat), this driver's own CPU
+        (getrusage) and each service's containers (``docker stats``, one ~2 s sample in the
+        middle), against the commands answered in the window."""
+        start, end = CPU_WINDOW
+        await asyncio.sleep(max(0.0, self.t0 + start - time.monotonic()))
+        (busy0, total0), own0 = machine_cpu(), own_cpu()
+        await asyncio.sleep(max(0.0, self.t0 + (start + end) / 2 - 1 - time.monotonic()))
+        try:
+            services = await service_cpu()
+        except Exception as exc:  # a figure, not a check
+            say(f"cpu       docker stats failed: {exc}")
+            services = {}
+        await asyncio.sleep(max(0.0, self.t0 + end - time.monotonic()))
+        (busy1, total1), own1 = machine_cpu(), own_cpu()
+        cores = os.cpu_count() or 1
+        seconds = end - start
+        answered = sum(1 for t in self.done_at if start <= t - self.t0 < end)
+        rate = answered / seconds
+        machine = (busy1 - busy0) / max(total1 - total0, 1) * cores
+        driver = (own1 - own0) / seconds
+        say(f"cpu       t={start:g}..{end:g}s: {rate:.0f} commands/s; machine busy "
+            f"{machine:.2f} of {cores} cores; this driver {driver:.2f} cores")  # fmt: skip
+        ranked = sorted(services.items(), key=lambda item: -item[1])
+        shares = " ".join(f"{name} {pct / 100:.2f}" for name, pct in ranked)
+        say(f"cpu       containers (cores, docker stats): {shares}")
+        if rate:
+            say(f"cpu       per command: {machine / rate * 1000:.2f} ms of the machine's CPU, "
+                f"{driver / rate * 1000:.2f} ms of it this driver's")  # fmt: skip
+
+
+def machine_cpu() -> tuple[float, float]:
+    """The machine's (busy, total) CPU time so far, in clock ticks (/proc/stat)."""
+    with open("/proc/stat") as f:
+        ticks = [int(x) for x in f.readline().split()[1:9]]
+    idle = ticks[3] + ticks[4]
+    return float(sum(ticks) - idle), float(sum(ticks))
+
+
+def own_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+async def service_cpu() -> dict[str, float]:
+    """Per compose service (the six Redis nodes as one), its containers' CPU, in percent of
+    one core."""
+    out = await run("docker", "stats", "--no-stream", "--format", "{{.Name}} {{.CPUPerc}}")
+    project = os.environ.get("COMPOSE_PROJECT_NAME", "memworker-cluster-test")
+    shares: dict[str, float] = defaultdict(float)
+    for line in out.splitlines():
+        name, pct = line.split()
+        service = name.removeprefix(project + "-").rsplit("-", 1)[0]
+        shares["redis" if service.startswith("redis") else service] += float(pct.rstrip("%"))
+    return shares
 
 
 async def load() -> int:
@@ -244,8 +321,10 @@ async def load() -> int:
     work = [asyncio.create_task(state.session_loop(w)) for w in range(CONCURRENCY)]
     work += [asyncio.create_task(state.remember_loop(http, w)) for w in range(4)]
     faults = asyncio.create_task(state.faults())
+    profile = asyncio.create_task(state.cpu_profile())
     await asyncio.sleep(LOAD_SECONDS)
     await faults
+    await profile
     state.stop.set()
     say(f"t={state.now():.0f}s load stopped; finishing the sessions in flight")
     _done, left = await asyncio.wait(work, timeout=300)
@@ -356,12 +435,18 @@ def figures(state: Load) -> None:
         f"republished after {ANSWER_TIMEOUT:g} s without a result, {state.remember_retries} "
         f"remembers retried; recalls {dict(state.recalls)}")  # fmt: skip
     if kill is not None:
-        after = [t for t in times if t >= kill]
-        gaps = [b - a for a, b in zip([kill, *after], after, strict=False)]
-        say(
-            f"stall     {max(gaps, default=0):.1f} s without an answered command after the "
-            "master died"
-        )
+        live = sorted(set(range(SHARDS)) - state.dead_shards)
+        for name, shards in (("live", live), ("dead", sorted(state.dead_shards))):
+            after = sorted(
+                t - state.t0
+                for t, s in zip(state.done_at, state.done_on, strict=True)
+                if s in shards and t - state.t0 >= kill
+            )
+            gaps = [b - a for a, b in zip([kill, *after], after, strict=False)]
+            say(
+                f"stall     {max(gaps, default=0):.1f} s without an answered command after the "
+                f"master died, on the {name} masters' shards {shards}"
+            )
 
     def rate(a: float, b: float) -> str:
         n = sum(1 for t in times if a <= t < b)

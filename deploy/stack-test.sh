@@ -19,18 +19,16 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . deploy/dotenv.sh
+. deploy/engine-run.sh
 
 PYTHON="${PYTHON:-.venv/bin/python}"
-ENGINE_DIR="${MEMWORKER_ENGINE_DIR:-/run/memworker-engine}"
+RUN_NAME=stack-test
 export COMPOSE_PROJECT_NAME=memworker-stack-test  # never the `memworker` stack of a user
-export MEMWORKER_ENGINE_DIR="$ENGINE_DIR"
 
 RUN_STARTED=$SECONDS
 STEP_STARTED=$SECONDS
 STEP=""
 TIMES=()
-OURS=false  # this run started the engine
-UP=false    # the stack may have containers
 KILLED=""
 
 step() {
@@ -47,42 +45,18 @@ finish_step() {
     fi
 }
 
+announce() { step "$1"; }
+
 fail() {
     echo "stack-test: $*" >&2
     exit 1
-}
-
-project_objects() {
-    local label="label=com.docker.compose.project=$COMPOSE_PROJECT_NAME"
-    docker ps -aq --filter "$label"
-    docker network ls -q --filter "$label"
-    docker volume ls -q --filter "$label"
 }
 
 cleanup() {
     local status=$?
     trap - EXIT INT TERM
     set +e
-    if [ "$status" -ne 0 ] && $UP; then
-        echo "== the stack when it failed" >&2
-        docker compose ps -a >&2
-        docker compose logs --tail 20 >&2
-    fi
-    if $UP; then
-        step "docker compose down -v --remove-orphans"
-        docker compose down -v --remove-orphans --timeout 60 > /dev/null 2>&1
-        left="$(project_objects)"
-        [ -z "$left" ] || { echo "stack-test: left after down: $left" >&2; status=1; }
-    fi
-    if $OURS; then
-        step "stop dockerd (and its containerd, shims)"
-        deploy/engine.sh stop
-        if pgrep -f "dockerd --host unix://$ENGINE_DIR/" > /dev/null \
-            || pgrep -f "containerd.*$ENGINE_DIR/" > /dev/null; then
-            echo "stack-test: a dockerd, containerd or shim of this run is still running" >&2
-            status=1
-        fi
-    fi
+    engine_teardown "$status" || status=1
     finish_step
     printf '\n== wall time per step\n'
     printf '%s\n' "${TIMES[@]}"
@@ -93,31 +67,9 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-# one run at a time: a second would stop the first one's engine (the lock beside the engine's
-# directory, which only root may create; a run on someone else's engine locks in build/)
-LOCK="$ENGINE_DIR.lock"
-if [ "$(id -u)" -ne 0 ]; then
-    mkdir -p build
-    LOCK=build/stack-test.lock
-fi
-exec 9> "$LOCK"
-flock --nonblock 9 || { echo "stack-test: another stack-test runs (lock $LOCK)" >&2; trap - EXIT; exit 1; }
-
+engine_lock  # one run at a time: a second would stop the first one's engine
 [ -x "$PYTHON" ] || fail "no $PYTHON: run make install first (or make stack-test, which does)"
-
-if [ -n "${DOCKER_HOST:-}" ] && docker info > /dev/null 2>&1; then
-    echo "using the engine at $DOCKER_HOST (left running)"
-else
-    step "install docker.io, debootstrap (when missing)"
-    deploy/engine.sh install
-    step "start dockerd"
-    deploy/engine.sh stop  # a dockerd a killed run left behind
-    OURS=true  # from here the trap stops whatever part of the engine started
-    started="$(deploy/engine.sh start)" || fail "the dockerd did not start (see above)"
-    eval "$started"
-    [ -n "${DOCKER_HOST:-}" ] || fail "deploy/engine.sh start named no DOCKER_HOST"
-    export DOCKER_HOST
-fi
+engine_start
 
 step "compose v2 (when missing)"
 PYTHON="$PYTHON" deploy/compose-plugin.sh

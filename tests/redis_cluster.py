@@ -45,17 +45,17 @@ def redis_cluster(base: Path) -> Iterator[list[int]]:
 
 @contextlib.contextmanager
 def redis_cluster_with_replicas(
-    base: Path,
+    base: Path, *options: str
 ) -> Iterator[tuple[list[int], list[int], dict[int, subprocess.Popen[bytes]]]]:
     """Three masters (a third of the slots each) and a replica of each, failing over after
     1 s; yields the masters' ports, their replicas' (in the same order) and each port's
-    process, to kill."""
+    process, to kill. ``options``: more ``redis-server`` arguments for every node."""
     masters = [cluster_port() for _ in SLOT_RANGES]
     replicas = [cluster_port() for _ in SLOT_RANGES]
     procs: dict[int, subprocess.Popen[bytes]] = {}
     try:
         for port in masters + replicas:
-            procs[port] = _node(base, port, "--cluster-node-timeout", "1000")
+            procs[port] = _node(base, port, "--cluster-node-timeout", "1000", *options)
         clients = {p: redis.Redis(host="127.0.0.1", port=p) for p in masters + replicas}
         for client in clients.values():
             _wait(lambda c=client: bool(c.ping()))

@@ -34,6 +34,8 @@ entries. Everything else is here, once:
 - **Readiness**: ``is_ready()`` is true once the groups exist and the last step reached Redis
   and the handler's storage (``check_storage`` is called at start and every
   ``storage_check_interval_s`` while idle, so a wrong password shows while nothing flows).
+- **Side by side** (``side_by_side``, on a Redis Cluster): one loop per stream
+  (``worker.consumers.side_by_side``), so a node that stops answering holds only its streams.
 - **Stop**: ``run(stop)`` finishes the batch in hand and returns; its sleeps wake at once when
   ``stop`` is set (a blocking read returns within ``block_ms``).
 - **Side work**: ``tick`` (optional) is awaited once per turn of ``run``, between batches (never
@@ -77,12 +79,9 @@ from worker.consumers.entries import (
 from worker.consumers.groups import default_consumer_name, ensure_group
 from worker.consumers.lag import probe_group_lag
 from worker.consumers.reading import read_group, stream_entries
+from worker.consumers.side_by_side import one_loop_per_stream, run_side_by_side
 from worker.logs import get_logger
-from worker.metrics import (
-    BATCH_SIZE,
-    DELIVERIES,
-    REDIS_CONDITIONS,
-)
+from worker.metrics import BATCH_SIZE, DELIVERIES, REDIS_CONDITIONS
 from worker.redis_conditions import is_server_condition, server_condition
 from worker.settings import Settings
 
@@ -131,20 +130,14 @@ class GroupConsumer(Generic[B]):
         lag_probe_s: float | None = None,
         tick: Callable[[], Awaitable[None]] | None = None,
         retry_window_s: float = 0.0,
+        side_by_side: bool = False,
     ) -> None:
-        self.redis, self.retry_window_s = redis, retry_window_s
-        self.tick = tick
-        self.handler = handler
-        self.group = handler.group
-        self.streams = list(handler.streams)
+        self.redis, self.retry_window_s, self.tick = redis, retry_window_s, tick
+        self.handler, self.group, self.streams = handler, handler.group, list(handler.streams)
         self.consumer = consumer or default_consumer_name()
-        self.batch_size = batch_size
-        self.block_ms = block_ms
-        self.max_attempts = max_attempts
-        self.reclaim_idle_ms = reclaim_idle_ms
-        self.reclaim_interval_s = reclaim_interval_s
-        self.backoff_initial_s = backoff_initial_s
-        self.backoff_max_s = backoff_max_s
+        self.batch_size, self.block_ms, self.max_attempts = batch_size, block_ms, max_attempts
+        self.reclaim_idle_ms, self.reclaim_interval_s = reclaim_idle_ms, reclaim_interval_s
+        self.backoff_initial_s, self.backoff_max_s = backoff_initial_s, backoff_max_s
         self.storage_check_interval_s = storage_check_interval_s
         self.lag_probe_s = lag_probe_s
         self.acknowledges: bool = getattr(handler, "acknowledges", False)
@@ -163,6 +156,8 @@ class GroupConsumer(Generic[B]):
         self._last_lag_probe: float | None = None
         self._outages = 0
         self._split_reads = isinstance(redis, RedisCluster) and len(self.streams) > 1
+        self._side_by_side = side_by_side and self._split_reads  # a loop per stream, if run
+        self._parts: list[GroupConsumer[B]] = []  # then those loops
         self._deliveries = DELIVERIES.labels(self.group)
         self._batch_sizes = BATCH_SIZE.labels(self.group)
         self.log = log.bind(group=self.group, consumer=self.consumer)
@@ -194,12 +189,14 @@ class GroupConsumer(Generic[B]):
 
     def is_ready(self) -> bool:
         """Its groups exist and the last step reached Redis and the storage."""
+        if self._parts:
+            return all(part.is_ready() for part in self._parts)
         return self._groups_ready and self._storage_checked_at is not None and self._outages == 0
 
     @property
     def in_outage(self) -> bool:
         """The last step failed for an outage (Redis or the storage); cleared by a good one."""
-        return self._outages > 0
+        return self._outages > 0 or any(part.in_outage for part in self._parts)
 
     def read_own_pending(self) -> None:
         """Read this consumer's unacknowledged entries again, from the first, before new ones."""
@@ -216,6 +213,9 @@ class GroupConsumer(Generic[B]):
         wait (exponential backoff, capped) and try again.
         """
         self.log.info("consumer group starting", streams=self.streams)
+        if self._side_by_side:
+            self._parts = one_loop_per_stream(self)
+            return await run_side_by_side(self, self._parts, stop)
         idle = True
         while not stop.is_set():
             try:

@@ -3,7 +3,7 @@
 It runs on the one consumer loop (``worker.consumers.loop``: groups, own pending first,
 batches, reclaim, backoff, lag) as that loop's handler. A batch is sent to the apply function
 (``worker.lifecycle.apply``) and ``finish`` returns before its replies arrive, so the next
-batch is read while Redis runs this one (at most ``IN_FLIGHT`` outstanding); the function
+batch is read while Redis runs this one (``IN_FLIGHT`` outstanding per server); the function
 acknowledges each entry atomically with its effect. Around it: entries whose ``seq`` is ahead,
 or that Redis refused for a server-wide reason, wait in a retry book whose leases are renewed;
 a reclaimed entry delivered more than ``MEMWORKER_MAX_DELIVERIES`` times is dead-lettered; and
@@ -82,7 +82,8 @@ class LifecycleWorker:
         self._ready = False
         self._stopping = asyncio.Event()
         self._inflight = 0
-        self._window = asyncio.Semaphore(IN_FLIGHT)
+        self._windows: dict[str, asyncio.Semaphore] = {}
+        """Per server (a shard's URL), its batches in flight: a silent one holds its own."""
         self._settling: set[asyncio.Task[None]] = set()
         self._topology_stale = False
         self.conditions = ServerConditions(settings, self.retry)
@@ -91,9 +92,16 @@ class LifecycleWorker:
         self._tasks: list[asyncio.Task[None]] = []
         self.streams = [self.streams_of(shard).lifecycle for shard in range(settings.shards)]
         self._shard_of = {stream: shard for shard, stream in enumerate(self.streams)}
-        # Its lag is probed with the capacity gauges (``probe_lag``), on their schedule.
+        # Its lag is probed with the capacity gauges (``probe_lag``), on their schedule. On a
+        # cluster each shard is read by a loop of its own (a silent node holds its shards only).
         self.loop: GroupConsumer[ShardBatches] = GroupConsumer.from_settings(
-            self.redis, self, settings, consumer=self.consumer, backoff_max_s=5.0, lag_probe_s=None
+            self.redis,
+            self,
+            settings,
+            consumer=self.consumer,
+            backoff_max_s=5.0,
+            lag_probe_s=None,
+            side_by_side=True,
         )
 
     def streams_of(self, shard: int) -> StreamKeys:
@@ -153,8 +161,9 @@ class LifecycleWorker:
 
     async def dispatch(self, shard: int, entries: Sequence[Entry]) -> None:
         """Send a batch and return before its replies arrive, so the next batch is read and
-        parsed while Redis runs this one. At most ``IN_FLIGHT`` batches are outstanding; they
-        share one connection, so Redis applies them in the order they were read.
+        parsed while Redis runs this one. At most ``IN_FLIGHT`` batches per server are
+        outstanding; they share its one connection, so Redis applies them in the order they
+        were read (a server that stops answering holds its own shards' batches only).
 
         While Redis is full this batch is held like the others and reading stops until Redis
         serves again: each entry read grows the group's pending list, a write Redis allows
@@ -165,7 +174,11 @@ class LifecycleWorker:
             while self.conditions.full and not self._stopping.is_set():
                 await asyncio.sleep(0.05)
             return
-        await self._window.acquire()
+        url = self.applier.url_of(shard)
+        window = self._windows.get(url) or self._windows.setdefault(
+            url, asyncio.Semaphore(IN_FLIGHT)
+        )
+        await window.acquire()
         started = time.perf_counter()
         try:
             channel = self.applier.channel_for(shard)
@@ -174,21 +187,21 @@ class LifecycleWorker:
             plan = self.applier.plan(shard, entries, started)
             future = channel.submit(plan.commands)
         except _CONNECTION_ERRORS as exc:
-            self._window.release()
+            window.release()
             self._unreachable(shard, entries, exc)
             return
         except BaseException:
-            self._window.release()  # else two failures leave the worker waiting forever
+            window.release()  # else two failures leave the worker waiting forever
             raise
         self._inflight += 1
         task = asyncio.create_task(self._complete(plan, future))
         self._settling.add(task)
-        task.add_done_callback(self._settled)
+        task.add_done_callback(lambda done: self._settled(done, window))
 
-    def _settled(self, task: asyncio.Task[None]) -> None:
+    def _settled(self, task: asyncio.Task[None], window: asyncio.Semaphore) -> None:
         self._settling.discard(task)
         self._inflight -= 1
-        self._window.release()
+        window.release()
         if not task.cancelled() and (exc := task.exception()) is not None:
             log.error("batch_failed", error=repr(exc))
 
