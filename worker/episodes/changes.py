@@ -22,13 +22,9 @@ client publish through one ``OwedPublisher`` (``worker.user_memory.writes.shared
 the callers whose changes committed while a publish ran share the next one, whatever their
 project (one transaction taking their projects' locks in order, one read, one pipeline for all
 of them, with the turns' ``episode.recorded`` announcements), so concurrent agents of a
-project, or of ten, no longer queue one by one behind a lock. A publish reads what its
-projects owe in ``seq`` order under their locks, so a change committed after another returned
-is always published after it (per user too), whoever triggers the publish. ``flush`` returns
-once a publish that started after it is done; ``remember`` does not wait for it
-(``publish_soon``): its turn and event are committed, the event owed until the publish that is
-already on its way sends it (or, should the process die first, the project's next change,
-``Memory.flush_changes()``, or the consolidator's sweep).
+project, or of ten, no longer queue one by one behind a lock. A caller returns once a
+publish that started after its commit is done, so the order stays the order of ``seq``: a
+change committed after another returned is always published after it (per user too).
 
 **Retention.** The streams are trimmed like ``P:episodes`` (``consumers.retention``: below what
 every group has acknowledged, keeping ``MEMWORKER_RETENTION_SECONDS``), by the consolidator.
@@ -230,10 +226,6 @@ class OwedPublisher:
         self.shards = shards
         self._next: _Round | None = None
         self._task: asyncio.Task[None] | None = None
-        self._announcing: set[uuid.UUID] = set()
-        """Episodes whose announcement a publish holds (``publish_soon`` returns before it
-        goes): a retry of the same turn meanwhile, still unmarked in Postgres, is not
-        announced twice."""
 
     async def flush(
         self, project_id: str, announcements: Sequence[tuple[uuid.UUID, bytes]] = ()
@@ -249,49 +241,18 @@ class OwedPublisher:
         self, project_id: str, announcements: Sequence[tuple[uuid.UUID, bytes]] = ()
     ) -> tuple[int, bool]:
         """``flush``, and whether the announcements went (else the relay owes them)."""
-        return await asyncio.shield(self._join(project_id, announcements))
-
-    async def publish_soon(
-        self, project_id: str, announcements: Sequence[tuple[uuid.UUID, bytes]] = ()
-    ) -> None:
-        """Have the project's owed events (and ``announcements``) published by the next
-        publish, and return without waiting for it: a caller whose events are owed in a
-        committed transaction goes on while they are sent (``seq`` keeps the order; a publish
-        that fails leaves them owed, logged). Waits first while the publish queued behind the
-        running one already holds ``PUBLISH_BATCH`` announcements: what waits in memory, and
-        the feed's lag, stay bounded (two publishes' worth)."""
-        queued, task = self._next, self._task
-        if (
-            queued is not None
-            and len(queued.announcements) >= PUBLISH_BATCH
-            and task is not None
-            and not task.done()
-            and task.get_loop() is asyncio.get_running_loop()
-        ):
-            with contextlib.suppress(Exception):  # logged by the publish (``_run``)
-                await asyncio.shield(queued.future)
-        self._join(project_id, announcements)
-
-    def _join(
-        self, project_id: str, announcements: Sequence[tuple[uuid.UUID, bytes]]
-    ) -> asyncio.Future[tuple[int, bool]]:
-        """Join the next publish (starting the publisher if idle); its future."""
         loop = asyncio.get_running_loop()
         if self._task is not None and self._task.get_loop() is not loop:
-            # a former event loop's (asyncio.run per call)
-            self._task, self._next, self._announcing = None, None, set()
+            self._task, self._next = None, None  # a former event loop's (asyncio.run per call)
         if self._next is None:
             future: asyncio.Future[tuple[int, bool]] = loop.create_future()
             future.add_done_callback(_retrieve)
             self._next = _Round(future, set(), [])
         self._next.projects.add(project_id)
-        for row_id, wire in announcements:
-            if row_id not in self._announcing:
-                self._announcing.add(row_id)
-                self._next.announcements.append((row_id, wire))
+        self._next.announcements.extend(announcements)
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._run())
-        return self._next.future
+        return await asyncio.shield(self._next.future)
 
     async def _run(self) -> None:
         """Publish for the callers waiting, round after round, until none waits."""
@@ -307,24 +268,17 @@ class OwedPublisher:
                     round_.announcements,
                 )
             except BaseException as exc:
-                self._announcing.difference_update(k for k, _wire in round_.announcements)
                 if not round_.future.done():
                     round_.future.set_exception(exc)
                 if isinstance(exc, asyncio.CancelledError):
                     raise
-                log.warning(
-                    "change feed: events stay owed",
-                    projects=sorted(round_.projects),
-                    error=str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
-                )
                 continue
-            self._announcing.difference_update(k for k, _wire in round_.announcements)
             if not round_.future.done():
                 round_.future.set_result(result)
 
     async def close(self) -> None:
         """Stop a publish of a former caller still running (what it owed stays owed)."""
-        task, self._task, self._next, self._announcing = self._task, None, None, set()
+        task, self._task, self._next = self._task, None, None
         if task is None or task.done() or task.get_loop() is not asyncio.get_running_loop():
             return  # done, or a former event loop's
         task.cancel()
