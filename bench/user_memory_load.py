@@ -27,7 +27,9 @@ words (words only: the server has no pgvector unless given).
   (INSERT and its event in one transaction; XADD the announcement and mark it in a second; then
   the project's outbox published under its lock, one caller at a time) against this one's
   (one statement, then a group-committed publish), alternating ``--rounds`` times;
-- **remember_many**: a bulk import in batches of ``--batch`` turns, one client.
+- **remember_many**: a bulk import in batches of ``--batch`` turns, one client, alternating
+  with the bulk baseline: the same batches, each one plain INSERT of their ids, users and text
+  into a table of its own (what Postgres alone does with them here).
 """
 
 from __future__ import annotations
@@ -294,6 +296,24 @@ async def baseline_point(engine: AsyncEngine, tag: str, clients: int, seconds: f
     return await drive(insert, None, clients, seconds)
 
 
+async def plain_batch(engine: AsyncEngine, episodes: list[Episode]) -> None:
+    """The bulk baseline: the turns' ids, users and text in one plain INSERT, a transaction."""
+    async with engine.begin() as conn:
+        await conn.execute(
+            text(
+                "INSERT INTO bench_plain (id, user_id, input, output) SELECT * FROM"
+                " unnest(CAST(:ids AS text[]), CAST(:us AS text[]), CAST(:is AS text[]),"
+                " CAST(:os AS text[]))"
+            ),
+            {
+                "ids": [f"plain-{e.session_id}-{e.id}" for e in episodes],
+                "us": [e.user_id for e in episodes],
+                "is": [e.input for e in episodes],
+                "os": [e.output for e in episodes],
+            },
+        )
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -515,21 +535,30 @@ async def run(args: argparse.Namespace) -> str:
                     point = await python_point(one, "sustain", 50, args.sustain)
                     acknowledged += len(point.remember)
                     rows.append(row("Python `Memory`", 1, 50, f"max, {args.sustain:g} s", point))
-                started = time.perf_counter()
+                bulk_s = plain_s = bulk_cpu = 0.0
                 imported = 0
                 batches = max(1, args.batch_turns // args.batch) if "bulk" in only else 0
-                for b in range(batches):
-                    await one[0].remember_many(
-                        [turn(f"bulk{b}", k % 50, k) for k in range(args.batch)]
-                    )
+                for b in range(batches):  # alternating with a plain INSERT of the same rows
+                    episodes = [turn(f"bulk{b}", k % 50, k) for k in range(args.batch)]
+                    started = time.perf_counter()
+                    await plain_batch(engine, episodes)
+                    plain_s += time.perf_counter() - started
+                    started, cpu = time.perf_counter(), time.process_time()
+                    await one[0].remember_many(episodes)
+                    bulk_s += time.perf_counter() - started
+                    bulk_cpu += time.process_time() - cpu
                     imported += args.batch
-                bulk_s = time.perf_counter() - started
                 acknowledged += imported
                 if batches:
                     notes.append(
                         f"`remember_many`, batches of {args.batch:,}, one client: {imported:,}"
                         f" turns in {bulk_s:.2f} s = **{imported / bulk_s:,.0f} turns/s** "
-                        f"({1000 * bulk_s / batches:,.0f} ms a batch)."
+                        f"({1000 * bulk_s / batches:,.0f} ms a batch); the same batches as one"
+                        f" plain INSERT each into a table of their own (baseline, alternating):"
+                        f" {imported / plain_s:,.0f} turns/s ({1000 * plain_s / batches:,.0f} ms"
+                        f" a batch): `remember_many` is {plain_s / bulk_s:.2f} of it; this"
+                        " process's CPU (Python, the client's side)"
+                        f" {1e6 * bulk_cpu / imported:,.0f} µs a turn."
                     )
                 notes.append(await check_stored(engine, acknowledged))
             finally:
