@@ -67,3 +67,19 @@ def test_in_a_two_turn_session_a_neighbour_closer_by_a_hair_does_not_outrank_the
     for alpha in (0.25, 0.5, 0.75):
         scores, _ = rank(turns, "Rex's vaccine?", alpha=alpha, total=2, lexemes=["vaccin"])
         assert scores["named"] > scores["reply"] > 0, alpha
+
+
+def test_a_second_models_cosines_lift_the_turn_it_finds_closer_and_absent_change_nothing() -> None:
+    """Two turns the words and the first model cannot tell apart: the second model's cosine
+    decides; without second cosines the ranking is the one before it."""
+    turns = {
+        "a": Turn("a", counts={"trip": 1}, length=6, cosine=0.5),
+        "b": Turn("b", counts={"trip": 1}, length=6, cosine=0.5),
+    }
+    plain, _ = rank(turns, "the trip", alpha=0.5, total=10, lexemes=["trip"], floor=0.2)
+    assert plain["a"] == plain["b"]
+    turns["a"].second, turns["b"].second = 0.78, 0.86
+    scores, _ = rank(turns, "the trip", alpha=0.5, total=10, lexemes=["trip"], floor=0.2)
+    assert scores["b"] > scores["a"] == plain["a"]
+    words, _ = rank(turns, "the trip", alpha=0.0, total=10, lexemes=["trip"], floor=0.2)
+    assert words["a"] == words["b"]  # alpha 0: words only, the second model too is left out

@@ -46,6 +46,12 @@ CONFIDENT_COSINE = 0.8
 (a query whose nearest turn is at 0.35 is one the model is unsure of)."""
 VECTOR_WEIGHT = 0.6
 """Of the meaning half beside the words half at ``alpha`` 0.5."""
+SECOND_WEIGHT = 0.8
+"""Of a second model's meaning half (``Turn.second``, min-max scaled over the turns
+considered), beside the first's, when a second model's cosines are there. Replayed over the
+candidates of a LoCoMo tuning run with multilingual-e5-small's cosines (BENCHMARKS.md):
+0.4 / 0.6 / 0.8 / 1.2 gave R@5 .725 / .725 / .728 / .727; at 1.2 temporal R@1 fell below the
+words half. ``recall_scored`` does not fill ``Turn.second`` yet: no second model is wired."""
 
 _SPEAKER = re.compile(r"^\s*([A-Z][\w'.-]*(?: [A-Z][\w'.-]*){0,2}):\s")
 _WORD = re.compile(r"[A-Za-z][\w'-]*")
@@ -83,6 +89,8 @@ class Turn:
     speaker: str | None = None
     before: str | None = None
     after: str | None = None
+    second: float | None = None
+    """The cosine of a second model's vectors (``SECOND_WEIGHT``), when one is configured."""
 
 
 def speaker_of(text: str | None) -> str | None:
@@ -172,8 +180,12 @@ def rank(
     word_weight, vector_weight = 1.0 - alpha, alpha * VECTOR_WEIGHT
     if cosines and CONFIDENT_COSINE > 0:
         vector_weight *= min(1.0, max(cosines.values()) / CONFIDENT_COSINE)
+    seconds = {k: t.second for k, t in turns.items() if t.second is not None}
+    second = _from_floor(seconds, min(seconds.values(), default=0.0))
+    second_weight = alpha * SECOND_WEIGHT
     fused: dict[str, float] = {}
-    for weight, half in ((word_weight, words), (vector_weight, meaning)):
+    halves = ((word_weight, words), (vector_weight, meaning), (second_weight, second))
+    for weight, half in halves:
         if weight > 0:
             for key, value in half.items():
                 fused[key] = fused.get(key, 0.0) + weight * value
