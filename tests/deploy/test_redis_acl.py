@@ -90,6 +90,12 @@ async def refused(call: Any) -> None:
         await call
 
 
+async def refused_in_script(call: Any) -> None:
+    """A script's command the user may not run: Redis answers an ACL failure in the script."""
+    with pytest.raises(ResponseError, match="ACL failure in script"):
+        await call
+
+
 async def test_the_default_user_is_disabled_so_a_client_without_credentials_is_refused(
     acl_server: AclRedis,
 ) -> None:
@@ -262,6 +268,19 @@ async def test_the_publisher_cannot_read_working_memory_or_delete_streams(
     # to the declared keys), but never results' or DLQ writes, nor working memory.
     await refused(publisher.xgroup_destroy(streams.lifecycle, LIFECYCLE_GROUP))
     await refused(publisher.eval("return redis.call('HGETALL', KEYS[1])", 1, keys.vars))
+    # the sequence counters' writes are its only SET/PEXPIRE: a leaked orchestrator credential
+    # cannot expire, overwrite or replace a command stream, nor do it from a script
+    await refused(publisher.pexpire(streams.lifecycle, 1))
+    await refused(publisher.set(streams.lifecycle, "junk"))
+    await refused(publisher.set(f"{PREFIX}:lifecycle:{{9}}", "junk"))
+    await refused(publisher.incr(f"{PREFIX}:lifecycle:{{9}}"))
+    await refused_in_script(
+        publisher.eval("return redis.call('SET', KEYS[1], 'x')", 1, f"{PREFIX}:lifecycle:{{9}}")
+    )
+    await refused_in_script(
+        publisher.eval("return redis.call('PEXPIRE', KEYS[1], 1)", 1, streams.lifecycle)
+    )
+    assert await admin.exists(streams.lifecycle) == 1
     await refused(publisher.keys("*"))
     await refused(publisher.flushall())
 
