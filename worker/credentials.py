@@ -28,7 +28,10 @@ MASK = "***"
 _URL_PASSWORD = re.compile(
     # scheme://user:password@ — the password may hold an '@' only when another follows
     r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^\s:/@'\"]*:)"
-    r"(?P<secret>(?:[^\s'\"@/]|@(?=[^\s'\"/]*@))*)@"
+    # the password is everything up to the last '@' before the host, whatever it holds
+    # (quotes, spaces, tabs, '@', '/', '#', '%'): the host is what follows an '@' up to a
+    # '/', a quote, a space, a comma, a bracket or the end of the line.
+    r"(?P<secret>[^\n]*?)@(?=[^\s'\"/@]*(?:[/\s'\",)\]>?#][^\s@]*(?:\s|$)|$))"
 )
 _REDIS_LONE_USERINFO = re.compile(
     # redis://SECRET@host: redis-py reads a lone userinfo as the user name, but redis-cli -u

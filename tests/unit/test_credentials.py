@@ -50,3 +50,16 @@ def test_the_secrets_the_repository_ships_are_known() -> None:
     named = Settings(redis_url="redis://operator:dev-operator-change-me@h:6379/0")
     assert shipped_secret(named) == "REDIS_URL"
     assert shipped_secret(named.model_copy(update={"allow_default_secrets": True})) is None
+
+
+@pytest.mark.parametrize(
+    "password", ["S3c'ret9", 'ab"cd', "pa ss", "sec\tx", "a@b", "a/b", "a#b", "a%b", "x'y\"z @/#%w"]
+)
+@pytest.mark.parametrize("scheme", ["redis", "postgresql"])
+def test_mask_hides_a_password_of_any_characters_inside_an_error(
+    scheme: str, password: str
+) -> None:
+    text = f"cannot reach {scheme}://user:{password}@127.0.0.1:1/0: Connection refused"
+    masked = mask(text)
+    assert password not in masked
+    assert masked == f"cannot reach {scheme}://user:***@127.0.0.1:1/0: Connection refused"
