@@ -156,6 +156,12 @@ def _printable(value: Any) -> Any:
     return value
 
 
+UNREAD_FACTOR = 4
+"""An entry's ``data`` over this many times ``MEMWORKER_MAX_EVENT_BYTES`` is not parsed at all
+(dead-lettered as an excerpt): parsing builds objects tens of times the entry's size. Up to it,
+an oversized command is parsed for its ``event_id`` and answered ``limit_exceeded``."""
+
+
 def parse_entry(fields: Mapping[bytes, bytes], shard: int, settings: Settings) -> Intake:
     """Classify one entry of ``P:lifecycle:{shard}``."""
     try:
@@ -164,6 +170,11 @@ def parse_entry(fields: Mapping[bytes, bytes], shard: int, settings: Settings) -
         return Unusable(f"FastStream envelope in __data__ could not be read: {exc}")
     if payload is None:
         return Unusable("entry has no 'data' field (nor FastStream's '__data__')")
+    if len(payload) > UNREAD_FACTOR * settings.max_event_bytes:
+        return Unusable(  # never parsed: its objects would take tens of times its size
+            f"'data' is {len(payload)} bytes, over {UNREAD_FACTOR}x the limit of "
+            f"{settings.max_event_bytes} (MEMWORKER_MAX_EVENT_BYTES): not read"
+        )
     unstorable = None
     try:
         raw = orjson.loads(payload)
