@@ -19,7 +19,7 @@ import pytest
 
 from tests.security.processes import Recorded, clean_env, free_port
 
-REDIS_SECRET = "S3cretRedisPw"
+REDIS_SECRET = "S3c'retRedis\"Pw"  # quotes: a pattern stopping at them once showed it
 PG_SECRET = "S3cretPgPw"
 TOKEN = "an-own-token-7d2f"  # not a secret under test: the servers need one to answer
 SECRETS = (REDIS_SECRET, PG_SECRET)
