@@ -19,14 +19,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import os
 import platform
-import subprocess
-from collections.abc import AsyncIterator
 from typing import Any
 
-import httpx
 import orjson
 from harness import (
     DEFAULT_DATABASE_URL,
@@ -36,13 +32,11 @@ from harness import (
     fresh_database,
     invocation,
     markdown_table,
-    memworker_command,
-    service_env,
     unique_prefix,
 )
 from redis.asyncio import Redis
 from sqlalchemy import text
-from user_memory_load import OUTPUT, Connection, Point, drive, free_port, ms, words
+from user_memory_load import OUTPUT, Connection, Point, door_server, drive, ms, words
 
 from worker.db.engine import create_database_engine
 
@@ -51,36 +45,9 @@ DOORS = ("HTTP `serve`, 1 process", "MCP over HTTP, 1 process", "HTTP `serve`, 2
 MCP_HEADERS = "Accept: application/json, text/event-stream\r\n"
 
 
-@contextlib.asynccontextmanager
-async def server(redis_url: str, database_url: str, prefix: str, *args: str) -> AsyncIterator[str]:
-    """``memworker <args> --project doors`` listening on a free port; its base URL once ready
-    (``/readyz``); stopped afterwards."""
-    port = free_port()
-    env = service_env(redis_url, prefix, database_url, MEMWORKER_REMEMBER_EMBEDDING="indexer")
-    env.pop("MEMWORKER_API_TOKEN", None)
-    command = [*args, "--project", PROJECT]
-    command += ["--http", str(port)] if args[0] == "mcp" else ["--port", str(port)]
-    proc = subprocess.Popen(
-        memworker_command(*command), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        async with httpx.AsyncClient() as probe:
-            for _ in range(300):
-                with contextlib.suppress(httpx.HTTPError):
-                    if (await probe.get(f"{base}/readyz")).status_code == 200:
-                        break
-                if proc.poll() is not None:
-                    raise RuntimeError(f"memworker {args[0]} exited with {proc.returncode}")
-                await asyncio.sleep(0.1)
-        yield base
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+def server(redis_url: str, database_url: str, prefix: str, *args: str) -> Any:
+    """``memworker <args> --project doors`` on a free port (``door_server``)."""
+    return door_server(redis_url, database_url, prefix, PROJECT, *args)
 
 
 class McpConnection(Connection):

@@ -323,14 +323,23 @@ def free_port() -> int:
 @contextlib.asynccontextmanager
 async def serve(redis_url: str, database_url: str, prefix: str, project: str) -> AsyncIterator[str]:
     """``memworker serve`` for ``project`` on a free port; its base URL once ready."""
+    async with door_server(redis_url, database_url, prefix, project, "serve") as base:
+        yield base
+
+
+@contextlib.asynccontextmanager
+async def door_server(
+    redis_url: str, database_url: str, prefix: str, project: str, *args: str
+) -> AsyncIterator[str]:
+    """``memworker <args> --project <project>`` (``serve``, or ``mcp`` over HTTP) listening on
+    a free port, without a token; its base URL once ``/readyz`` answers; stopped afterwards."""
     port = free_port()
     env = service_env(redis_url, prefix, database_url, MEMWORKER_REMEMBER_EMBEDDING="indexer")
     env.pop("MEMWORKER_API_TOKEN", None)
+    command = [*args, "--project", project]
+    command += ["--http", str(port)] if args[0] == "mcp" else ["--port", str(port)]
     proc = subprocess.Popen(
-        memworker_command("serve", "--project", project, "--port", str(port)),
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        memworker_command(*command), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
     base = f"http://127.0.0.1:{port}"
     try:
@@ -340,7 +349,7 @@ async def serve(redis_url: str, database_url: str, prefix: str, project: str) ->
                     if (await probe.get(f"{base}/readyz")).status_code == 200:
                         break
                 if proc.poll() is not None:
-                    raise RuntimeError(f"memworker serve exited with {proc.returncode}")
+                    raise RuntimeError(f"memworker {args[0]} exited with {proc.returncode}")
                 await asyncio.sleep(0.1)
         yield base
     finally:
