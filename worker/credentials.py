@@ -27,7 +27,8 @@ MASK = "***"
 
 _URL_PASSWORD = re.compile(
     # scheme://user:password@ — the password may hold an '@' only when another follows
-    r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^\s:/@'\"]*:)"
+    # (the user name, too, may hold quotes and spaces: a Redis ACL user such as o'brien)
+    r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^\n:/@]*:)"
     # the password is everything up to the last '@' before the host, whatever it holds
     # (quotes, spaces, tabs, '@', '/', '#', '%'): the host is what follows an '@' up to a
     # '/', a quote, a space, a comma, a bracket or the end of the line.
@@ -37,7 +38,7 @@ _REDIS_LONE_USERINFO = re.compile(
     # redis://SECRET@host: redis-py reads a lone userinfo as the user name, but redis-cli -u
     # (and so a URL copied from it) as the password: shown as neither.
     r"(?P<head>(?<![A-Za-z0-9+.-])(?:redis|rediss|valkey|valkeys|unix)://)"
-    r"(?P<secret>[^\s:/@'\"]+)@"
+    r"(?P<secret>[^\n:/@]+)@"
 )
 _PARAMETER = re.compile(
     r"(?P<head>\b(?:password|passwd|pwd|pass|token|api_key|apikey|access_token|secret)=)"

@@ -63,3 +63,15 @@ def test_mask_hides_a_password_of_any_characters_inside_an_error(
     masked = mask(text)
     assert password not in masked
     assert masked == f"cannot reach {scheme}://user:***@127.0.0.1:1/0: Connection refused"
+
+
+@pytest.mark.parametrize("user", ["o'brien", 'pub"lisher', "pub lisher", "a\tb"])
+@pytest.mark.parametrize("scheme", ["redis", "rediss", "postgresql+asyncpg"])
+def test_mask_hides_the_password_whatever_the_user_name_holds(scheme: str, user: str) -> None:
+    # a Redis ACL user may be named o'brien: the password after it is masked all the same
+    text = f"cannot reach Redis at {scheme}://{user}:S3cretQ@127.0.0.1:6399/0: Error 111"
+    masked = mask(text)
+    assert "S3cretQ" not in masked
+    assert masked == f"cannot reach Redis at {scheme}://{user}:***@127.0.0.1:6399/0: Error 111"
+    lone = mask(f"down: redis://{user}@127.0.0.1:6399/0")
+    assert lone == "down: redis://***@127.0.0.1:6399/0"
