@@ -65,6 +65,48 @@ async def test_a_dead_letter_is_shown_and_redriven_only_after_the_confirmation(
             assert again.status_code == 404, again.text
 
 
+async def test_another_projects_dead_letter_is_neither_shown_nor_redriven(
+    env: dict[str, str], redis: Redis, settings: Settings
+) -> None:
+    # the DLQ streams are shared by every project of the prefix: a server is its project's door
+    source = changes_stream(settings.stream_prefix, "otherproj", settings.shards)
+    dlq = changes_dlq(settings.stream_prefix)
+    event = {"type": "fact.added", "project_id": "otherproj", "user_id": "eve", "fact_id": "f9"}
+    letter = dead_letter(
+        fields={"data": json.dumps(event)},
+        source_stream=source,
+        source_id="1-0",
+        group="my-follower",
+        reason="handler_failed",
+        error="ValueError: otherproj-secret",
+        deliveries=5,
+    )
+    entry_id = (await redis.xadd(dlq, letter)).decode()  # type: ignore[arg-type]
+    garbage = dead_letter(
+        fields={"data": "not json at all"},
+        source_stream=source,
+        source_id="2-0",
+        group="my-follower",
+        reason="unparseable",
+        error="garbage-secret",
+        deliveries=1,
+    )
+    await redis.xadd(dlq, garbage)  # type: ignore[arg-type]
+    with serving(env) as base:
+        async with httpx.AsyncClient(base_url=base, timeout=60, headers=AUTH) as http:
+            page = await http.get("/ui/live")
+            assert page.status_code == 200, page.text
+            assert entry_id not in page.text and "otherproj-secret" not in page.text
+            assert "garbage-secret" not in page.text
+            assert "1 dead letter(s) whose project cannot be read" in page.text
+            form = {"csrf": csrf_of(page.text), "stream": dlq, "entry_id": entry_id}
+            for step in ("preview", "confirm"):
+                answer = await http.post("/ui/live/redrive", data={**form, "step": step})
+                assert answer.status_code == 404, answer.text
+            assert await redis.xlen(dlq) == 2, "nothing redriven"
+            assert await redis.xlen(source) == 0
+
+
 async def _changes(http: httpx.AsyncClient, url: str, got: list[dict[str, Any]]) -> None:
     async with http.stream("GET", url) as answer:
         assert answer.status_code == 200

@@ -4,7 +4,10 @@ back and leaves nothing to trim), the lifecycle's live sessions and their workin
 streams' length, lag and pending entries, and the dead letters with their reasons, each
 redriven after a confirmation (``worker.consumers.dead_letters.redrive``, which drops what a
 forget covered). A server pinned to a user shows that user's sessions and changes only, the
-streams' numbers, and no dead letter (they hold every user's data)."""
+streams' numbers, and no dead letter (they hold every user's data). The DLQ streams are
+shared by every project of the prefix: a server shows and redrives only the dead letters its
+own project's entries became; one whose project cannot be read (garbage, an excerpt) is
+counted, not shown (``memworker dlq show`` is the operator's door to those)."""
 
 from __future__ import annotations
 
@@ -23,7 +26,7 @@ from worker import codec
 from worker.access.scope import AccessError, failure
 from worker.connections import consumer_client
 from worker.consumers.dead_letters import list_dead_letters, redrive
-from worker.erasure.erased import load_erased
+from worker.erasure.erased import entry_scope, load_erased
 from worker.ids import validate_id
 from worker.inspector.app import Inspector
 from worker.keys import StreamKeys, changes_dlq, changes_stream, episodes_dlq
@@ -33,6 +36,8 @@ SESSIONS_SHOWN = 50
 VARIABLES_SHOWN = 20
 VALUE_CHARS = 200
 LETTERS_SHOWN = 50
+LETTERS_READ = 1000
+"""Dead letters read per DLQ stream to find the project's (the streams are shared)."""
 MAX_FEEDS = 16
 """Change feeds followed at once (each holds one Redis connection): more is refused 503."""
 HEARTBEAT_S = 15.0
@@ -124,9 +129,16 @@ async def live(request: Request, ui: Inspector) -> Response:
     redis: Any = access.redis
     streams = [*await stream_stats(redis, access.settings), *await _feed_stats(ui)]
     letters = []
+    unattributed = 0
     if access.user_id is None:
         for stream in dlq_streams(ui):
-            for entry_id, fields in await list_dead_letters(redis, stream, LETTERS_SHOWN):
+            for entry_id, fields in await list_dead_letters(redis, stream, LETTERS_READ):
+                project = entry_scope(fields)[0]
+                if project is None:
+                    unattributed += 1
+                    continue
+                if project != access.project_id:
+                    continue
                 letters.append(
                     {
                         "stream": stream,
@@ -143,6 +155,7 @@ async def live(request: Request, ui: Inspector) -> Response:
         streams=streams,
         sessions=await live_sessions(ui),
         letters=letters[:LETTERS_SHOWN],
+        unattributed=unattributed,
         crumbs=[("/ui/", "Users")],
     )
 
@@ -240,6 +253,8 @@ async def redrive_letter(request: Request, ui: Inspector) -> Response:
     if not rows or rows[0][0] != entry_id:
         raise AccessError(f"entry_id: no dead letter {entry_id} in {stream}", 404)
     fields = rows[0][1]
+    if entry_scope(fields)[0] != access.project_id:  # another project's, or nobody's
+        raise AccessError(f"entry_id: no dead letter {entry_id} of this project in {stream}", 404)
     if step == "preview":
         return ui.render(
             request,
