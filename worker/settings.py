@@ -228,6 +228,12 @@ class Settings(BaseSettings):
     """Host names ``memworker serve`` and ``mcp --http`` answer besides localhost, 127.0.0.1,
     [::1] and the address they listen on (comma-separated, or a JSON list; ``--allowed-host``
     adds more): a request naming another ``Host`` is refused 421 (DNS rebinding)."""
+    api_trusted_proxies: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    """Addresses of the reverse proxies in front of ``memworker serve`` and ``mcp --http``
+    whose ``X-Forwarded-For`` names the client (comma-separated, or a JSON list). Empty (the
+    default): the connection's own address is the client, whatever a request's headers claim,
+    so a sign-in lockout cannot be dodged with a forged header. Behind a proxy, set it to the
+    proxy's address, or every client counts as that one address."""
     allow_default_secrets: bool = False
     """Let ``serve``, ``mcp --http``, ``run``, ``consolidate`` and ``index`` start with a secret
     this repository ships (``dev-<user>-change-me``, ``change-me``): a throwaway stack only."""
@@ -307,7 +313,7 @@ class Settings(BaseSettings):
             )
         return value if value else None
 
-    @field_validator("api_allowed_hosts", mode="before")
+    @field_validator("api_allowed_hosts", "api_trusted_proxies", mode="before")
     @classmethod
     def _comma_separated(cls, value: object) -> object:
         if isinstance(value, str):

@@ -265,5 +265,22 @@ async def test_sign_in_is_rate_limited_per_address_with_a_429_and_retry_after(
                 assert held.status_code == 429, held.text
                 assert 0 < int(held.headers["Retry-After"]) <= SIGN_IN_WINDOW_SECONDS
                 assert "set-cookie" not in held.headers and "Too many" in held.text
+
+
+async def test_a_forged_forwarded_address_does_not_dodge_the_sign_in_lockout(
+    env: dict[str, str],
+) -> None:
+    # uvicorn believes X-Forwarded-For from 127.0.0.1 unless told whom to trust: a local
+    # client could name a fresh address for every guess
+    with serving(env) as base:
+        async with httpx.AsyncClient(base_url=base, timeout=60) as http:
+            for n in range(SIGN_IN_FAILURES):
+                forged = {"X-Forwarded-For": f"10.0.0.{n}"}
+                wrong = await http.post("/ui/login", data={"token": f"g-{n}"}, headers=forged)
+                assert wrong.status_code == 401, (n, wrong.text)
+            held = await http.post(
+                "/ui/login", data={"token": "g-x"}, headers={"X-Forwarded-For": "1.2.3.4"}
+            )
+            assert held.status_code == 429, held.text
             # the header still works: the limit is on guessing the token, not on using it
             assert (await http.get("/ui/", headers=AUTH)).status_code == 200

@@ -145,11 +145,22 @@ def _listening_socket(host: str, port: int, option: str) -> socket.socket:
     return sock
 
 
-async def _serve_uvicorn(app: Any, sock: socket.socket, host: str, port: int, what: str) -> None:
+async def _serve_uvicorn(
+    app: Any, sock: socket.socket, host: str, port: int, what: str, proxies: list[str]
+) -> None:
     import uvicorn
 
     config = uvicorn.Config(  # log_config None: its lines go through ours, which mask passwords
-        app, host=host, port=port, log_level="warning", access_log=False, log_config=None
+        app,
+        host=host,
+        port=port,
+        log_level="warning",
+        access_log=False,
+        log_config=None,
+        # X-Forwarded-For only from the proxies named (uvicorn trusts 127.0.0.1's by default:
+        # a local client could then name any address and dodge the sign-in lockout)
+        proxy_headers=bool(proxies),
+        forwarded_allow_ips=list(proxies) or None,
     )
     server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve(sockets=[sock]))
@@ -216,7 +227,14 @@ def mcp(
 
     async def go() -> None:
         try:
-            await _serve_uvicorn(app, sock, chosen, http, f"MCP of project {project_id} at /mcp")
+            await _serve_uvicorn(
+                app,
+                sock,
+                chosen,
+                http,
+                f"MCP of project {project_id} at /mcp",
+                settings.api_trusted_proxies,
+            )
         finally:
             await mcp_server.close(server)
 
@@ -252,4 +270,5 @@ def serve(
     app = create_app(shared, **guard)
     if settings.ui_enabled:  # the memory inspector at /ui (MEMWORKER_UI_ENABLED)
         app = with_inspector(app, shared, **guard)
-    run_async(_serve_uvicorn(app, sock, chosen, port, f"memory API of project {project_id}"))
+    what = f"memory API of project {project_id}"
+    run_async(_serve_uvicorn(app, sock, chosen, port, what, settings.api_trusted_proxies))
