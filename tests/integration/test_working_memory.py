@@ -324,6 +324,15 @@ async def test_a_value_that_is_not_json_is_refused(memory: WorkingMemory) -> Non
         await memory.append_scratchpad({1, 2})
 
 
+async def test_every_bad_value_is_a_value_error_naming_what_is_wrong(harness: Harness) -> None:
+    # one rule at every door: bad input is a ValueError (a generic handler catches it)
+    memory = await harness.open(max_value_bytes=100)
+    for bad, says in ((math.nan, "NaN"), ({1, 2}, "set"), ("x" * 200, "MAX_VALUE_BYTES")):
+        with pytest.raises(ValueError, match=says):
+            await memory.set("v", bad)
+        assert not await memory.exists("v")
+
+
 async def test_invalid_session_and_project_ids_are_refused(harness: Harness) -> None:
     with pytest.raises(InvalidIdError, match="session_id"):
         await harness.open(session_id="has space")

@@ -21,8 +21,9 @@ class ReservedKeyError(InvalidKeyError):
     """A key starting with ``_``: those names belong to the worker."""
 
 
-class InvalidValueError(WorkingMemoryError, TypeError):
-    """A value that cannot be stored as JSON."""
+class InvalidValueError(WorkingMemoryError, TypeError, ValueError):
+    """A value that cannot be stored as JSON (NaN, a set, an object): a ``TypeError`` as it
+    always was, and a ``ValueError`` as every door's bad input is."""
 
 
 class UnstorableTextError(InvalidValueError, ValueError):
@@ -31,8 +32,9 @@ class UnstorableTextError(InvalidValueError, ValueError):
     neither). The message names where; a ``ValueError`` as every door's bad input is."""
 
 
-class LimitExceededError(WorkingMemoryError):
-    """A write that would take the session past one of its configured limits.
+class LimitExceededError(WorkingMemoryError, ValueError):
+    """A write that would take the session past one of its configured limits (a
+    ``ValueError``, as every door's bad input is).
 
     ``limit`` names what was exceeded (``keys``, ``value_bytes``, ``checkpoints``),
     ``setting`` the setting (and environment variable) that raises it, ``maximum`` its value.
