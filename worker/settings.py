@@ -332,6 +332,14 @@ class Settings(BaseSettings):
                 f"must start with redis://, rediss:// or unix:// (got {scheme!r}), "
                 "e.g. redis://127.0.0.1:6379/0"
             )
+        netloc = urlsplit(value).netloc.rsplit("@", 1)[-1]
+        if not value.startswith("unix://") and "," not in netloc:
+            port = netloc.rsplit("]", 1)[-1].rpartition(":")[2] if ":" in netloc else ""
+            if port and not (port.isdigit() and 0 < int(port) < 65536):
+                raise ValueError(
+                    f"the port {port[:20]!r} is not a port number (1-65535), "
+                    "e.g. redis://127.0.0.1:6379/0"
+                )
         return value
 
     @model_validator(mode="after")

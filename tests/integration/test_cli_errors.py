@@ -121,6 +121,15 @@ def test_a_redis_url_with_another_scheme_is_a_configuration_error() -> None:
     assert line.startswith("invalid configuration: REDIS_URL: must start with redis://"), line
 
 
+def test_a_redis_url_whose_port_is_no_number_is_one_configuration_line() -> None:
+    # it was an 88-line traceback from serve and "unexpected ValueError" from stats
+    for command in (["stats"], ["serve", "--port", "1"]):
+        url = "redis://u:S3cretPort@127.0.0.1:notaport/0"
+        line = one_error_line(memworker(*command, REDIS_URL=url))
+        assert line.startswith("invalid configuration: REDIS_URL: the port 'notaport'"), line
+        assert "S3cretPort" not in line
+
+
 def test_a_database_url_for_another_database_is_a_configuration_error() -> None:
     line = one_error_line(memworker("migrate", DATABASE_URL="mysql://u:p@127.0.0.1/db"))
     assert line.startswith("invalid configuration: DATABASE_URL: memworker stores in PostgreSQL")
