@@ -208,7 +208,7 @@ async def recall_breakdown(database_url: str, redis_url: str, prefix: str, round
     for name, label in (
         ("_recall_by_words", "facts: the words search"),
         ("_indexed_embedder", "facts: whether the project's facts have vectors"),
-        ("_recall_by_meaning", "facts: the query's embedding and every vector's cosine"),
+        ("_recall_by_meaning", "facts: the query's embedding and the cosines"),
     ):
         timed.wrap(FactStore, name, label)
     query = dict(parse_qsl(PAGES[3][1].split("?", 1)[1]))["q"]

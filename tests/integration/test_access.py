@@ -54,6 +54,7 @@ async def test_mcp_over_stdio_lists_the_tools_and_remembers_then_recalls(
             "remember_many",
             "recall",
             "recall_facts",
+            "recall_facts_scored",
             "add_fact",
             "working",
             "update_block",
@@ -351,3 +352,24 @@ async def test_the_http_api_reads_a_curl_d_body_as_json_without_a_content_type(
     found = curl("/v1/recall", json.dumps({"user_id": "ann", "query": "trains"}))
     assert [m["episode"]["id"] for m in found] == [remembered]
     assert "not JSON" in curl("/v1/recall", "query=trains")["error"]
+
+
+async def test_the_http_api_recalls_facts_with_their_scores(api: tuple[str, Memworker]) -> None:
+    """``recall_facts_scored``: ``recall_facts``' facts in its order, each with its scores (by
+    words alone here: a Postgres without pgvector, no fact embedded)."""
+    base, _ = api
+    async with httpx.AsyncClient(base_url=base, timeout=30, headers=AUTH) as http:
+        for obj in ("Lisbon by the river", "a red bicycle", "the river ferry"):
+            fact = {"user_id": "ann", "subject": "ann", "predicate": "likes", "object": obj}
+            assert (await http.post("/v1/add_fact", json=fact)).status_code == 200
+        asked = {"user_id": "ann", "query": "river"}
+        plain = (await http.post("/v1/recall_facts", json=asked)).json()
+        got = await http.post("/v1/recall_facts_scored", json=asked)
+        assert got.status_code == 200, got.text
+        scored = got.json()
+        assert [m["fact"] for m in scored] == plain
+        assert [m["fact"]["object"] for m in scored] == ["the river ferry", "Lisbon by the river"]
+        assert [m["score"] for m in scored] == [1 / 61, 1 / 62]
+        assert all(m["word_score"] > 0 and m["vector_score"] is None for m in scored)
+        other = await http.post("/v1/recall_facts_scored", json={"user_id": "bob", "query": ""})
+        assert other.status_code == 200 and other.json() == []

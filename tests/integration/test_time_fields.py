@@ -35,6 +35,7 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
     ("recall", {"query": "x"}, "until"),
     ("recall", {"query": "x"}, "since"),
     ("recall_facts", {}, "valid_at"),
+    ("recall_facts_scored", {}, "valid_at"),
     ("add_fact", {"subject": "a", "predicate": "b", "object": "c"}, "valid_from"),
     ("remember", TURN, "occurred_at"),
 ]

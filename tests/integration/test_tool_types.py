@@ -24,6 +24,8 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
     ("recall", {"query": "x", "limit": True}, "limit"),
     ("recall", {"query": "x", "min_score": "0.5"}, "min_score"),
     ("recall_facts", {"limit": "2"}, "limit"),
+    ("recall_facts_scored", {"limit": "2"}, "limit"),
+    ("recall_facts_scored", {"limit": True}, "limit"),
     (
         "add_fact",
         {"subject": "a", "predicate": "b", "object": "c", "confidence": True},

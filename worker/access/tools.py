@@ -264,6 +264,13 @@ async def recall_facts(access: Access, a: RecallFactsArguments) -> Any:
     return [_dump(f) for f in found]
 
 
+async def recall_facts_scored(access: Access, a: RecallFactsArguments) -> Any:
+    found = await access.memory.recall_facts_scored(
+        a.query, limit=a.limit, valid_at=a.valid_at, user_id=access.user(a.user_id)
+    )
+    return [_dump(m) for m in found]
+
+
 async def add_fact(access: Access, a: AddFactArguments) -> Any:
     user = access.user(a.user_id)
     fields: dict[str, Any] = {} if a.valid_from is None else {"valid_from": a.valid_from}
@@ -386,6 +393,16 @@ TOOLS: tuple[Tool, ...] = (
         "query, optionally only those true at valid_at.",
         RecallFactsArguments,
         recall_facts,
+        True,
+    ),
+    Tool(
+        "recall_facts_scored",
+        "recall_facts' facts, in its order, each with its scores: score (the fused score that "
+        "orders them: reciprocal rank fusion of the rank by words and by meaning), "
+        "vector_score (the cosine to the query, -1..1; null: no vector yet) and word_score "
+        "(the full-text rank; null: no word of the query in it).",
+        RecallFactsArguments,
+        recall_facts_scored,
         True,
     ),
     Tool(

@@ -25,8 +25,11 @@ same, with each fact's scores; how they are ranked and scored: ``fact_ranking``)
   ours): each appended fact's triple ("subject predicate object") is embedded and kept with it
   (``facts.embedding``, a plain ``float8[]``: no pgvector needed), and facts are ranked by the
   cosine to the query's vector, facts without a vector of that model left out, as LoomFlow
-  does. The cosine is computed here over the user's candidate facts: a user's facts are few
-  (hundreds, thousands); past ~10k per user this wants an index;
+  does. With pgvector the cosine is taken in Postgres (``<=>`` on the stored array cast to
+  ``vector``) over the user's candidate facts and only the nearest come back (with the words'
+  candidates, for their cosine); without it, every candidate's vector is read and the cosine
+  taken here. No index: a user's facts are few (hundreds, thousands); past ~10k per user
+  this wants one;
 - **by words and meaning** in a ``Memory`` without one: the indexer embeds every
   ``fact.added`` (``worker.episodes.indexer``, off the write path, no model in the writer's
   process), and once the project has such vectors, words (Postgres full text, English
@@ -48,6 +51,7 @@ from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from worker.db.query_words import words_of
+from worker.db.vectors import vector_literal
 from worker.episodes.changes import change_event, owe
 from worker.episodes.embedding import fact_text
 from worker.user_memory.fact_ranking import FUSED_CANDIDATES, by_cosine, cosines, rank_facts
@@ -357,13 +361,14 @@ class FactStore:
             where.append("valid_from <= :at AND (valid_until IS NULL OR valid_until > :at)")
             params["at"] = as_utc(valid_at)
         if query.strip() and self.embedder is not None:
-            nearest = await self._recall_by_meaning(self.embedder, query, where, params)
+            nearest = await self._recall_by_meaning(self.embedder, query, where, params, [])
             return rank_facts(None, nearest, limit)
         by_words = await self._recall_by_words(query, where, params)
         indexed = await self._indexed_embedder() if query.strip() else None
         if indexed is None:
             return rank_facts(by_words, None, limit)
-        nearest = await self._recall_by_meaning(indexed, query, where, params)
+        found = [f.id for f, _rank in by_words]
+        nearest = await self._recall_by_meaning(indexed, query, where, params, found)
         return rank_facts(by_words, nearest, limit)
 
     async def _recall_by_words(
@@ -406,17 +411,26 @@ class FactStore:
             return embedder if found.first() is not None else None
 
     async def _recall_by_meaning(
-        self, embedder: Any, query: str, where: list[str], params: dict[str, Any]
+        self,
+        embedder: Any,
+        query: str,
+        where: list[str],
+        params: dict[str, Any],
+        by_words: Sequence[str],
     ) -> list[tuple[Fact, float]]:
-        """Every candidate with a vector of ``embedder``'s model and its cosine to the
-        query's, the most similar first."""
+        """The candidates with a vector of ``embedder``'s model and their cosine to the
+        query's, the most similar first: with pgvector, the nearest ``max(FUSED_CANDIDATES,
+        limit)`` and the facts ``by_words`` found (the cosines taken in Postgres, no vector
+        read here); without it, every one (the cosines taken here)."""
         [wanted] = await embed_texts(embedder, [query])
         params = {**params, "model": model_name(embedder)}
-        statement = text(
-            f"SELECT {_COLUMNS}, embedding FROM facts WHERE {' AND '.join(where)}"
-            " AND embedding_model = :model"
-        )
         async with self.engine.connect() as conn:
+            if wanted and await _has_vector_type(conn):
+                return await _nearest_in_postgres(conn, wanted, where, params, by_words)
+            statement = text(
+                f"SELECT {_COLUMNS}, embedding FROM facts WHERE {' AND '.join(where)}"
+                " AND embedding_model = :model"
+            )
             rows = (await conn.execute(statement, params)).all()
         similar = cosines(wanted, [r.embedding for r in rows])
         return by_cosine([(fact_from_row(r), c) for r, c in zip(rows, similar, strict=True)])
@@ -463,6 +477,65 @@ async def delete_facts(
         params["before"] = as_utc(before)
     rows = await conn.execute(text(f"DELETE FROM facts WHERE {where} RETURNING id"), params)
     return len(rows.all())
+
+
+_VECTOR_TYPE: set[str] = set()
+"""The databases (by URL) seen to have pgvector's ``vector`` type: checked again until one has
+(``memworker migrate`` may enable it later)."""
+
+
+async def _has_vector_type(conn: AsyncConnection) -> bool:
+    """Whether pgvector is there: then a fact's cosine is taken in Postgres (``<=>`` on its
+    ``float8[]`` cast to ``vector``), else here."""
+    key = str(conn.engine.url)
+    if key not in _VECTOR_TYPE and await conn.scalar(text(_VECTOR_TYPE_THERE)):
+        _VECTOR_TYPE.add(key)
+    return key in _VECTOR_TYPE
+
+
+_VECTOR_TYPE_THERE = "SELECT to_regtype('vector') IS NOT NULL"
+_COSINE = (
+    "1 - coalesce(nullif(CAST(embedding AS vector) <=> (SELECT CAST(CAST(:qv AS text) AS vector)),"
+    " 'NaN'), 1)"
+)
+"""A fact's cosine to the query's vector, taken by pgvector (over the vectors as ``real``:
+the same as ``fact_ranking.cosines`` to ~1e-7); a zero vector's (pgvector's NaN) is 0.0, as
+``cosines`` gives it. The query's vector is read once, in a sub-select: the driver prepares the
+statement, and the generic plan Postgres keeps after five runs parsed its text once per fact
+(1,000 facts: ~130 ms instead of ~16, BENCHMARKS.md, the memory inspector)."""
+
+
+async def _nearest_in_postgres(
+    conn: AsyncConnection,
+    wanted: list[float],
+    where: list[str],
+    params: dict[str, Any],
+    by_words: Sequence[str],
+) -> list[tuple[Fact, float]]:
+    """``FactStore._recall_by_meaning`` with pgvector: the nearest ``max(FUSED_CANDIDATES,
+    limit)`` facts (ties by id, in code point order as ``by_cosine``) and those of
+    ``by_words``, with their cosines; a vector of another dimension than the query's is left
+    out (pgvector compares none)."""
+    top = max(FUSED_CANDIDATES, int(params["n"]))
+    statement = text(
+        f"SELECT {_COLUMNS}, cosine FROM (SELECT {_COLUMNS}, cosine,"
+        ' row_number() OVER (ORDER BY cosine DESC, id COLLATE "C") AS place'
+        f" FROM (SELECT {_COLUMNS}, {_COSINE} AS cosine FROM facts"
+        f" WHERE {' AND '.join(where)} AND embedding_model = :model"
+        " AND cardinality(embedding) = :dimension) scored) ranked"
+        " WHERE place <= :top OR id = ANY(CAST(:ids AS text[]))"
+    )
+    rows = await conn.execute(
+        statement,
+        {
+            **params,
+            "qv": vector_literal(wanted),
+            "dimension": len(wanted),
+            "top": top,
+            "ids": list(by_words),
+        },
+    )
+    return by_cosine([(fact_from_row(r), float(r.cosine)) for r in rows])
 
 
 def facts_sorted(facts: Sequence[Fact]) -> list[Fact]:
