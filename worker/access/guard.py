@@ -2,8 +2,9 @@
 ``memworker mcp --http``): the ``Host`` a request names (an allow-list against DNS rebinding:
 421 otherwise), a static bearer token on every path but the open ones (the scheme in any case,
 the token compared in constant time; wrong tokens limited per client address: ``guesses``),
-and a limit on the request body. Its refusals are JSON ``{"error": "<one line>"}`` like
-every error."""
+and limits on the request body (its bytes; its JSON structure, counted before any parser
+builds it: ``body_shape``). Its refusals are JSON ``{"error": "<one line>"}`` like every
+error."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from urllib.parse import urlsplit
 
 import orjson
 
+from worker.access.body_shape import shape_problem
 from worker.access.guesses import GuessLimiter, client_address
 
 Scope = MutableMapping[str, Any]
@@ -83,8 +85,9 @@ class Guard:
     """Refuse a request naming a ``Host`` not served (421; ``allowed_hosts`` None: any), sent
     by a page of another site (its ``Origin``: 403), without ``Authorization: Bearer <token>``
     (401; when ``token`` is set; a wrong one from an address that sent too many: 429,
-    ``guesses``), with a body over ``max_bytes`` (413) or not received whole within
-    ``body_timeout_s`` (408), before the app reads it."""
+    ``guesses``), with a body over ``max_bytes`` (413), not received whole within
+    ``body_timeout_s`` (408) or holding more JSON structure than ``body_shape`` allows (413),
+    before the app reads it."""
 
     def __init__(
         self,
@@ -219,6 +222,9 @@ class Guard:
                 "(MEMWORKER_API_BODY_TIMEOUT_SECONDS)",
                 (b"connection", b"close"),
             )
+            return
+        if rest is None and (problem := shape_problem(body)) is not None:
+            await send_error(send, 413, problem)  # before any parser builds it
             return
         replayed = False
 
