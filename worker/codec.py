@@ -7,8 +7,10 @@ A reply field may come back as ``bytes`` (the default client) or ``str`` (a clie
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping
+from json.decoder import scanstring  # type: ignore[attr-defined]
 from typing import Any
 
 import orjson
@@ -105,3 +107,41 @@ def _non_finite(value: Any, where: str) -> str | None:
             if (found := _non_finite(item, f"{where}[{i}]")) is not None:
                 return found
     return None
+
+
+def _skip_blanks(source: str, at: int) -> int:
+    while at < len(source) and source[at] in " \t\n\r":
+        at += 1
+    return at
+
+
+def leading_fields(raw: bytes | str) -> dict[str, Any]:
+    """The top-level fields of a JSON object that are whole before it is cut or broken (the
+    excerpt of a dead letter too large to keep whole: ``worker.consumers.dead_letters``), in
+    order; a nested object's fields are never taken for the top level's. ``{}`` when ``raw``
+    starts no object."""
+    source = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
+    decoder = json.JSONDecoder()
+    out: dict[str, Any] = {}
+    at = _skip_blanks(source, 0)
+    if not source.startswith("{", at):
+        return out
+    at += 1
+    while True:
+        at = _skip_blanks(source, at)
+        if not source.startswith('"', at):
+            return out
+        try:
+            key, at = scanstring(source, at + 1)
+            at = _skip_blanks(source, at)
+            if not source.startswith(":", at):
+                return out
+            at = _skip_blanks(source, at + 1)
+            value, at = decoder.raw_decode(source, at)
+        except (ValueError, RecursionError):
+            return out  # cut here: what came before is whole
+        out[key] = value
+        at = _skip_blanks(source, at)
+        if not source.startswith(",", at):
+            return out
+        at += 1

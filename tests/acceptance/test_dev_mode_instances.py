@@ -240,3 +240,85 @@ def test_commands_use_a_running_devs_servers_without_sourcing_dev_env(
         if dev.proc.poll() is None:
             dev.stop_with(signal.SIGTERM)
         dev.close()
+
+
+ODD = 'it\'s $HOME `id` "q" \\n; end'
+"""A password as a person may choose one: a quote, ``$``, backticks, double quotes, a
+backslash, spaces (no ``@``, ``/``, ``%`` or ``?``: those are URL syntax)."""
+
+
+def _with_password(url: str, password: str) -> str:
+    """``url`` (no password of its own) with ``password`` written raw after its user."""
+    scheme, _, rest = url.partition("://")
+    user, at, tail = rest.partition("@")
+    if not at or ":" in user:
+        pytest.skip(f"the test database's URL has no user, or a password already: {scheme}")
+    return f"{scheme}://{user}:{password}@{tail}"
+
+
+def test_dev_env_gives_back_any_value_whole_to_source_and_to_other_commands(
+    prefix: str, database_url: str, redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A DATABASE_URL whose password holds quotes, ``$`` and backticks (the test server trusts
+    local connections: any password connects): ``source dev.env`` sets it unchanged, runs
+    nothing, and a command reading ``dev.env`` itself takes it unchanged too. (Written between
+    bare single quotes, the quote ended the value and the rest was run as shell words.)"""
+    odd_url = _with_password(database_url, ODD)
+    unset = ("REDIS_URL", "DATABASE_URL", "MEMWORKER_STREAM_PREFIX", "MEMWORKER_METRICS_PORT")
+    env = {k: v for k, v in os.environ.items() if k not in unset}
+    env.update(
+        XDG_DATA_HOME=str(tmp_path / "xdg"),  # the default data dir: xdg/memworker
+        DATABASE_URL=odd_url,
+        REDIS_URL=redis_url,
+        MEMWORKER_STREAM_PREFIX=prefix,
+    )
+    dev = Memworker(["dev", "--metrics-port", str(free_port())], env)
+    try:
+        dev.wait_for("memworker dev is running.")
+        env_file = tmp_path / "xdg" / "memworker" / "dev.env"
+        show = 'printf "%s\\n" "$DATABASE_URL" "$REDIS_URL" "$MEMWORKER_STREAM_PREFIX"'
+        sourced = subprocess.run(
+            ["bash", "-c", f"source {shlex.quote(str(env_file))} && {show}"],
+            env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert (sourced.returncode, sourced.stderr) == (0, ""), env_file.read_text()
+        assert sourced.stdout.splitlines() == [odd_url, redis_url, prefix]
+
+        from worker.cli.common import running_dev_env
+
+        for name in (*unset, "MEMWORKER_REDIS_URL", "MEMWORKER_DATABASE_URL"):
+            monkeypatch.delenv(name, raising=False)
+        monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
+        assert running_dev_env() == {
+            "DATABASE_URL": odd_url,
+            "REDIS_URL": redis_url,
+            "MEMWORKER_STREAM_PREFIX": prefix,
+        }
+    finally:
+        if dev.proc.poll() is None:
+            dev.stop_with(signal.SIGTERM)
+        dev.close()
+        with Redis.from_url(redis_url) as redis:  # what the dev left under this prefix
+            keys = list(redis.scan_iter(match=f"{prefix}:*", count=1000))
+            if keys:
+                redis.unlink(*keys)
+
+
+def test_the_embedded_valkey_listens_on_loopback_only(dev: Dev, tmp_path: Path) -> None:
+    """It has no password (README, quick start): no other machine may reach it."""
+    import psutil
+
+    dev(embedded_redis=True).wait_for("memworker dev is running.")
+    pid = int((tmp_path / "data" / "valkey" / "valkey.pid").read_text().split()[0])
+    listening = [
+        c.laddr
+        for c in psutil.Process(pid).net_connections(kind="inet")
+        if c.status == psutil.CONN_LISTEN
+    ]
+    assert listening, "the embedded Valkey listens on no TCP port"
+    assert {address.ip for address in listening} == {"127.0.0.1"}, listening
+    assert {address.port for address in listening} == {_redis_port(tmp_path / "data" / "dev.env")}

@@ -21,6 +21,7 @@ from tests.helpers import worker_env
 from tests.integration.results_factory import migrated_engine
 from tests.security.processes import free_port, listening
 from worker.access.guard import OPEN_PATHS
+from worker.access.guesses import GUESS_FAILURES, GUESS_WINDOW_SECONDS
 from worker.access.http_api import create_app
 from worker.access.tools import TOOLS, Tool
 from worker.keys import SessionKeys
@@ -104,6 +105,20 @@ def serving(args: list[str], said: str, env: dict[str, str]) -> Iterator[str]:
         yield f"http://127.0.0.1:{port}"
 
 
+def refused(answer: httpx.Response, guesses: int, what: object) -> None:
+    """A call without the right token: 401, or 429 with ``Retry-After`` once the address sent
+    more than ``GUESS_FAILURES`` wrong tokens (``guesses``: the wrong ones so far, this one
+    included; 0 for a call with no token, which is no guess)."""
+    if guesses > GUESS_FAILURES:
+        assert answer.status_code == 429, (what, answer.text)
+        assert 0 < int(answer.headers["retry-after"]) <= GUESS_WINDOW_SECONDS
+        assert answer.json()["error"].startswith("too many wrong tokens from your address")
+        return
+    assert answer.status_code == 401, (what, answer.text)
+    assert answer.json()["error"].startswith("unauthorized:")
+    assert answer.headers["www-authenticate"] == "Bearer"
+
+
 async def _nothing_of_bobs(database_url: str, redis: Redis, settings: Settings) -> None:
     engine = create_async_engine(asyncpg_url(database_url))
     try:
@@ -127,6 +142,7 @@ async def test_every_http_route_refuses_no_token_a_wrong_token_and_another_tenan
     env: dict[str, str], redis: Redis, settings: Settings, database_url: str
 ) -> None:
     by_path = {f"/v1/{tool.name}": tool for tool in TOOLS}
+    guesses = 0  # wrong tokens sent from this address
     with serving(["serve"], "memory API of project", env) as base:
         async with httpx.AsyncClient(base_url=base, timeout=60) as http:
             for method, path in api_routes():
@@ -139,9 +155,8 @@ async def test_every_http_route_refuses_no_token_a_wrong_token_and_another_tenan
                     {"Authorization": TOKEN},
                 ):
                     answer = await http.request(method, path, json=body, headers=headers)
-                    assert answer.status_code == 401, (path, headers, answer.text)
-                    assert answer.json()["error"].startswith("unauthorized:")
-                    assert answer.headers["www-authenticate"] == "Bearer"
+                    guesses += bool(headers)
+                    refused(answer, guesses if headers else 0, (path, headers))
                 auth = {"Authorization": f"Bearer {TOKEN}"}
                 answer = await http.request(method, path, json=body, headers=auth)
                 assert answer.status_code == 403, (path, body, answer.text)
@@ -172,6 +187,7 @@ async def test_every_mcp_tool_refuses_no_token_a_wrong_token_and_another_tenant(
             listed = (await session.list_tools()).tools
             assert {tool.name for tool in listed} == {tool.name for tool in TOOLS}
             by_name = {tool.name: tool for tool in TOOLS}
+            guesses = 0  # wrong tokens sent from this address
             async with httpx.AsyncClient(timeout=60) as plain:
                 for number, tool in enumerate(listed):
                     arguments = other_tenants_call(by_name[tool.name])
@@ -183,10 +199,46 @@ async def test_every_mcp_tool_refuses_no_token_a_wrong_token_and_another_tenant(
                     }
                     for headers in ({}, {"Authorization": "Bearer wrong-token"}):
                         answer = await plain.post(url, json=call, headers=headers)
-                        assert answer.status_code == 401, (tool.name, headers, answer.text)
+                        guesses += bool(headers)
+                        refused(answer, guesses if headers else 0, (tool.name, headers))
                     result = await session.call_tool(tool.name, arguments)
                     assert result.is_error, (tool.name, result)
                     [content] = result.content
                     error = json.loads(content.text)["error"]  # type: ignore[union-attr]
                     assert f"user {PINNED}" in error, (tool.name, error)
     await _nothing_of_bobs(database_url, redis, settings)
+
+
+async def test_wrong_tokens_count_once_on_every_door_and_the_right_one_is_never_limited(
+    env: dict[str, str],
+) -> None:
+    """Wrong bearer tokens sent to the inspector's pages count as guesses, as wrong tokens typed
+    into its sign-in form do, in one count per address shared with the API: past
+    ``GUESS_FAILURES`` within the window, a wrong token on any door is answered 429 with
+    ``Retry-After`` (before: the pages answered 401 to every guess, unlimited, and so did the
+    API). No token is no guess, and the right token is served throughout."""
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    with serving(["serve"], "memory API of project", env) as base:
+        async with httpx.AsyncClient(base_url=base, timeout=60) as http:
+            for n in range(GUESS_FAILURES):
+                guess = {"Authorization": f"Bearer guess-{n}"}
+                answer = await http.get("/ui/", headers=guess)
+                assert answer.status_code == 401, (n, answer.status_code)
+            for door in ("/ui/", "/ui/users/ann"):
+                held = await http.get(door, headers={"Authorization": "Bearer guess-more"})
+                assert held.status_code == 429, (door, held.status_code)
+                assert 0 < int(held.headers["retry-after"]) <= GUESS_WINDOW_SECONDS
+                assert "Too many wrong tokens" in held.text
+            held = await http.post(
+                "/v1/recall", json={"query": "x"}, headers={"Authorization": "Bearer guess"}
+            )
+            assert held.status_code == 429, held.text
+            assert 0 < int(held.headers["retry-after"]) <= GUESS_WINDOW_SECONDS
+            assert held.json()["error"].startswith("too many wrong tokens from your address")
+            signed = await http.post("/ui/login", data={"token": "guess"})
+            assert signed.status_code == 429, signed.status_code
+            nothing = await http.post("/v1/recall", json={"query": "x"})
+            assert nothing.status_code == 401, nothing.text
+            assert (await http.get("/ui/", headers=auth)).status_code == 200
+            served = await http.post("/v1/recall", json={"query": "x"}, headers=auth)
+            assert served.status_code == 200, served.text

@@ -1,8 +1,10 @@
 """``Guard``: the ASGI middleware in front of both HTTP servers (``memworker serve``,
 ``memworker mcp --http``): the ``Host`` a request names (an allow-list against DNS rebinding:
 421 otherwise), a static bearer token on every path but the open ones (the scheme in any case,
-the token compared in constant time), and a limit on the request body. Its refusals are JSON
-``{"error": "<one line>"}`` like every error."""
+the token compared in constant time; wrong tokens limited per client address: ``guesses``),
+and limits on the request body (its bytes; its JSON structure, counted before any parser
+builds it: ``body_shape``). Its refusals are JSON ``{"error": "<one line>"}`` like every
+error."""
 
 from __future__ import annotations
 
@@ -14,6 +16,9 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import orjson
+
+from worker.access.body_shape import shape_problem
+from worker.access.guesses import GuessLimiter, client_address
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -79,8 +84,10 @@ def _repeated(raw: list[tuple[bytes, bytes]]) -> str | None:
 class Guard:
     """Refuse a request naming a ``Host`` not served (421; ``allowed_hosts`` None: any), sent
     by a page of another site (its ``Origin``: 403), without ``Authorization: Bearer <token>``
-    (401; when ``token`` is set), with a body over ``max_bytes`` (413) or not received whole
-    within ``body_timeout_s`` (408), before the app reads it."""
+    (401; when ``token`` is set; a wrong one from an address that sent too many: 429,
+    ``guesses``), with a body over ``max_bytes`` (413), not received whole within
+    ``body_timeout_s`` (408) or holding more JSON structure than ``body_shape`` allows (413),
+    before the app reads it."""
 
     def __init__(
         self,
@@ -91,8 +98,10 @@ class Guard:
         open_paths: frozenset[str] = OPEN_PATHS,
         allowed_hosts: frozenset[str] | None = LOCAL_HOSTS,
         body_timeout_s: float = 30.0,
+        guesses: GuessLimiter | None = None,
     ) -> None:
         self.app = app
+        self.guesses = guesses if guesses is not None else GuessLimiter()
         self.body_timeout_s = body_timeout_s
         self.expected = token.encode() if token else None
         self.max_bytes = max_bytes
@@ -170,6 +179,12 @@ class Guard:
         if self.expected is not None and scope["path"] not in self.open_paths:
             given = headers.get(b"authorization", b"")
             if not self.authorized(given):
+                wait = self.guesses.refuse(client_address(scope)) if given else 0
+                if wait:
+                    await send_error(
+                        send, 429, self.guesses.line(wait), (b"retry-after", str(wait).encode())
+                    )
+                    return
                 what = "a wrong bearer token" if given else "no bearer token"
                 await send_error(
                     send,
@@ -207,6 +222,9 @@ class Guard:
                 "(MEMWORKER_API_BODY_TIMEOUT_SECONDS)",
                 (b"connection", b"close"),
             )
+            return
+        if rest is None and (problem := shape_problem(body)) is not None:
+            await send_error(send, 413, problem)  # before any parser builds it
             return
         replayed = False
 

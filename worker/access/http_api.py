@@ -21,6 +21,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 
 from worker.access.guard import LOCAL_HOSTS, Guard
+from worker.access.guesses import GuessLimiter
 from worker.access.json_bodies import JsonBodies
 from worker.access.probes import probe_routes
 from worker.access.scope import Access, failure
@@ -81,9 +82,11 @@ def create_app(
     max_bytes: int,
     allowed_hosts: frozenset[str] | None = LOCAL_HOSTS,
     body_timeout_s: float = 30.0,
+    guesses: GuessLimiter | None = None,
 ) -> Any:
     """The ASGI app: the API behind ``Guard`` (host, token, body limit). ``access`` makes the
-    server's ``Access`` when the app starts; it is closed when the app stops."""
+    server's ``Access`` when the app starts; it is closed when the app stops. ``guesses``: the
+    server's count of wrong tokens (shared with the inspector; default: the app's own)."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -143,4 +146,5 @@ def create_app(
         max_bytes=max_bytes,
         allowed_hosts=allowed_hosts,
         body_timeout_s=body_timeout_s,
+        guesses=guesses,
     )

@@ -256,12 +256,14 @@ def serve(
     chosen = _host(settings, host)
     sock = _listening_socket(chosen, port, "--port")
     _say_exposure(settings, chosen, host)
+    from worker.access.guesses import GuessLimiter
     from worker.access.http_api import create_app
     from worker.inspector.app import Shared
     from worker.inspector.server import with_inspector
 
     shared = Shared(_maker(settings, project_id, user_id))  # one Access for both doors
     guard: dict[str, Any] = {
+        "guesses": GuessLimiter(),  # one count of wrong tokens for both doors
         "token": settings.api_token,
         "max_bytes": settings.api_max_request_bytes,
         "allowed_hosts": _allowed_hosts(settings, chosen, allowed_host),

@@ -107,11 +107,12 @@ def running_dev_env() -> dict[str, str]:
     finally:
         os.close(fd)
     found = {}
-    with contextlib.suppress(OSError):
-        for line in (data_dir / "dev.env").read_text().splitlines():
-            key, _, value = line.removeprefix("export ").partition("=")
+    with contextlib.suppress(OSError, ValueError):  # ValueError: not shell words (edited)
+        # read as the shell reads it (``export NAME='value'``, quoted by ``dev.env_lines``)
+        for word in shlex.split((data_dir / "dev.env").read_text()):
+            key, _, value = word.partition("=")
             if key in DEV_ENV_KEYS and not _set(key):
-                found[key] = shlex.split(value)[0] if value else ""
+                found[key] = value
     return found
 
 

@@ -90,6 +90,19 @@ def write_private(path: Path, text: str) -> None:
         os.close(fd)
 
 
+def shell_quoted(value: str) -> str:
+    """``value`` as one word a POSIX shell reads back unchanged: always in single quotes (as
+    ``shlex.quote`` writes an unsafe one), each ``'`` in it written ``'"'"'``; ``$``, ``"``,
+    backslashes, spaces and newlines are then plain characters."""
+    return "'" + value.replace("'", "'\"'\"'") + "'"
+
+
+def env_lines(values: dict[str, str]) -> str:
+    """``export NAME='value'`` lines, safe to ``source`` whatever a value holds (a password with
+    quotes, ``$`` or spaces); ``worker.cli.common.running_dev_env`` reads them back."""
+    return "".join(f"export {name}={shell_quoted(value)}\n" for name, value in values.items())
+
+
 def _port_free(port: int) -> bool:
     """Whether a server could listen on ``port`` (as servers do, with SO_REUSEADDR: the last
     run's connections in TIME_WAIT do not make it taken)."""
@@ -207,9 +220,13 @@ async def _run_locked(
         env_file = data_dir / ENV_FILE
         write_private(
             env_file,
-            f"export REDIS_URL='{settings.redis_url}'\n"
-            f"export DATABASE_URL='{settings.database_url}'\n"
-            f"export MEMWORKER_STREAM_PREFIX='{settings.stream_prefix}'\n",
+            env_lines(
+                {
+                    "REDIS_URL": settings.redis_url,
+                    "DATABASE_URL": settings.database_url,
+                    "MEMWORKER_STREAM_PREFIX": settings.stream_prefix,
+                }
+            ),
         )
         tasks = [
             asyncio.create_task(worker.run(stop)),

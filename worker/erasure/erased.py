@@ -16,7 +16,8 @@ A user's erasure is also a field ``project@user`` of each shard's ``P:{i}:erased
 spawn naming the user published before the cutoff is rejected ``forgotten``.
 
 ``entry_scope`` also tells forget which stream entries carry a project: a command, a result or
-an announcement (its ``data``), or a dead letter of any of them (the original entry's fields).
+an announcement (its ``data``), or a dead letter of any of them (the original entry's fields;
+of an excerpt, or of an entry that is no whole JSON object, the fields whole in it).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from worker.codec import UnusableEntryError, decode_entry, text
+from worker.codec import UnusableEntryError, decode_entry, entry_data, leading_fields, text
 from worker.keys import erased_key, erased_ranges_key, erased_users_key
 
 
@@ -43,7 +44,10 @@ def entry_scope(fields: Mapping[Any, Any]) -> tuple[str | None, str | None]:
 
 
 def entry_body(fields: Mapping[Any, Any]) -> dict[str, Any]:
-    """The JSON object an entry carries (a dead letter: its original entry's); ``{}``: none."""
+    """The JSON object an entry carries (a dead letter: its original entry's); ``{}``: none.
+    A dead letter whose original ``data`` is no whole JSON object (an excerpt of an entry too
+    large to keep whole, or a broken one) gives the top-level fields that are whole in it
+    (``codec.leading_fields``): its ids, when they come before the cut, say whose it is."""
     try:
         body = decode_entry(fields)
     except (UnusableEntryError, ValueError):
@@ -52,7 +56,11 @@ def entry_body(fields: Mapping[Any, Any]) -> dict[str, Any]:
         try:
             body = decode_entry(body)
         except (UnusableEntryError, ValueError):
-            return {}
+            try:
+                data = entry_data(body)
+            except ValueError:  # a broken FastStream envelope
+                return {}
+            return leading_fields(data) if isinstance(data, str | bytes) else {}
     return body if isinstance(body, dict) else {}
 
 

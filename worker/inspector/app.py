@@ -1,8 +1,9 @@
 """What every inspector page shares: the server's ``Access`` (``Shared``), rendering (Jinja2
 with autoescaping on, so whatever memory holds, a turn with ``<script>`` too, is shown as
 text; every page sent with a Content-Security-Policy allowing no inline script), the
-endpoint wrapper (``page``: signed in by the session cookie or the bearer header, the CSRF
-token of a form checked, failures as one line) and signing in and out."""
+endpoint wrapper (``page``: signed in by the session cookie or the bearer header, a wrong
+header counted as a guess, the CSRF token of a form checked, failures as one line) and signing
+in and out."""
 
 from __future__ import annotations
 
@@ -112,6 +113,10 @@ def page(handler: Handler, *, writes: bool = False) -> Callable[[Request], Await
             request.cookies.get(COOKIE), request.headers.get("authorization")
         )
         if session is None:
+            if request.headers.get("authorization"):  # a wrong token in the header: a guess
+                address = request.client.host if request.client else ""
+                if wait := ui.sign_ins.refuse(address):
+                    return too_many(request, ui, wait)
             return login_form(request, ui, "Sign in to see this page.", 401)
         request.state.session = session
         try:
@@ -162,6 +167,14 @@ def login_form(request: Request, ui: Inspector, message: str, status: int) -> Re
     return ui.render(request, "login.html", "Sign in", status, message=message, next=_next(target))
 
 
+def too_many(request: Request, ui: Inspector, seconds: int) -> Response:
+    """The sign-in form, 429, while the client's address must wait (``auth``)."""
+    message = f"Too many wrong tokens from your address: try again in {seconds} s."
+    answer = login_form(request, ui, message, 429)
+    answer.headers["Retry-After"] = str(seconds)
+    return answer
+
+
 async def login(request: Request) -> Response:
     ui: Inspector = request.app.state.ui
     if ui.keys.token is None:
@@ -171,11 +184,7 @@ async def login(request: Request) -> Response:
     address = request.client.host if request.client else ""
     wait = ui.sign_ins.wait(address)
     if wait > 0:
-        seconds = math.ceil(wait)
-        message = f"Too many wrong tokens from your address: try again in {seconds} s."
-        answer = login_form(request, ui, message, 429)
-        answer.headers["Retry-After"] = str(seconds)
-        return answer
+        return too_many(request, ui, max(1, math.ceil(wait)))
     form = await request.form()
     given, target = form.get("token"), _next(form.get("next"))
     if not isinstance(given, str) or not ui.keys.token_matches(given):

@@ -11,11 +11,14 @@ Every state-changing form carries a CSRF token: the HMAC of the session's nonce 
 so a page of another site can neither read nor forge it (and SameSite=Strict keeps the cookie
 off its requests anyway).
 
-Sign-in is rate-limited per client address (``SignInLimiter``): after ``SIGN_IN_FAILURES``
-wrong tokens within ``SIGN_IN_WINDOW_SECONDS``, every sign-in from that address is answered 429
-with ``Retry-After`` until the oldest failure leaves the window. The count is kept in the
-process (ids: addresses and times only, at most ``SIGN_IN_ADDRESSES`` of them); behind a proxy
-every client shares the proxy's address."""
+Guessing is rate-limited per client address (``SignInLimiter``: the server's one
+``worker.access.guesses.GuessLimiter``, which the API's guard counts into too): after
+``SIGN_IN_FAILURES`` wrong tokens within ``SIGN_IN_WINDOW_SECONDS`` (typed into the form, or
+sent as a bearer header to any page), every sign-in from that address, and every page asked
+with a wrong bearer header, is answered 429 with ``Retry-After`` until the oldest failure
+leaves the window. A correct bearer header is never refused. The count is kept in the process
+(addresses and times only, at most ``SIGN_IN_ADDRESSES`` of them); behind a proxy every client
+shares the proxy's address."""
 
 from __future__ import annotations
 
@@ -23,8 +26,14 @@ import hashlib
 import hmac
 import secrets
 import time
-from collections import OrderedDict, deque
 from dataclasses import dataclass
+
+from worker.access.guesses import (
+    GUESS_ADDRESSES,
+    GUESS_FAILURES,
+    GUESS_WINDOW_SECONDS,
+    GuessLimiter,
+)
 
 COOKIE = "memworker_ui"
 SESSION_SECONDS = 12 * 3600
@@ -102,42 +111,10 @@ class Keys:
         return None
 
 
-SIGN_IN_FAILURES = 10
+SignInLimiter = GuessLimiter
+"""The server's one count of wrong tokens (``worker.access.guesses``): the sign-in form's and
+the bearer header's failures, and the API's, together."""
+SIGN_IN_FAILURES = GUESS_FAILURES
 """Wrong tokens a client address may send within the window before it must wait."""
-SIGN_IN_WINDOW_SECONDS = 60.0
-SIGN_IN_ADDRESSES = 10_000
-"""Addresses followed at once (the least recently failed is dropped first)."""
-
-
-class SignInLimiter:
-    """Failed sign-ins by client address, in a sliding window (module doc)."""
-
-    def __init__(
-        self,
-        failures: int = SIGN_IN_FAILURES,
-        window: float = SIGN_IN_WINDOW_SECONDS,
-        addresses: int = SIGN_IN_ADDRESSES,
-    ) -> None:
-        self.failures, self.window, self.addresses = failures, window, addresses
-        self.seen: OrderedDict[str, deque[float]] = OrderedDict()
-
-    def wait(self, address: str, now: float | None = None) -> float:
-        """Seconds ``address`` must wait before it may try again (0: it may now)."""
-        at = time.monotonic() if now is None else now
-        times = self.seen.get(address)
-        if times is None:
-            return 0.0
-        while times and times[0] <= at - self.window:
-            times.popleft()
-        if not times:
-            del self.seen[address]
-            return 0.0
-        return max(0.0, times[0] + self.window - at) if len(times) >= self.failures else 0.0
-
-    def failed(self, address: str, now: float | None = None) -> None:
-        """Count a wrong token from ``address``."""
-        times = self.seen.setdefault(address, deque(maxlen=self.failures))
-        times.append(time.monotonic() if now is None else now)
-        self.seen.move_to_end(address)
-        while len(self.seen) > self.addresses:
-            self.seen.popitem(last=False)
+SIGN_IN_WINDOW_SECONDS = GUESS_WINDOW_SECONDS
+SIGN_IN_ADDRESSES = GUESS_ADDRESSES

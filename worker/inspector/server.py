@@ -14,6 +14,7 @@ from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from worker.access.guard import LOCAL_HOSTS, Guard
+from worker.access.guesses import GuessLimiter
 from worker.inspector import live, pages
 from worker.inspector.app import (
     HERE,
@@ -29,8 +30,11 @@ from worker.inspector.app import (
 from worker.inspector.auth import Keys
 
 
-def inspector_app(shared: Shared, token: str | None) -> Starlette:
-    """The inspector's pages (``pages``, ``live``) under ``/ui``."""
+def inspector_app(
+    shared: Shared, token: str | None, guesses: GuessLimiter | None = None
+) -> Starlette:
+    """The inspector's pages (``pages``, ``live``) under ``/ui``; ``guesses``: the server's
+    count of wrong tokens (default: the app's own)."""
     templates = Environment(
         loader=FileSystemLoader(HERE / "templates"),
         autoescape=select_autoescape(default=True, default_for_string=True),
@@ -46,7 +50,9 @@ def inspector_app(shared: Shared, token: str | None) -> Starlette:
         Mount(PREFIX + "/static", StaticFiles(directory=HERE / "static"), name="static"),
     ]
     app = Starlette(routes=routes)
-    app.state.ui = Inspector(shared, Keys(token), templates)
+    app.state.ui = Inspector(
+        shared, Keys(token), templates, guesses if guesses is not None else GuessLimiter()
+    )
 
     async def not_found(request: Request, exc: Exception) -> Response:
         ui: Inspector = request.app.state.ui
@@ -82,11 +88,13 @@ def with_inspector(
     max_bytes: int,
     allowed_hosts: frozenset[str] | None = LOCAL_HOSTS,
     body_timeout_s: float = 30.0,
+    guesses: GuessLimiter | None = None,
 ) -> WithInspector:
     """``api`` (``http_api.create_app`` made with ``shared`` as its ``access``) with the
-    inspector at ``/ui``: the same host rule, token and body limit."""
+    inspector at ``/ui``: the same host rule, token and body limit, and ``guesses`` (pass the
+    API's, so a wrong token counts once whichever door it is sent to)."""
     guarded = Guard(
-        inspector_app(shared, token),
+        inspector_app(shared, token, guesses),
         token=None,  # the inspector signs in by cookie or header itself (``auth``)
         max_bytes=max_bytes,
         allowed_hosts=allowed_hosts,
