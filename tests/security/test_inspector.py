@@ -18,7 +18,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 
 from tests.inspector_server import PROJECT, TOKEN, csrf_of, env_for, fill, routes, serving
 from tests.integration.results_factory import migrated_engine
-from worker.inspector.auth import SIGN_IN_FAILURES, SIGN_IN_WINDOW_SECONDS
+from worker.inspector.auth import COOKIE, SIGN_IN_FAILURES, SIGN_IN_WINDOW_SECONDS
 from worker.settings import Settings, asyncpg_url
 
 PINNED, OTHER = "ann", "bob"
@@ -269,6 +269,21 @@ async def test_sign_in_is_rate_limited_per_address_with_a_429_and_retry_after(
                 assert held.status_code == 429, held.text
                 assert 0 < int(held.headers["Retry-After"]) <= SIGN_IN_WINDOW_SECONDS
                 assert "set-cookie" not in held.headers and "Too many" in held.text
+
+
+async def test_signing_out_ends_the_session_even_for_a_copy_of_its_cookie(
+    env: dict[str, str],
+) -> None:
+    with serving(env) as base:
+        async with httpx.AsyncClient(base_url=base, timeout=60) as http:
+            csrf = await _sign_in(http)
+            cookie = http.cookies[COOKIE]
+            out = await http.post("/ui/logout", data={"csrf": csrf})
+            assert out.status_code == 303, out.text
+        async with httpx.AsyncClient(base_url=base, timeout=60) as stolen:
+            stolen.cookies.set(COOKIE, cookie, path="/ui")
+            again = await stolen.get("/ui/")
+            assert again.status_code == 401, "a signed-out cookie still opened the inspector"
 
 
 async def test_a_forged_forwarded_address_does_not_dodge_the_sign_in_lockout(

@@ -197,6 +197,7 @@ async def login(request: Request) -> Response:
 
 
 async def logout(request: Request, ui: Inspector) -> Response:
+    ui.keys.revoke(request.cookies.get(COOKIE))  # the old cookie is refused from now on
     response = RedirectResponse(PREFIX + "/login" if ui.keys.token else PREFIX + "/", 303)
     response.delete_cookie(COOKIE, path=PREFIX)
     return response

@@ -3,9 +3,13 @@
 A browser signs in once with the server's token (``POST /ui/login``): the answer sets a
 session cookie (HttpOnly, SameSite=Strict, path ``/ui``) holding when it was issued, a random
 nonce and an HMAC of both keyed by the token, so it is checked without any state kept and every
-cookie dies when the token changes. ``Authorization: Bearer <token>`` works too. A server with
-no token needs no sign-in: its pages issue the cookie themselves (keyed by a random key of the
-process), so its forms still carry a CSRF token.
+cookie dies when the token changes. Signing out (``POST /ui/logout``) ends the session for
+good: its nonce is kept as revoked until the cookie would have expired anyway (in the process,
+at most ``REVOKED_SESSIONS`` of them; a second ``serve`` process behind the same port does not
+know of it, and rotating the token ends every session everywhere).
+``Authorization: Bearer <token>`` works too. A server with no token needs no sign-in: its
+pages issue the cookie themselves (keyed by a random key of the process), so its forms still
+carry a CSRF token.
 
 Every state-changing form carries a CSRF token: the HMAC of the session's nonce (the same key),
 so a page of another site can neither read nor forge it (and SameSite=Strict keeps the cookie
@@ -38,6 +42,9 @@ from worker.access.guesses import (
 COOKIE = "memworker_ui"
 SESSION_SECONDS = 12 * 3600
 """How long a sign-in lasts."""
+REVOKED_SESSIONS = 100_000
+"""Signed-out sessions remembered at most (each until its cookie expires); past that the oldest
+are forgotten first."""
 HEADER_NONCE = "bearer"
 """The nonce of a request authenticated by its ``Authorization`` header (no cookie)."""
 
@@ -59,6 +66,19 @@ class Keys:
         self.token = token.encode() if token else None
         base = self.token if self.token is not None else secrets.token_bytes(32)
         self.key = hashlib.sha256(b"memworker-inspector\0" + base).digest()
+        self._revoked: dict[str, float] = {}  # nonce -> when its cookie expires (insertion order)
+
+    def revoke(self, value: str | None, now: float | None = None) -> None:
+        """Sign out the session of cookie ``value`` (a valid one): it is refused from now on."""
+        now = now if now is not None else time.time()
+        nonce = self.session_of(value, now)
+        if nonce is None:
+            return
+        for old, until in list(self._revoked.items()):  # expired ones first, oldest first
+            if until > now and len(self._revoked) < REVOKED_SESSIONS:
+                break
+            del self._revoked[old]
+        self._revoked[nonce] = int(value.split(".")[0]) + SESSION_SECONDS if value else now
 
     def _mac(self, text: str) -> str:
         return hmac.new(self.key, text.encode(), hashlib.sha256).hexdigest()
@@ -88,6 +108,8 @@ class Keys:
         ):
             return None
         age = (now if now is not None else time.time()) - int(issued)
+        if nonce in self._revoked:
+            return None
         return nonce if 0 <= age <= SESSION_SECONDS else None
 
     def csrf(self, nonce: str) -> str:
