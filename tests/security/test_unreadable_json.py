@@ -136,6 +136,11 @@ async def test_mcp_stdio_names_the_field_holding_a_lone_surrogate(stdio: Stdio) 
     # an unknown tool named with one: refused as unknown, not dropped
     await stdio.send(call_line(91, "re\\ud800call", '{"query": "x"}'))
     assert json.loads((await stdio.answer(91))["result"]["content"][0]["text"])["error"]
+    # a method named with one: an invalid request, answered (it got no answer at all)
+    await stdio.send('{"jsonrpc": "2.0", "id": 93, "method": "pi\\ud800ng"}')
+    answer = await stdio.answer(93)
+    assert answer["error"]["code"] == -32600, answer
+    assert "method: contains a lone surrogate" in answer["error"]["message"], answer
     # still serving
     await stdio.send('{"jsonrpc": "2.0", "id": 92, "method": "tools/list"}')
     assert len((await stdio.answer(92))["result"]["tools"]) > 5

@@ -31,6 +31,7 @@ from worker.access.guard import App, Message, Receive, Scope, Send
 
 SERVER = "mcp"
 INVALID_PARAMS = -32602
+INVALID_REQUEST = -32600
 
 _SUSPECT = re.compile(rb"\\u[dD][89a-fA-F]|NaN|Infinity")
 """What a body the SDK may not read holds (a surrogate escape, a bare non-finite number): a
@@ -57,6 +58,11 @@ def answer(message: dict[str, Any]) -> dict[str, Any] | None:
     from schemas.inputs import json_text_problem
 
     params = message.get("params")
+    bad_method = json_text_problem(message["method"], "method")
+    if bad_method is not None:  # no method is named so: the request itself is invalid
+        line = f"Invalid request: {bad_method[0]}: {bad_method[1]}"
+        error = {"code": INVALID_REQUEST, "message": _printable(line)}
+        return {"jsonrpc": "2.0", "id": message["id"], "error": error}
     if message["method"] == "tools/call" and isinstance(params, dict):
         refused = _refused_call(params.get("name"), params.get("arguments"))
         if refused is not None:
