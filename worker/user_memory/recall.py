@@ -135,8 +135,16 @@ unnesting every lexeme to keep two or three made the words search ~1.7× as long
 (BENCHMARKS.md, the memory inspector)."""
 
 
+_QUERY_VECTOR = "CAST(:qv AS vector)"
+"""The query's vector: a parameter of type ``vector`` (sent in pgvector's text form), parsed
+once when the statement is bound. Cast from ``text`` inside the statement, a generic plan (which
+Postgres may keep after five runs of a prepared statement, and did for the vector search, the
+first statement of a recall, planned before ``_CUSTOM_PLANS`` holds) parsed its 384 floats again
+for every row scored: ~85 ms instead of ~2 ms for a user of ~550 turns (BENCHMARKS.md, LoCoMo)."""
+
+
 def _cosine_sql(dimension: int) -> str:
-    return f"1 - (v.embedding::vector({dimension}) <=> CAST(CAST(:qv AS text) AS vector))"
+    return f"1 - (v.embedding::vector({dimension}) <=> {_QUERY_VECTOR})"
 
 
 _CUSTOM_PLANS = "set_config('plan_cache_mode', 'force_custom_plan', true)"
@@ -166,7 +174,7 @@ async def _meaning(
 ) -> None:
     """The nearest vectors (a long output's chunks among them) at or above the floor, their
     cosines into ``turns``; leaves the transaction reading by index (``_READ_BY_INDEX``)."""
-    distance = f"v.embedding::vector({dimension}) <=> CAST(CAST(:qv AS text) AS vector)"
+    distance = f"v.embedding::vector({dimension}) <=> {_QUERY_VECTOR}"
     mine = f"project_id = :p AND model = :m AND dimension = {dimension}"
     chunks = await _has_chunks(conn)
     vectors = VECTOR_TABLE
