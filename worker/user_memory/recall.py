@@ -21,7 +21,7 @@ turn before and after in its session, the speaker the query names), weighted by 
 
 A recall by meaning (``alpha`` > 0, a query) says which of the episodes it looked at (its word
 matches and what it returns) have no vector of its model yet: ``EpisodeMatch.unindexed`` and
-``ScoredMatches.unindexed`` (a lookup of their vector keys).
+``ScoredMatches.unindexed`` (read with the matches and the returned rows: ``_HAS_VECTOR``).
 
 As LoomFlow: an empty query returns the most recent episodes with score 1.0, and one nothing
 matches (no word, no cosine at the floor) returns them with score 0.0, so an agent always
@@ -78,13 +78,15 @@ async def _words(
     params: dict[str, Any],
     turns: dict[str, Turn],
     by_index: bool,
+    unindexed: set[str] | None = None,
 ) -> tuple[list[str], int]:
     """The query's lexemes (at most ``MAX_QUERY_WORDS``: ``worker.db.query_words``) and the
     partition's size (BM25's ``N``, up to ``PARTITION_BOUND``); each match's counts of the
     lexemes into ``turns``. At most ``TEXT_CAP``
     turns holding any word, plus up to as many holding all of them (``episodes.text_search``:
     the GIN index finds them; only these are read). ``by_index``: the transaction already reads
-    by index (``_meaning`` set it), else this sets it first. One statement."""
+    by index (``_meaning`` set it), else this sets it first. ``unindexed``: the matches without a
+    vector of the model ``:m`` are added to it (``_HAS_VECTOR``). One statement."""
     columns = (
         f"e.id, e.session_id, e.turn_id, left(e.input, {HEAD}) AS head,"
         " length(e.search_vector) AS n, e.search_vector AS sv"
@@ -99,7 +101,8 @@ async def _words(
         f"WITH q AS (SELECT {searched.lexemes} AS lexemes,"
         " (SELECT count(*) FROM (SELECT 1 FROM episodes e"
         f" WHERE {' AND '.join(where)} LIMIT {PARTITION_BOUND}) s) AS total)"
-        " SELECT q.lexemes, q.total, m.id, m.session_id, m.turn_id, m.head, m.n, c.words, c.tfs"
+        " SELECT q.lexemes, q.total, m.id, m.session_id, m.turn_id, m.head, m.n, c.words, c.tfs,"
+        f" {_HAS_VECTOR.format('m.id') if unindexed is not None else 'true'} AS indexed"
         f" FROM q LEFT JOIN ({tiers}) m ON true LEFT JOIN LATERAL ({_COUNTS.format('q.lexemes')})"
         " c ON true"
     )
@@ -119,7 +122,15 @@ async def _words(
             length=int(row.n),
             speaker=speaker_of(row.head),
         )
+        if unindexed is not None and not row.indexed:
+            unindexed.add(key)
     return sorted(set(lexemes)), total
+
+
+_HAS_VECTOR = f"EXISTS (SELECT 1 FROM {VECTOR_TABLE} x WHERE x.episode_id = {{}} AND x.model = :m)"
+"""Whether an episode (its id's SQL) has a vector of the recall's model: read with the word
+matches and with the rows returned, not by a statement of its own (a round trip, and every
+match's id sent back to the server)."""
 
 
 _COUNTS = (
@@ -309,9 +320,11 @@ async def recall_scored(
         await _meaning(conn, where, params, turns, dimension, exact, min_similarity)
     lexemes: list[str] = []
     total = 0
+    # the episodes looked at without a vector of the model: wanted by a recall by meaning only
+    unindexed: set[str] | None = set() if dimension is not None else None
     if query.strip() and alpha < 1.0:
         by_index = dimension is not None
-        lexemes, total = await _words(conn, query, where, params, turns, by_index)
+        lexemes, total = await _words(conn, query, where, params, turns, by_index, unindexed)
     if not turns:
         recent = await keyed_episodes_of(
             conn, project_id, user_id, newest_first=True, limit=None if time_range else limit
@@ -340,13 +353,21 @@ async def recall_scored(
         turns, query, alpha=alpha, total=total, lexemes=lexemes, floor=min_similarity
     )
     chosen = sorted(scored, key=lambda k: (-scored[k], k))[:limit]
+    indexed = _HAS_VECTOR.format("id") if unindexed is not None else "true"
     rows = await conn.execute(
-        text(f"SELECT {EPISODE_COLUMNS} FROM episodes WHERE id = ANY(CAST(:ids AS uuid[]))"),
-        {"ids": chosen},
+        text(
+            f"SELECT {EPISODE_COLUMNS}, {indexed} AS indexed FROM episodes"
+            " WHERE id = ANY(CAST(:ids AS uuid[]))"
+        ),
+        {"ids": chosen, **({"m": model} if unindexed is not None else {})},
     )
     by_id = {str(r.id): r for r in rows}
-    looked_at = sorted({*chosen, *(k for k, t in turns.items() if t.counts)})
-    missing = await _unindexed(conn, looked_at, query, alpha, query_vector, model)
+    if unindexed is not None:
+        missing = unindexed | {k for k, r in by_id.items() if not r.indexed}
+    elif not query.strip() or alpha == 0.0:  # not a recall by meaning: nothing is missing
+        missing = set()
+    else:  # by meaning, without a query vector or a model: every episode looked at
+        missing = {*chosen, *(k for k, t in turns.items() if t.counts)}
     return _matches(
         [
             EpisodeMatch(
