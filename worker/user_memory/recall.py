@@ -263,27 +263,36 @@ async def _context(
         if dimension
         else ""
     )
+    order = "s.occurred_at, s.recorded_at, s.id"
     statement = text(
-        f"SELECT e.id, e.session_id, left(e.input, {HEAD}) AS head,"
+        f"SELECT s.session_id, array_agg(s.id::text ORDER BY {order}) AS ids,"
+        f" array_agg(s.head ORDER BY {order}) AS heads, array_agg(s.n ORDER BY {order}) AS ns,"
+        f" array_agg(s.cosine ORDER BY {order}) AS cosines FROM ("
+        f"SELECT e.id, e.session_id, e.occurred_at, e.recorded_at, left(e.input, {HEAD}) AS head,"
         f" length(e.search_vector) AS n{cosine} FROM episodes e{join}"
         f" WHERE {' AND '.join(where)} AND e.turn_id IS NOT NULL"
         " AND e.session_id = ANY(CAST(:sessions AS text[]))"
         f" ORDER BY e.session_id, e.occurred_at, e.recorded_at, e.id LIMIT {CONTEXT_ROWS}"
+        ") s GROUP BY s.session_id"
     )
-    previous: Turn | None = None
-    for row in await conn.execute(statement, {**params, "sessions": list(sessions)}):
-        key = str(row.id)
-        turn = turns.get(key)
-        if turn is None:
-            turn = turns[key] = Turn(key, speaker=speaker_of(row.head))
-        turn.session = row.session_id
-        if turn.cosine is None and row.cosine is not None and float(row.cosine) >= floor:
-            turn.cosine = float(row.cosine)
-        if not turn.counts:
-            turn.length = int(row.n or 0)
-        if previous is not None and previous.session == turn.session:
-            previous.after, turn.before = key, previous.id
-        previous = turn
+    # one row a session, its turns in order (by time, then by when each was stored): a row a
+    # turn cost a driver record and a result row each, ~500 for 30 LoCoMo sessions
+    for session, ids, heads, lengths, cosines in await conn.execute(
+        statement, {**params, "sessions": list(sessions)}
+    ):
+        previous: Turn | None = None
+        for key, head, n, cos in zip(ids, heads, lengths, cosines, strict=True):
+            turn = turns.get(key)
+            if turn is None:
+                turn = turns[key] = Turn(key, speaker=speaker_of(head))
+            turn.session = session
+            if turn.cosine is None and cos is not None and float(cos) >= floor:
+                turn.cosine = float(cos)
+            if not turn.counts:
+                turn.length = int(n or 0)
+            if previous is not None:
+                previous.after, turn.before = key, previous.id
+            previous = turn
 
 
 async def recall_scored(
