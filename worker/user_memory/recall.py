@@ -30,7 +30,7 @@ gets some context.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -308,10 +308,13 @@ async def recall_scored(
     model: str | None,
     exact: bool = False,
     min_similarity: float = MIN_SIMILARITY,
+    embedding: Awaitable[list[float] | None] | None = None,
 ) -> ScoredMatches:
     """The user's episodes best matching ``query`` (module doc), at most ``limit``; ``exact``:
     search the partition's vectors exactly rather than by the HNSW index (a small partition:
-    the index's scan would filter the user's after it, finding few or none)."""
+    the index's scan would filter the user's after it, finding few or none). ``embedding``:
+    the query's vector still being computed (in place of ``query_vector``): the words half
+    runs meanwhile, and the meaning half once it is there (None: words only)."""
     if not 0.0 <= alpha <= 1.0:
         raise ValueError(f"alpha is between 0 and 1, not {alpha}")
     limit = max(0, int(limit))
@@ -322,18 +325,35 @@ async def recall_scored(
         params["lo"], params["hi"] = as_utc(time_range[0]), as_utc(time_range[1])
     where = _filters(user_id, time_range)
     turns: dict[str, Turn] = {}
+    by_words: dict[str, Turn] = {}
+    lexemes: list[str] = []
+    total = 0
+    words = bool(query.strip()) and alpha < 1.0
+    # the episodes looked at without a vector of the model: wanted by a recall by meaning only
+    unindexed: set[str] | None = None
+    if words and embedding is not None and model is not None:  # while the query embeds
+        unindexed = set()
+        lexemes, total = await _words(
+            conn, query, where, {**params, "m": model}, by_words, False, unindexed
+        )
+        words = False
+    if embedding is not None:
+        query_vector = await embedding
     dimension = None
     if query.strip() and alpha > 0.0 and query_vector is not None and model is not None:
         dimension = len(query_vector)
         params.update(qv=vector_literal(query_vector), m=model)
         await _meaning(conn, where, params, turns, dimension, exact, min_similarity)
-    lexemes: list[str] = []
-    total = 0
-    # the episodes looked at without a vector of the model: wanted by a recall by meaning only
-    unindexed: set[str] | None = set() if dimension is not None else None
-    if query.strip() and alpha < 1.0:
+    if dimension is None:
+        unindexed = None
+    elif unindexed is None:
+        unindexed = set()
+    if words:
         by_index = dimension is not None
-        lexemes, total = await _words(conn, query, where, params, turns, by_index, unindexed)
+        lexemes, total = await _words(conn, query, where, params, by_words, by_index, unindexed)
+    # the words half's turns after the meaning half's, as when it ran second: a turn both found
+    # is the words half's (its cosine is read again with its session, below)
+    turns.update(by_words)
     if not turns:
         recent = await keyed_episodes_of(
             conn, project_id, user_id, newest_first=True, limit=None if time_range else limit
