@@ -3,7 +3,7 @@
 The driver prepares every statement, and after five runs of one Postgres may keep a *generic*
 plan, made without the values. A query vector that reached the server as text and was cast to
 ``vector`` inside the statement was then parsed again for every row the exact search scored
-(384 floats each time, twice a row): on LoCoMo's long conversations (~550 turns a user) the
+(384 floats each time, twice a row): on one of LoCoMo's long conversations (419 turns) the
 vector search went from ~2 ms to ~85 ms from the sixth recall on (BENCHMARKS.md). The test
 makes Postgres plan every statement generically (what it may choose after five runs) and
 compares recall's time with the same recalls planned for their values, in turns.

@@ -149,9 +149,10 @@ unnesting every lexeme to keep two or three made the words search ~1.7× as long
 _QUERY_VECTOR = "CAST(:qv AS vector)"
 """The query's vector: a parameter of type ``vector`` (sent in pgvector's text form), parsed
 once when the statement is bound. Cast from ``text`` inside the statement, a generic plan (which
-Postgres may keep after five runs of a prepared statement, and did for the vector search, the
-first statement of a recall, planned before ``_CUSTOM_PLANS`` holds) parsed its 384 floats again
-for every row scored: ~85 ms instead of ~2 ms for a user of ~550 turns (BENCHMARKS.md, LoCoMo)."""
+Postgres may keep after five runs of a prepared statement, before ``_CUSTOM_PLANS`` holds for
+the recall) parsed its 384 floats again for every row scored: the exact search of one user's
+419 turns (LoCoMo's conv-26 alone in its project) took ~85 ms instead of ~2 ms from the sixth
+recall on (BENCHMARKS.md, LoCoMo)."""
 
 
 def _cosine_sql(dimension: int) -> str:
