@@ -10,7 +10,7 @@ import orjson
 from redis.asyncio import Redis
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from worker.episodes.embedding import LocalEmbedder
+from worker.episodes.embedding import EmbeddingError, LocalEmbedder
 from worker.episodes.indexer import Indexer
 from worker.keys import changes_stream
 from worker.settings import Settings
@@ -97,3 +97,37 @@ async def test_facts_are_recalled_by_meaning_once_the_indexer_embeds_them(
             Fact(user_id="ann", subject="ann", predicate="speaks", object="Portuguese")
         )
         assert late in [f.id for f in await memory.recall_facts("Portuguese", user_id="ann")]
+
+
+class DownEmbedder:
+    """The local model's name and dimension, and an embedding server that does not answer."""
+
+    name = LocalEmbedder.name
+    dimension = LocalEmbedder.dimension
+
+    async def embed(self, texts: Any) -> list[list[float]]:
+        raise EmbeddingError("the embedding server did not answer")
+
+
+async def test_a_recall_whose_query_cannot_be_embedded_finds_by_words_and_says_so(
+    vector_engine: AsyncEngine, redis: Redis, vector_settings: Settings, embedder: LocalEmbedder
+) -> None:
+    turns = [
+        Episode(
+            session_id="s1", user_id="ann", input="My dog Rex needs his vaccine shots", output=""
+        ),
+        Episode(session_id="s1", user_id="ann", input="Plan a trip to Lisbon in May", output=""),
+    ]
+    async with Memory(
+        "vet", settings=vector_settings, embedder=embedder, engine=vector_engine, redis=redis
+    ) as memory:
+        for turn in turns:
+            await memory.remember(turn)  # embedded as it is remembered
+        assert (await memory.recall_scored("vaccine for my dog", user_id="ann"))[0].vector_score
+    async with Memory(
+        "vet", settings=vector_settings, embedder=DownEmbedder(), engine=vector_engine, redis=redis
+    ) as memory:
+        found = await memory.recall_scored("vaccine for my dog", user_id="ann")
+        assert [m.episode.id for m in found][:1] == [turns[0].id]  # by its words
+        assert all(m.vector_score is None and m.unindexed for m in found)
+        assert found.unindexed == len(found)  # not searched by meaning: said, not silent

@@ -10,6 +10,7 @@ One ``Memory`` serves one project: nothing it does reads or removes another proj
 
 from __future__ import annotations
 
+import asyncio
 import sys
 from collections.abc import Sequence
 from datetime import datetime
@@ -235,29 +236,31 @@ class Memory:
                 stacklevel=3,
             )
         embedder = await self._query_embedder()
-        vector = None
-        if embedder is not None and alpha > 0.0:
-            try:
-                vector = await embed_query(embedder, query)
-            except EmbeddingError as exc:
-                log.warning("recall by words only: the embedder failed", error=str(exc))
+        embedding: asyncio.Future[list[float] | None] | None = None
         exact = False
-        if vector is not None and embedder is not None:
+        if embedder is not None and alpha > 0.0 and query.strip():
+            # the query embeds (in a thread) while the words half reads its matches
+            embedding = asyncio.ensure_future(_embedded(embedder, query))
             exact = await self._small_partition(embedder, user_id, time_range)
-        async with self.engine.begin() as conn:
-            matches = await recall_scored(
-                conn,
-                self.project_id,
-                query,
-                limit=limit,
-                time_range=time_range,
-                user_id=user_id,
-                alpha=alpha,
-                query_vector=vector,
-                model=None if embedder is None else embedder.name,
-                exact=exact,
-                min_similarity=self.settings.recall_min_similarity,
-            )
+        try:
+            async with self.engine.begin() as conn:
+                matches = await recall_scored(
+                    conn,
+                    self.project_id,
+                    query,
+                    limit=limit,
+                    time_range=time_range,
+                    user_id=user_id,
+                    alpha=alpha,
+                    query_vector=None,
+                    model=None if embedder is None else embedder.name,
+                    exact=exact,
+                    min_similarity=self.settings.recall_min_similarity,
+                    embedding=embedding,
+                )
+        finally:
+            if embedding is not None and not embedding.done():
+                embedding.cancel()
         self._turn_vectors.report_unindexed(self.project_id, user_id, matches.unindexed)
         return matches
 
@@ -491,3 +494,12 @@ class Memory:
             await self.flush_changes()
         except Exception as exc:
             log.warning("change feed: events stay owed", error=str(exc).splitlines()[:1])
+
+
+async def _embedded(embedder: Embedder, query: str) -> list[float] | None:
+    """The query's vector; None (logged) when the embedder fails: the recall is by words."""
+    try:
+        return await embed_query(embedder, query)
+    except EmbeddingError as exc:
+        log.warning("recall by words only: the embedder failed", error=str(exc))
+        return None

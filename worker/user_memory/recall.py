@@ -21,7 +21,7 @@ turn before and after in its session, the speaker the query names), weighted by 
 
 A recall by meaning (``alpha`` > 0, a query) says which of the episodes it looked at (its word
 matches and what it returns) have no vector of its model yet: ``EpisodeMatch.unindexed`` and
-``ScoredMatches.unindexed`` (a lookup of their vector keys).
+``ScoredMatches.unindexed`` (read with the matches and the returned rows: ``_HAS_VECTOR``).
 
 As LoomFlow: an empty query returns the most recent episodes with score 1.0, and one nothing
 matches (no word, no cosine at the floor) returns them with score 0.0, so an agent always
@@ -30,7 +30,7 @@ gets some context.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -78,13 +78,15 @@ async def _words(
     params: dict[str, Any],
     turns: dict[str, Turn],
     by_index: bool,
+    unindexed: set[str] | None = None,
 ) -> tuple[list[str], int]:
     """The query's lexemes (at most ``MAX_QUERY_WORDS``: ``worker.db.query_words``) and the
     partition's size (BM25's ``N``, up to ``PARTITION_BOUND``); each match's counts of the
     lexemes into ``turns``. At most ``TEXT_CAP``
     turns holding any word, plus up to as many holding all of them (``episodes.text_search``:
     the GIN index finds them; only these are read). ``by_index``: the transaction already reads
-    by index (``_meaning`` set it), else this sets it first. One statement."""
+    by index (``_meaning`` set it), else this sets it first. ``unindexed``: the matches without a
+    vector of the model ``:m`` are added to it (``_HAS_VECTOR``). One statement."""
     columns = (
         f"e.id, e.session_id, e.turn_id, left(e.input, {HEAD}) AS head,"
         " length(e.search_vector) AS n, e.search_vector AS sv"
@@ -99,7 +101,8 @@ async def _words(
         f"WITH q AS (SELECT {searched.lexemes} AS lexemes,"
         " (SELECT count(*) FROM (SELECT 1 FROM episodes e"
         f" WHERE {' AND '.join(where)} LIMIT {PARTITION_BOUND}) s) AS total)"
-        " SELECT q.lexemes, q.total, m.id, m.session_id, m.turn_id, m.head, m.n, c.words, c.tfs"
+        " SELECT q.lexemes, q.total, m.id, m.session_id, m.turn_id, m.head, m.n, c.words, c.tfs,"
+        f" {_HAS_VECTOR.format('m.id') if unindexed is not None else 'true'} AS indexed"
         f" FROM q LEFT JOIN ({tiers}) m ON true LEFT JOIN LATERAL ({_COUNTS.format('q.lexemes')})"
         " c ON true"
     )
@@ -119,7 +122,15 @@ async def _words(
             length=int(row.n),
             speaker=speaker_of(row.head),
         )
+        if unindexed is not None and not row.indexed:
+            unindexed.add(key)
     return sorted(set(lexemes)), total
+
+
+_HAS_VECTOR = f"EXISTS (SELECT 1 FROM {VECTOR_TABLE} x WHERE x.episode_id = {{}} AND x.model = :m)"
+"""Whether an episode (its id's SQL) has a vector of the recall's model: read with the word
+matches and with the rows returned, not by a statement of its own (a round trip, and every
+match's id sent back to the server)."""
 
 
 _COUNTS = (
@@ -135,8 +146,17 @@ unnesting every lexeme to keep two or three made the words search ~1.7× as long
 (BENCHMARKS.md, the memory inspector)."""
 
 
+_QUERY_VECTOR = "CAST(:qv AS vector)"
+"""The query's vector: a parameter of type ``vector`` (sent in pgvector's text form), parsed
+once when the statement is bound. Cast from ``text`` inside the statement, a generic plan (which
+Postgres may keep after five runs of a prepared statement, before ``_CUSTOM_PLANS`` holds for
+the recall) parsed its 384 floats again for every row scored: the exact search of one user's
+419 turns (LoCoMo's conv-26 alone in its project) took ~85 ms instead of ~2 ms from the sixth
+recall on (BENCHMARKS.md, LoCoMo)."""
+
+
 def _cosine_sql(dimension: int) -> str:
-    return f"1 - (v.embedding::vector({dimension}) <=> CAST(CAST(:qv AS text) AS vector))"
+    return f"1 - (v.embedding::vector({dimension}) <=> {_QUERY_VECTOR})"
 
 
 _CUSTOM_PLANS = "set_config('plan_cache_mode', 'force_custom_plan', true)"
@@ -166,7 +186,7 @@ async def _meaning(
 ) -> None:
     """The nearest vectors (a long output's chunks among them) at or above the floor, their
     cosines into ``turns``; leaves the transaction reading by index (``_READ_BY_INDEX``)."""
-    distance = f"v.embedding::vector({dimension}) <=> CAST(CAST(:qv AS text) AS vector)"
+    distance = f"v.embedding::vector({dimension}) <=> {_QUERY_VECTOR}"
     mine = f"project_id = :p AND model = :m AND dimension = {dimension}"
     chunks = await _has_chunks(conn)
     vectors = VECTOR_TABLE
@@ -244,27 +264,36 @@ async def _context(
         if dimension
         else ""
     )
+    order = "s.occurred_at, s.recorded_at, s.id"
     statement = text(
-        f"SELECT e.id, e.session_id, left(e.input, {HEAD}) AS head,"
+        f"SELECT s.session_id, array_agg(s.id::text ORDER BY {order}) AS ids,"
+        f" array_agg(s.head ORDER BY {order}) AS heads, array_agg(s.n ORDER BY {order}) AS ns,"
+        f" array_agg(s.cosine ORDER BY {order}) AS cosines FROM ("
+        f"SELECT e.id, e.session_id, e.occurred_at, e.recorded_at, left(e.input, {HEAD}) AS head,"
         f" length(e.search_vector) AS n{cosine} FROM episodes e{join}"
         f" WHERE {' AND '.join(where)} AND e.turn_id IS NOT NULL"
         " AND e.session_id = ANY(CAST(:sessions AS text[]))"
         f" ORDER BY e.session_id, e.occurred_at, e.recorded_at, e.id LIMIT {CONTEXT_ROWS}"
+        ") s GROUP BY s.session_id"
     )
-    previous: Turn | None = None
-    for row in await conn.execute(statement, {**params, "sessions": list(sessions)}):
-        key = str(row.id)
-        turn = turns.get(key)
-        if turn is None:
-            turn = turns[key] = Turn(key, speaker=speaker_of(row.head))
-        turn.session = row.session_id
-        if turn.cosine is None and row.cosine is not None and float(row.cosine) >= floor:
-            turn.cosine = float(row.cosine)
-        if not turn.counts:
-            turn.length = int(row.n or 0)
-        if previous is not None and previous.session == turn.session:
-            previous.after, turn.before = key, previous.id
-        previous = turn
+    # one row a session, its turns in order (by time, then by when each was stored): a row a
+    # turn cost a driver record and a result row each, ~500 for 30 LoCoMo sessions
+    for session, ids, heads, lengths, cosines in await conn.execute(
+        statement, {**params, "sessions": list(sessions)}
+    ):
+        previous: Turn | None = None
+        for key, head, n, cos in zip(ids, heads, lengths, cosines, strict=True):
+            turn = turns.get(key)
+            if turn is None:
+                turn = turns[key] = Turn(key, speaker=speaker_of(head))
+            turn.session = session
+            if turn.cosine is None and cos is not None and float(cos) >= floor:
+                turn.cosine = float(cos)
+            if not turn.counts:
+                turn.length = int(n or 0)
+            if previous is not None:
+                previous.after, turn.before = key, previous.id
+            previous = turn
 
 
 async def recall_scored(
@@ -280,10 +309,13 @@ async def recall_scored(
     model: str | None,
     exact: bool = False,
     min_similarity: float = MIN_SIMILARITY,
+    embedding: Awaitable[list[float] | None] | None = None,
 ) -> ScoredMatches:
     """The user's episodes best matching ``query`` (module doc), at most ``limit``; ``exact``:
     search the partition's vectors exactly rather than by the HNSW index (a small partition:
-    the index's scan would filter the user's after it, finding few or none)."""
+    the index's scan would filter the user's after it, finding few or none). ``embedding``:
+    the query's vector still being computed (in place of ``query_vector``): the words half
+    runs meanwhile, and the meaning half once it is there (None: words only)."""
     if not 0.0 <= alpha <= 1.0:
         raise ValueError(f"alpha is between 0 and 1, not {alpha}")
     limit = max(0, int(limit))
@@ -294,16 +326,35 @@ async def recall_scored(
         params["lo"], params["hi"] = as_utc(time_range[0]), as_utc(time_range[1])
     where = _filters(user_id, time_range)
     turns: dict[str, Turn] = {}
+    by_words: dict[str, Turn] = {}
+    lexemes: list[str] = []
+    total = 0
+    words = bool(query.strip()) and alpha < 1.0
+    # the episodes looked at without a vector of the model: wanted by a recall by meaning only
+    unindexed: set[str] | None = None
+    if words and embedding is not None and model is not None:  # while the query embeds
+        unindexed = set()
+        lexemes, total = await _words(
+            conn, query, where, {**params, "m": model}, by_words, False, unindexed
+        )
+        words = False
+    if embedding is not None:
+        query_vector = await embedding
     dimension = None
     if query.strip() and alpha > 0.0 and query_vector is not None and model is not None:
         dimension = len(query_vector)
         params.update(qv=vector_literal(query_vector), m=model)
         await _meaning(conn, where, params, turns, dimension, exact, min_similarity)
-    lexemes: list[str] = []
-    total = 0
-    if query.strip() and alpha < 1.0:
+    if dimension is None:
+        unindexed = None
+    elif unindexed is None:
+        unindexed = set()
+    if words:
         by_index = dimension is not None
-        lexemes, total = await _words(conn, query, where, params, turns, by_index)
+        lexemes, total = await _words(conn, query, where, params, by_words, by_index, unindexed)
+    # the words half's turns after the meaning half's, as when it ran second: a turn both found
+    # is the words half's (its cosine is read again with its session, below)
+    turns.update(by_words)
     if not turns:
         recent = await keyed_episodes_of(
             conn, project_id, user_id, newest_first=True, limit=None if time_range else limit
@@ -332,13 +383,21 @@ async def recall_scored(
         turns, query, alpha=alpha, total=total, lexemes=lexemes, floor=min_similarity
     )
     chosen = sorted(scored, key=lambda k: (-scored[k], k))[:limit]
+    indexed = _HAS_VECTOR.format("id") if unindexed is not None else "true"
     rows = await conn.execute(
-        text(f"SELECT {EPISODE_COLUMNS} FROM episodes WHERE id = ANY(CAST(:ids AS uuid[]))"),
-        {"ids": chosen},
+        text(
+            f"SELECT {EPISODE_COLUMNS}, {indexed} AS indexed FROM episodes"
+            " WHERE id = ANY(CAST(:ids AS uuid[]))"
+        ),
+        {"ids": chosen, **({"m": model} if unindexed is not None else {})},
     )
     by_id = {str(r.id): r for r in rows}
-    looked_at = sorted({*chosen, *(k for k, t in turns.items() if t.counts)})
-    missing = await _unindexed(conn, looked_at, query, alpha, query_vector, model)
+    if unindexed is not None:
+        missing = unindexed | {k for k, r in by_id.items() if not r.indexed}
+    elif not query.strip() or alpha == 0.0:  # not a recall by meaning: nothing is missing
+        missing = set()
+    else:  # by meaning, without a query vector or a model: every episode looked at
+        missing = {*chosen, *(k for k, t in turns.items() if t.counts)}
     return _matches(
         [
             EpisodeMatch(
