@@ -8,6 +8,7 @@ connection (the forget's own transaction gives up on it) and a Postgres nobody l
 
 from __future__ import annotations
 
+import asyncio
 import socket
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
@@ -68,7 +69,11 @@ async def test_a_forget_with_a_time_postgres_cannot_hold_is_refused_touching_not
     async with httpx.AsyncClient(base_url=base, timeout=30) as http:
         turn = {"user_id": "zoe", "session_id": "c1", "input": "I love trains", "output": "Ok"}
         assert (await http.post("/v1/remember", json=turn, headers=AUTH)).status_code == 200
-        before = await streams(redis, prefix)
+        for _ in range(100):  # remember answers before its event is published: wait for it
+            before = await streams(redis, prefix)
+            if any(":changes:" in name and ids for name, ids in before.items()):
+                break
+            await asyncio.sleep(0.05)
         assert any(":changes:" in name and ids for name, ids in before.items())
 
         bad = {"user_id": "zoe", "before": YEAR_ONE_PLUS_14}

@@ -487,6 +487,7 @@ async def test_remember_is_idempotent_and_refuses_other_content_under_the_same_i
     assert await scalar(engine, count, p=PROJECT) == 1
     [stored] = (await memory.export(user_id="alice")).episodes
     assert stored == first  # the first call's occurred_at stays
+    await memory.flush_changes()  # remember returns before its event is published
     assert [e["type"] for e in await feed(redis, um_settings)] == ["episode.remembered"]
 
     other = first.model_copy(update={"output": "43 EUR"})

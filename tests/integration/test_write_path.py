@@ -167,6 +167,7 @@ async def test_a_batch_repeating_an_id_is_one_turn_and_a_conflict_refuses_it_who
     async with Memory(PROJECT, settings=write_settings, engine=engine, redis=redis) as memory:
         same = turn("a", "ann")
         assert await memory.remember_many([same, turn("b", "ann"), same]) == ["a", "b", "a"]
+        await memory.flush_changes()  # remember_many returns before its events are sent
         assert await counts(engine) == (2, 0)
 
         with pytest.raises(EpisodeConflictError, match=r"episodes\[2\].*'a'.*episodes\[0\]"):

@@ -278,6 +278,7 @@ async def test_an_embedder_that_does_not_answer_never_fails_remember(
         assert await vectors(vector_engine) == []
         [words] = await memory.recall_scored("vaccine", user_id="ann")
         assert words.episode.id == vet.id and words.unindexed
+        await memory.flush_changes()  # remember returns before its announcement goes
         stream: Any = await redis.xrange(episodes_stream(vector_settings.stream_prefix))
         assert len(stream) == 1  # announced: an indexer embeds it once it can
     await down.aclose()

@@ -22,9 +22,15 @@ client publish through one ``OwedPublisher`` (``worker.user_memory.writes.shared
 the callers whose changes committed while a publish ran share the next one, whatever their
 project (one transaction taking their projects' locks in order, one read, one pipeline for all
 of them, with the turns' ``episode.recorded`` announcements), so concurrent agents of a
-project, or of ten, no longer queue one by one behind a lock. A caller returns once a
-publish that started after its commit is done, so the order stays the order of ``seq``: a
-change committed after another returned is always published after it (per user too).
+project, or of ten, no longer queue one by one behind a lock. A publish reads what its
+projects owe in ``seq`` order under their locks, so a change committed after another returned
+is always published after it (per user too), whoever triggers the publish. ``flush`` returns
+once a publish that started after it is done; ``remember`` does not wait for it
+(``publish_soon``): its turn and event are committed, the event owed until the publish that is
+already on its way sends it (or, should the process die first, the project's next change,
+``Memory.flush_changes()``, or the consolidator's sweep). A publish never waits on an
+episode's row lock (``_OWED_AND_CLAIMED``): an announcement whose row another transaction
+holds (the fact extractor's batch) is held back and tried again (``OwedPublisher._retry_held``).
 
 **Retention.** The streams are trimmed like ``P:episodes`` (``consumers.retention``: below what
 every group has acknowledged, keeping ``MEMWORKER_RETENTION_SECONDS``), by the consolidator.
@@ -37,7 +43,7 @@ import asyncio
 import contextlib
 import uuid
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -83,12 +89,26 @@ _OWED_MANY = text(
     "SELECT seq, project_id, payload::text AS payload FROM memory_changes"
     " WHERE project_id = ANY(CAST(:ps AS text[])) ORDER BY seq LIMIT :n"
 )
-_DONE = text(
-    "WITH done AS (DELETE FROM memory_changes WHERE seq = ANY(CAST(:s AS bigint[])))"
-    " UPDATE episodes SET announced_at = now() WHERE id = ANY(CAST(:a AS uuid[]))"
+_OWED_AND_CLAIMED = text(
+    "WITH free AS (SELECT id FROM episodes WHERE id = ANY(CAST(:a AS uuid[]))"
+    " AND announced_at IS NULL FOR NO KEY UPDATE SKIP LOCKED),"
+    " claimed AS (UPDATE episodes e SET announced_at = now() FROM free WHERE e.id = free.id"
+    " RETURNING e.id)"
+    " (SELECT 'owed' AS kind, seq, project_id, payload::text AS payload, NULL::uuid AS episode"
+    " FROM memory_changes WHERE project_id = ANY(CAST(:ps AS text[])) ORDER BY seq LIMIT :n)"
+    " UNION ALL SELECT 'claimed', NULL, NULL, NULL, id FROM claimed"
+    " UNION ALL SELECT 'unmarked', NULL, NULL, NULL, id FROM episodes"
+    " WHERE id = ANY(CAST(:a AS uuid[])) AND announced_at IS NULL"
 )
-"""The events published leave the outbox and the announcements published are marked
-(``worker.db.batch.mark_announced``), in one statement."""
+"""``_OWED_MANY``, and the announcements' episodes claimed: marked announced (in this
+transaction: undone should Redis refuse them), each only if unmarked and **not locked by
+another transaction** (``SKIP LOCKED``). A publish never waits on an episode's row lock: the
+fact extractor (``Memory.consolidate``) holds its batch's rows while it appends facts, and
+those appends wait for a publish; a publish waiting on those rows deadlocked them. What is
+locked is listed ``unmarked`` without being ``claimed`` (the statement's snapshot: marked
+ones, another publish's or the relay's, are neither): held, tried again by a later publish."""
+_DONE = text("DELETE FROM memory_changes WHERE seq = ANY(CAST(:s AS bigint[]))")
+"""The events published leave the outbox."""
 PUBLISH_BATCH = 1_000
 """Events a publish moves in one transaction and pipeline (a ``remember_many`` batch's)."""
 
@@ -162,8 +182,22 @@ async def publish_owed_many(
     """``publish_owed`` for several projects at once: one transaction (their locks taken in
     order), one read, one pipeline and one DELETE per ``PUBLISH_BATCH`` events, each project's
     in ``seq`` order on its own stream (the indexer's batch owes events to many projects)."""
-    published, _announced = await _publish(engine, redis, prefix, shards, project_ids, ())
-    return published
+    published = await _publish(engine, redis, prefix, shards, project_ids, ())
+    return published.events
+
+
+class _RedisRefused(Exception):
+    """Raised inside a publish's transaction when Redis refuses: its claims are rolled back."""
+
+
+@dataclass
+class Published:
+    """What a publish did: events published, whether Redis took the announcements (else the
+    relay owes them), the announcements held back by a row lock (``_OWED_AND_CLAIMED``)."""
+
+    events: int
+    announced: bool = True
+    held: list[tuple[uuid.UUID, bytes]] = field(default_factory=list)
 
 
 async def _publish(
@@ -173,43 +207,83 @@ async def _publish(
     shards: int,
     project_ids: Collection[str],
     announcements: Sequence[tuple[uuid.UUID, bytes]],
-) -> tuple[int, bool]:
+) -> Published:
     """Publish the projects' owed events and ``announcements`` (episode row id, its
-    ``episode.recorded`` as JSON) on ``P:episodes``, marking those announced, in the same
-    transactions and pipelines; (events published, whether the announcements went)."""
+    ``episode.recorded`` as JSON) on ``P:episodes``, in the same transactions and pipelines;
+    an announcement goes only if its episode could be claimed (``_OWED_AND_CLAIMED``)."""
     projects = sorted(set(project_ids))
-    published = 0
-    owed_announcements = list(announcements)
-    while projects:
-        async with engine.begin() as conn:
-            await conn.execute(_LOCK_MANY, {"ps": projects})
-            rows = (await conn.execute(_OWED_MANY, {"ps": projects, "n": PUBLISH_BATCH})).all()
-            if not rows and not owed_announcements:
-                return published, True
-            try:
-                pipe = redis.pipeline(transaction=False)
-                for row in rows:
-                    pipe.xadd(changes_stream(prefix, row.project_id, shards), {"data": row.payload})
-                for _row_id, wire in owed_announcements:
-                    pipe.xadd(episodes_stream(prefix), {"data": wire})
-                await pipe.execute()
-            except RedisError as exc:
-                log.warning(
-                    "change feed: events stay owed until Redis takes them",
-                    project_id=projects[0] if len(projects) == 1 else projects,
-                    owed=len(rows),
-                    announcements=len(owed_announcements),
-                    error=str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
-                )
-                return published, not owed_announcements
-            done = [row.seq for row in rows]
-            announced = [row_id for row_id, _wire in owed_announcements]
-            await conn.execute(_DONE, {"s": done, "a": announced})
-            owed_announcements = []
-        published += len(rows)
+    done = Published(0)
+    owed_announcements = list(dict(announcements).items())
+    while True:
+        rows: list[Any] = []
+        try:
+            async with engine.begin() as conn:
+                await conn.execute(_LOCK_MANY, {"ps": projects})
+                sending: list[tuple[uuid.UUID, bytes]] = []
+                if owed_announcements:
+                    found = await conn.execute(
+                        _OWED_AND_CLAIMED,
+                        {
+                            "ps": projects,
+                            "n": PUBLISH_BATCH,
+                            "a": [row_id for row_id, _wire in owed_announcements],
+                        },
+                    )
+                    claimed: set[uuid.UUID] = set()
+                    unmarked: set[uuid.UUID] = set()
+                    for row in found:
+                        if row.kind == "owed":
+                            rows.append(row)
+                        else:
+                            (claimed if row.kind == "claimed" else unmarked).add(row.episode)
+                    rows.sort(key=lambda row: row.seq)
+                    sending = [(k, wire) for k, wire in owed_announcements if k in claimed]
+                    done.held = [
+                        (k, wire)
+                        for k, wire in owed_announcements
+                        if k in unmarked and k not in claimed
+                    ]
+                elif projects:
+                    rows = list(
+                        await conn.execute(_OWED_MANY, {"ps": projects, "n": PUBLISH_BATCH})
+                    )
+                owed_announcements = []
+                if not rows and not sending:
+                    return done
+                try:
+                    pipe = redis.pipeline(transaction=False)
+                    for row in rows:
+                        stream = changes_stream(prefix, row.project_id, shards)
+                        pipe.xadd(stream, {"data": row.payload})
+                    for _row_id, wire in sending:
+                        pipe.xadd(episodes_stream(prefix), {"data": wire})
+                    await pipe.execute()
+                except RedisError as exc:
+                    log.warning(
+                        "change feed: events stay owed until Redis takes them",
+                        project_id=projects[0] if len(projects) == 1 else projects,
+                        owed=len(rows),
+                        announcements=len(sending),
+                        error=str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
+                    )
+                    done.announced, done.held = not sending, []
+                    raise _RedisRefused from exc  # the claims roll back: the relay owes them
+                if rows:
+                    await conn.execute(_DONE, {"s": [row.seq for row in rows]})
+        except _RedisRefused:
+            return done
+        done.events += len(rows)
         if len(rows) < PUBLISH_BATCH:
-            return published, True
-    return published, True
+            return done
+
+
+HELD_RETRY_S = 0.05
+"""How soon a publish tries again the announcements a row lock held back (doubling up to
+``HELD_RETRY_MAX_S`` while they stay held)."""
+HELD_RETRY_MAX_S = 1.0
+HELD_GIVE_UP_S = 30.0
+"""Announcements held back longer are left to the consolidator's relay (they stay unmarked:
+``worker.episodes.announcements``)."""
 
 
 class OwedPublisher:
@@ -226,6 +300,15 @@ class OwedPublisher:
         self.shards = shards
         self._next: _Round | None = None
         self._task: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
+        self._held: list[tuple[uuid.UUID, bytes]] = []
+        """Announcements a row lock held back (``_OWED_AND_CLAIMED``), for a later publish."""
+        self._held_since = 0.0
+        self._held_tries = 0
+        self._announcing: set[uuid.UUID] = set()
+        """Episodes whose announcement a publish holds (``publish_soon`` returns before it
+        goes): a retry of the same turn meanwhile, still unmarked in Postgres, is not
+        announced twice."""
 
     async def flush(
         self, project_id: str, announcements: Sequence[tuple[uuid.UUID, bytes]] = ()
@@ -234,30 +317,65 @@ class OwedPublisher:
         publish that starts after this call; how many events it published (of every project
         of that publish). Raises what the publish met (Postgres's error; a Redis that refuses
         only leaves them owed)."""
-        published, _announced = await self.flush_announcing(project_id, announcements)
-        return published
+        published = await asyncio.shield(self._join(project_id, announcements))
+        return published.events
 
-    async def flush_announcing(
+    async def publish_soon(
         self, project_id: str, announcements: Sequence[tuple[uuid.UUID, bytes]] = ()
-    ) -> tuple[int, bool]:
-        """``flush``, and whether the announcements went (else the relay owes them)."""
+    ) -> None:
+        """Have the project's owed events (and ``announcements``) published by the next
+        publish, and return without waiting for it: a caller whose events are owed in a
+        committed transaction goes on while they are sent (``seq`` keeps the order; a publish
+        that fails leaves them owed, logged). Waits first while the publish queued behind the
+        running one already holds ``PUBLISH_BATCH`` announcements: what waits in memory, and
+        the feed's lag, stay bounded (two publishes' worth)."""
+        queued, task = self._next, self._task
+        if (
+            queued is not None
+            and len(queued.announcements) >= PUBLISH_BATCH
+            and task is not None
+            and not task.done()
+            and task.get_loop() is asyncio.get_running_loop()
+        ):
+            with contextlib.suppress(Exception):  # logged by the publish (``_run``)
+                await asyncio.shield(queued.future)
+        self._join(project_id, announcements)
+
+    def _join(
+        self, project_id: str | None, announcements: Sequence[tuple[uuid.UUID, bytes]]
+    ) -> asyncio.Future[Published]:
+        """Join the next publish (starting the publisher if idle); its future."""
         loop = asyncio.get_running_loop()
         if self._task is not None and self._task.get_loop() is not loop:
-            self._task, self._next = None, None  # a former event loop's (asyncio.run per call)
+            # a former event loop's (asyncio.run per call)
+            self._task, self._next, self._announcing, self._held = None, None, set(), []
+            self._wake = asyncio.Event()
         if self._next is None:
-            future: asyncio.Future[tuple[int, bool]] = loop.create_future()
+            future: asyncio.Future[Published] = loop.create_future()
             future.add_done_callback(_retrieve)
             self._next = _Round(future, set(), [])
-        self._next.projects.add(project_id)
-        self._next.announcements.extend(announcements)
+        if project_id is not None:
+            self._next.projects.add(project_id)
+        for row_id, wire in announcements:
+            if row_id not in self._announcing:
+                self._announcing.add(row_id)
+                self._next.announcements.append((row_id, wire))
+        self._wake.set()
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._run())
-        return await asyncio.shield(self._next.future)
+        return self._next.future
 
     async def _run(self) -> None:
-        """Publish for the callers waiting, round after round, until none waits."""
-        while self._next is not None:
+        """Publish for the callers waiting, round after round, until none waits and no
+        announcement is held back (``_retry_held``)."""
+        while self._next is not None or self._held:
+            if self._next is None:
+                await self._retry_held()
+                continue
             round_, self._next = self._next, None
+            self._wake.clear()
+            round_.announcements.extend(self._held)
+            self._held = []
             try:
                 result = await _publish(
                     self.engine,
@@ -268,17 +386,53 @@ class OwedPublisher:
                     round_.announcements,
                 )
             except BaseException as exc:
+                self._announcing.difference_update(k for k, _wire in round_.announcements)
                 if not round_.future.done():
                     round_.future.set_exception(exc)
                 if isinstance(exc, asyncio.CancelledError):
                     raise
+                log.warning(
+                    "change feed: events stay owed",
+                    projects=sorted(round_.projects),
+                    error=str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
+                )
                 continue
+            held = {k for k, _wire in result.held}
+            self._announcing.difference_update(
+                k for k, _wire in round_.announcements if k not in held
+            )
+            if result.held:
+                if not self._held_since:
+                    self._held_since = asyncio.get_running_loop().time()
+                self._held = result.held
+            else:
+                self._held_since, self._held_tries = 0.0, 0
             if not round_.future.done():
                 round_.future.set_result(result)
 
+    async def _retry_held(self) -> None:
+        """Only held-back announcements left: wait a little (or for a caller), then have a
+        publish try them again; after ``HELD_GIVE_UP_S`` leave them to the relay."""
+        now = asyncio.get_running_loop().time()
+        if now - self._held_since > HELD_GIVE_UP_S:
+            log.warning(
+                "episode announcements held back by row locks: left to the relay",
+                count=len(self._held),
+            )
+            self._announcing.difference_update(k for k, _wire in self._held)
+            self._held, self._held_since, self._held_tries = [], 0.0, 0
+            return
+        pause = min(HELD_RETRY_MAX_S, HELD_RETRY_S * 2**self._held_tries)
+        self._held_tries += 1
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._wake.wait(), pause)
+        if self._next is None:
+            self._join(None, ())
+
     async def close(self) -> None:
         """Stop a publish of a former caller still running (what it owed stays owed)."""
-        task, self._task, self._next = self._task, None, None
+        task, self._task, self._next, self._announcing = self._task, None, None, set()
+        self._held, self._held_since, self._held_tries = [], 0.0, 0
         if task is None or task.done() or task.get_loop() is not asyncio.get_running_loop():
             return  # done, or a former event loop's
         task.cancel()
@@ -290,7 +444,7 @@ class OwedPublisher:
 class _Round:
     """The callers of the next publish: its result, their projects, their announcements."""
 
-    future: asyncio.Future[tuple[int, bool]]
+    future: asyncio.Future[Published]
     projects: set[str]
     announcements: list[tuple[uuid.UUID, bytes]]
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import sys
 from collections.abc import Sequence
+from contextvars import ContextVar
 from datetime import datetime
 from types import TracebackType
 from typing import Any
@@ -56,6 +57,10 @@ from worker.user_memory.recall import embed_query, recall_scored
 from worker.user_memory.writes import SharedWrites, TurnWriter, release, shared_writes
 
 log = get_logger("worker.user_memory")
+
+_CONSOLIDATING: ContextVar[bool] = ContextVar("memworker_consolidating", default=False)
+"""Set while ``Memory.consolidate`` runs the extractor: what its appends owe is published once
+its transaction (holding the episodes' rows) is over, not from inside it."""
 
 
 class Memory:
@@ -487,9 +492,16 @@ class Memory:
         (``extractors``); nothing without one."""
         if self._consolidator is None:
             return
-        await run_extractor(self.engine, self.project_id, self._consolidator, self.facts)
+        token = _CONSOLIDATING.set(True)
+        try:
+            await run_extractor(self.engine, self.project_id, self._consolidator, self.facts)
+        finally:
+            _CONSOLIDATING.reset(token)
+            await self._flush_quietly()
 
     async def _flush_quietly(self) -> None:
+        if _CONSOLIDATING.get():
+            return  # published when the extractor's transaction is over (``consolidate``)
         try:
             await self.flush_changes()
         except Exception as exc:

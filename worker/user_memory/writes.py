@@ -6,14 +6,16 @@ inserted together: a round is one transaction of one statement per project in it
 (``turns.insert_turns``: the rows and their owed ``episode.remembered`` events; of one
 project, the statement alone, without BEGIN and COMMIT), and the calls that come while it
 commits make the next round. Each caller goes on once its round committed (a conflicting id
-fails that call alone, the others are stored). Then one publish shared with the calls, of
-any project, that came meanwhile
-(``worker.episodes.changes.OwedPublisher``: the events on the change feed and the turns'
-``episode.recorded`` on ``P:episodes`` in one Redis pipeline, marked in one transaction). So
-under load a call costs a share of two transactions and a pipeline, and concurrent agents of a
-project, or of ten projects, no longer queue one by one behind an outbox lock or for the
-pool. A user's next turn is only sent once the last returned, so it is in a later round: the
-feed keeps each user's order.
+fails that call alone, the others are stored), and returns: its turn and its owed
+``episode.remembered`` are committed. Their publish follows, without the caller, shared with
+the calls, of any project, that came meanwhile
+(``worker.episodes.changes.OwedPublisher.publish_soon``: the events on the change feed and the
+turns' ``episode.recorded`` on ``P:episodes`` in one Redis pipeline, marked in one
+transaction). So under load a call costs a share of one transaction, and concurrent agents of
+a project, or of ten projects, no longer queue one by one behind an outbox lock or for the
+pool. A user's next turn is only sent once the last returned, so it is in a later round with
+a later ``seq``, and a publish sends a project's events in ``seq`` order: the feed keeps each
+user's order.
 
 **Batches.** ``remember_many(episodes)`` stores up to ``MAX_REMEMBER_BATCH`` turns in one
 round trip. A batch is refused whole, nothing stored: a bad item raises the input rule's
@@ -21,8 +23,9 @@ round trip. A batch is refused whole, nothing stored: a bad item raises the inpu
 naming ``episodes[k]``, too many items ``BatchTooLargeError`` naming the limit. The same id
 twice in a batch for one user with the same content is one turn (two users' are two).
 
-When it returns, every turn is stored once with its event (published, or owed to the next
-publish when Redis refused it) and found by words at once, from any process.
+When it returns, every turn is stored once with its event (owed in Postgres, published right
+after by the publish on its way; ``Memory.flush_changes()`` waits for it) and found by words
+at once, from any process.
 """
 
 from __future__ import annotations
@@ -44,13 +47,10 @@ from schemas.limits import MAX_REMEMBER_BATCH
 from worker.db.outages import is_connection_error
 from worker.episodes.announcements import Announcement
 from worker.episodes.changes import OwedPublisher, change_event
-from worker.logs import get_logger
 from worker.user_memory import turns
 from worker.user_memory.indexing import TurnVectors
 from worker.user_memory.inputs import check_episode
 from worker.user_memory.models import Episode, as_episode
-
-log = get_logger("worker.user_memory")
 
 
 class BatchTooLargeError(ValueError):
@@ -262,17 +262,16 @@ class TurnWriter:
         return [episode.id for episode in batch]
 
     async def _after(self, episodes: list[Episode], stored: list[turns.Kept]) -> None:
-        """Embed the new turns when this memory embeds, then publish (group commit)."""
+        """Embed the new turns when this memory embeds, then hand their events to the next
+        publish without waiting for it (``OwedPublisher.publish_soon``: they are owed in
+        Postgres since the insert committed)."""
         await asyncio.gather(*(self.vectors.remembered(str(k.row_id)) for k in stored if k.new))
         owed = [
             self._announcement(episode, kept)
             for episode, kept in zip(episodes, stored, strict=True)
             if kept.owed
         ]
-        try:
-            await self.writes.publisher.flush(self.project_id, owed)
-        except Exception as exc:  # stored: the events stay owed to the next publish
-            log.warning("change feed: events stay owed", error=str(exc).splitlines()[:1])
+        await self.writes.publisher.publish_soon(self.project_id, owed)
 
     def _announcement(self, episode: Episode, kept: turns.Kept) -> tuple[uuid.UUID, bytes]:
         wire = Announcement(kept.row_id, self.project_id, episode.session_id, kept.source).wire()
