@@ -273,6 +273,15 @@ async def test_the_publisher_cannot_read_working_memory_or_delete_streams(
     await refused(publisher.pexpire(streams.lifecycle, 1))
     await refused(publisher.set(streams.lifecycle, "junk"))
     await refused(publisher.set(f"{PREFIX}:lifecycle:{{9}}", "junk"))
+    # SET only on a session's publish records (``seq:<project>/<session>/pub``), never on a
+    # counter (a stored non-integer would break the session's publishes) nor on any other name
+    await refused(publisher.set(f"{PREFIX}:{{anything at all}}:seq:junk", "x"))
+    await refused(publisher.set(f"{PREFIX}:{{{keys.shard}}}:seq:p-pub/s-1", "junk"))
+    await refused_in_script(
+        publisher.eval(
+            "return redis.call('SET', KEYS[1], 'x')", 1, f"{PREFIX}:{{{keys.shard}}}:seq:p-pub/s-1"
+        )
+    )
     await refused(publisher.incr(f"{PREFIX}:lifecycle:{{9}}"))
     await refused_in_script(
         publisher.eval("return redis.call('SET', KEYS[1], 'x')", 1, f"{PREFIX}:lifecycle:{{9}}")
@@ -393,7 +402,10 @@ async def test_the_consolidator_user_cannot_write_working_memory_or_commands(
     await refused(redis.xadd(keys.streams.lifecycle, {"data": b"{}"}))
     await refused(redis.xadd(keys.streams.results, {"data": b"{}"}))
     await refused(redis.delete(keys.streams.results))
-    await refused(redis.unlink(keys.streams.results))  # UNLINK only on session keys (forget)
+    await refused(redis.unlink(keys.streams.results))
+    # forget runs as the operator: the consolidator reads session keys (export), never deletes
+    await refused(redis.unlink(keys.meta))
+    await refused(redis.unlink(keys.vars))
     await refused(redis.get(keys.streams.results))
     await refused(redis.xrange(keys.streams.dlq))
     await refused(redis.evalsha("0" * 40, 0))
