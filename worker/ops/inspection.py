@@ -10,6 +10,7 @@ import orjson
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
+from worker.consumers.retention import AHEAD_TOLERANCE_MS
 from worker.keys import SessionKeys, StreamKeys, episodes_stream
 from worker.settings import Settings
 
@@ -29,6 +30,15 @@ class GroupStats:
     stalled_consumers: list[str] = field(default_factory=list)
     """Idle as long but owning pending entries: gone too, but its entries are reclaimed by
     another consumer first (never deleted with them)."""
+    removed_unread: bool = False
+    """Entries were removed from the stream before this group read them: the stream's
+    ``max-deleted-entry-id`` is above the group's last-delivered id (an ``XADD … MAXLEN`` or
+    ``XTRIM`` by someone; memworker's own trims never remove what a group has not read).
+    Seen until the group reads past the removed ids."""
+    ahead_seconds: float | None = None
+    """How far the stream's last id is ahead of the clock, when by more than a minute: an
+    entry was given an explicit future id (``XADD key <ms>-<seq>``), and every auto id since
+    has that time (``worker.lifecycle.future_ids``); None otherwise."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -37,6 +47,40 @@ class GroupStats:
 def _id_ms(entry_id: bytes | str) -> int:
     text = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
     return int(text.split("-", 1)[0])
+
+
+def _id(entry_id: bytes | str) -> tuple[int, int]:
+    text = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+    ms, _, seq = text.partition("-")
+    return int(ms), int(seq or 0)
+
+
+@dataclass(frozen=True, slots=True)
+class StreamIds:
+    """What ``XINFO STREAM`` tells of a stream's ids (Redis 7: ``max-deleted-entry-id``)."""
+
+    last: tuple[int, int]
+    max_deleted: tuple[int, int] | None
+
+    def ahead_seconds(self, now_ms: float) -> float | None:
+        ahead = self.last[0] - now_ms
+        return ahead / 1000 if ahead > AHEAD_TOLERANCE_MS else None
+
+    def removed_unread(self, last_delivered: bytes | str) -> bool:
+        return self.max_deleted is not None and self.max_deleted > _id(last_delivered)
+
+
+async def stream_ids(redis: Any, stream: str) -> StreamIds | None:
+    """None for a stream that does not exist."""
+    try:
+        info: Any = await redis.xinfo_stream(stream)
+    except ResponseError:
+        return None
+    deleted = info.get("max-deleted-entry-id")
+    max_deleted = _id(deleted) if deleted else None
+    if max_deleted == (0, 0):
+        max_deleted = None
+    return StreamIds(_id(info["last-generated-id"]), max_deleted)
 
 
 DEAD_AFTER_SECONDS = 300.0
@@ -62,8 +106,10 @@ async def stream_stats(
             groups = await redis.xinfo_groups(name)
         except ResponseError:
             groups = []
+        ids = await stream_ids(redis, name)
+        ahead = None if ids is None else ids.ahead_seconds(now_ms)
         if not groups:
-            rows.append(GroupStats(name, length, None, None, 0, None, 0))
+            rows.append(GroupStats(name, length, None, None, 0, None, 0, ahead_seconds=ahead))
             continue
         for group in groups:
             group_name = (
@@ -88,6 +134,9 @@ async def stream_stats(
                     int(group["consumers"]),
                     dead,
                     stalled,
+                    removed_unread=ids is not None
+                    and ids.removed_unread(group["last-delivered-id"]),
+                    ahead_seconds=ahead,
                 )
             )
     return rows
