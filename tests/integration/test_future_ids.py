@@ -62,3 +62,37 @@ async def test_an_explicit_future_id_is_dead_lettered_and_later_commands_applied
             assert await redis.xlen(streams.lifecycle) == 0
     finally:
         await publisher.close()
+
+
+async def test_entries_trimmed_by_an_xadd_maxlen_before_the_worker_read_them_are_reported(
+    redis: Redis, settings: Settings
+) -> None:
+    """No ACL can forbid ``XADD key MAXLEN 1 * …`` to a user allowed XADD: what was removed
+    unread shows in ``memworker stats`` and in the worker's gauges, and the ids ahead too."""
+    from prometheus_client import REGISTRY
+
+    from worker.consumers.groups import ensure_group
+    from worker.consumers.lag import probe_group_lag
+    from worker.keys import LIFECYCLE_GROUP
+
+    stream = StreamKeys(settings.stream_prefix, 0).lifecycle
+    await ensure_group(redis, stream, LIFECYCLE_GROUP)
+    for n in range(3):
+        await redis.xadd(stream, {"data": str(n).encode()})
+    await redis.xreadgroup(LIFECYCLE_GROUP, "c", {stream: ">"}, count=1)  # one read
+    quiet = await stream_stats(redis, settings)
+    assert not any(r.removed_unread for r in quiet)
+    await redis.xadd(stream, {"data": b"x"}, maxlen=1, approximate=False)  # drops 2 unread
+
+    rows = await stream_stats(redis, settings)
+    row = next(r for r in rows if r.stream == stream and r.group == LIFECYCLE_GROUP)
+    assert row.removed_unread and row.ahead_seconds is None
+    await probe_group_lag(redis, LIFECYCLE_GROUP, [stream])
+    labels = {"stream": stream, "group": LIFECYCLE_GROUP}
+    assert REGISTRY.get_sample_value("memworker_stream_removed_unread", labels) == 1.0
+    assert REGISTRY.get_sample_value("memworker_stream_ids_ahead_seconds", {"stream": stream}) == 0
+
+    await redis.xadd(stream, {"data": b"junk"}, id=FUTURE)
+    await probe_group_lag(redis, LIFECYCLE_GROUP, [stream])
+    ahead = REGISTRY.get_sample_value("memworker_stream_ids_ahead_seconds", {"stream": stream})
+    assert ahead is not None and ahead > 10**9

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -61,13 +62,26 @@ class StreamIds:
 
     last: tuple[int, int]
     max_deleted: tuple[int, int] | None
+    length: int
+    first: tuple[int, int] | None
+    """The first entry's id (None: the stream is empty)."""
 
     def ahead_seconds(self, now_ms: float) -> float | None:
         ahead = self.last[0] - now_ms
         return ahead / 1000 if ahead > AHEAD_TOLERANCE_MS else None
 
-    def removed_unread(self, last_delivered: bytes | str) -> bool:
-        return self.max_deleted is not None and self.max_deleted > _id(last_delivered)
+    def removed_unread(self, group: Mapping[Any, Any]) -> bool:
+        """Whether entries the group had not read were removed: deleted by id above its
+        last-delivered id (XDEL sets ``max-deleted-entry-id``), or trimmed (``XTRIM``, ``XADD
+        … MAXLEN``: only the first entry moves) while every entry left is unread and fewer than
+        its lag (``entries-added`` minus its ``entries-read``). Seen until the group reads past
+        the gap: Redis then counts the removed entries as read."""
+        delivered = _id(group["last-delivered-id"])
+        if self.max_deleted is not None and self.max_deleted > delivered:
+            return True
+        lag = group.get("lag")
+        unread_all = self.first is None or self.first > delivered
+        return lag is not None and unread_all and int(lag) > self.length
 
 
 async def stream_ids(redis: Any, stream: str) -> StreamIds | None:
@@ -80,7 +94,13 @@ async def stream_ids(redis: Any, stream: str) -> StreamIds | None:
     max_deleted = _id(deleted) if deleted else None
     if max_deleted == (0, 0):
         max_deleted = None
-    return StreamIds(_id(info["last-generated-id"]), max_deleted)
+    first = info.get("first-entry")
+    return StreamIds(
+        _id(info["last-generated-id"]),
+        max_deleted,
+        int(info["length"]),
+        _id(first[0]) if first else None,
+    )
 
 
 DEAD_AFTER_SECONDS = 300.0
@@ -134,8 +154,7 @@ async def stream_stats(
                     int(group["consumers"]),
                     dead,
                     stalled,
-                    removed_unread=ids is not None
-                    and ids.removed_unread(group["last-delivered-id"]),
+                    removed_unread=ids is not None and ids.removed_unread(group),
                     ahead_seconds=ahead,
                 )
             )
