@@ -23,6 +23,19 @@ from worker.ops.inspection import stream_ids
 
 log = get_logger("worker.consumers.lag")
 
+_warned: set[tuple[str, str]] = set()
+"""(condition, stream or stream/group) already logged: one warning when it starts, not one per
+probe (a stream can stay ahead of the clock for good)."""
+
+
+def _warn_once(condition: str, subject: str, present: bool, **fields: Any) -> None:
+    key = (condition, subject)
+    if not present:
+        _warned.discard(key)
+    elif key not in _warned:
+        _warned.add(key)
+        log.warning(condition, **fields)
+
 
 async def probe_group_lag(redis: Redis | RedisCluster, group: str, streams: Sequence[str]) -> None:
     """Set ``group``'s lag and pending gauges on each of ``streams``."""
@@ -31,8 +44,13 @@ async def probe_group_lag(redis: Redis | RedisCluster, group: str, streams: Sequ
         ids = await stream_ids(redis, stream)
         ahead = None if ids is None else ids.ahead_seconds(time.time() * 1000)
         STREAM_IDS_AHEAD.labels(stream).set(ahead or 0.0)
-        if ahead is not None:
-            log.warning("stream_ids_ahead_of_clock", stream=stream, ahead_seconds=round(ahead))
+        _warn_once(
+            "stream_ids_ahead_of_clock",
+            stream,
+            ahead is not None,
+            stream=stream,
+            ahead_seconds=round(ahead or 0),
+        )
         for info in groups:
             if text(info["name"]) == group:
                 lag = info.get("lag")
@@ -40,5 +58,10 @@ async def probe_group_lag(redis: Redis | RedisCluster, group: str, streams: Sequ
                 STREAM_PENDING.labels(stream, group).set(float(info["pending"]))
                 removed = ids is not None and ids.removed_unread(info)
                 STREAM_REMOVED_UNREAD.labels(stream, group).set(1.0 if removed else 0.0)
-                if removed:
-                    log.warning("stream_entries_removed_unread", stream=stream, group=group)
+                _warn_once(
+                    "stream_entries_removed_unread",
+                    f"{stream}/{group}",
+                    removed,
+                    stream=stream,
+                    group=group,
+                )
