@@ -514,3 +514,33 @@ def shipped_rules(user: str) -> list[str]:
     acl = Path(__file__).resolve().parents[2] / "deploy" / "redis" / "users.acl"
     line = next(row for row in acl.read_text().splitlines() if f" {user} " in row)
     return re.findall(r"\([^)]*\)|\S+", line)[2:]
+
+
+async def test_a_trim_through_xadd_maxlen_no_acl_can_refuse_is_shown_to_the_operator(
+    acl_server: AclRedis, admin: Redis, clients: dict[str, Redis]
+) -> None:
+    """An ACL cannot refuse an argument: a publisher may trim a command stream with ``XADD …
+    MAXLEN`` and the consolidator ``agents:episodes`` (deploy/redis/README.md says so). The
+    commands it dropped unread show in ``memworker stats`` (as the operator runs it)."""
+    from worker.episodes.indexer import INDEXER_GROUP
+
+    lifecycle = StreamKeys(PREFIX, 0).lifecycle
+    episodes = episodes_stream(PREFIX)
+    await admin.xgroup_create(lifecycle, LIFECYCLE_GROUP, id="0", mkstream=True)
+    await admin.xgroup_create(episodes, INDEXER_GROUP, id="0", mkstream=True)
+    publisher, consolidator = clients["publisher"], clients["consolidator"]
+    for n in range(3):
+        await publisher.xadd(lifecycle, {"data": str(n).encode()})
+        await consolidator.xadd(episodes, {"data": str(n).encode()})
+    await admin.xreadgroup(LIFECYCLE_GROUP, "worker-1", {lifecycle: ">"}, count=1)
+    settings = settings_for(acl_server, "operator")
+    assert not any(r.removed_unread for r in await stream_stats(clients["operator"], settings))
+
+    await publisher.xadd(lifecycle, {"data": b"x"}, maxlen=1, approximate=False)
+    await consolidator.xadd(episodes, {"data": b"x"}, maxlen=0, approximate=False)
+    assert await admin.xlen(lifecycle) == 1 and await admin.xlen(episodes) == 0
+    rows = await stream_stats(clients["operator"], settings)
+    assert {(r.stream, r.group) for r in rows if r.removed_unread} == {
+        (lifecycle, LIFECYCLE_GROUP),
+        (episodes, INDEXER_GROUP),
+    }

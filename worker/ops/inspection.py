@@ -65,6 +65,8 @@ class StreamIds:
     length: int
     first: tuple[int, int] | None
     """The first entry's id (None: the stream is empty)."""
+    added: int | None = None
+    """``entries-added``: every entry ever added (Redis 7)."""
 
     def ahead_seconds(self, now_ms: float) -> float | None:
         ahead = self.last[0] - now_ms
@@ -79,9 +81,13 @@ class StreamIds:
         delivered = _id(group["last-delivered-id"])
         if self.max_deleted is not None and self.max_deleted > delivered:
             return True
-        lag = group.get("lag")
         unread_all = self.first is None or self.first > delivered
-        return lag is not None and unread_all and int(lag) > self.length
+        if not unread_all:
+            return False
+        if delivered == (0, 0) and self.added is not None:  # never read: all it missed
+            return self.added > self.length
+        lag = group.get("lag")
+        return lag is not None and int(lag) > self.length
 
 
 async def stream_ids(redis: Any, stream: str) -> StreamIds | None:
@@ -100,6 +106,7 @@ async def stream_ids(redis: Any, stream: str) -> StreamIds | None:
         max_deleted,
         int(info["length"]),
         _id(first[0]) if first else None,
+        int(info["entries-added"]) if "entries-added" in info else None,
     )
 
 
