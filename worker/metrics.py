@@ -58,9 +58,9 @@ STREAM_PENDING = Gauge(
 )
 STREAM_REMOVED_UNREAD = Gauge(
     "memworker_stream_removed_unread",
-    "1 while entries of the stream were removed before the group read them (its "
-    "max-deleted-entry-id is above the group's last-delivered id: an XADD MAXLEN or XTRIM by a "
-    "user allowed to write the stream), 0 otherwise.",
+    "1 while entries of the stream were removed before the group read them (an XADD MAXLEN, "
+    "XTRIM or XDEL by a user allowed to write the stream; seen until the group reads past the "
+    "gap), 0 otherwise.",
     ["stream", "group"],
 )
 STREAM_IDS_AHEAD = Gauge(
