@@ -56,6 +56,19 @@ STREAM_LAG = Gauge(
 STREAM_PENDING = Gauge(
     "memworker_stream_pending", "Entries delivered but not acknowledged.", ["stream", "group"]
 )
+STREAM_REMOVED_UNREAD = Gauge(
+    "memworker_stream_removed_unread",
+    "1 while entries of the stream were removed before the group read them (an XADD MAXLEN, "
+    "XTRIM or XDEL by a user allowed to write the stream; seen until the group reads past the "
+    "gap), 0 otherwise.",
+    ["stream", "group"],
+)
+STREAM_IDS_AHEAD = Gauge(
+    "memworker_stream_ids_ahead_seconds",
+    "How far the stream's last id is ahead of the clock when by more than a minute (an entry "
+    "XADDed with an explicit future id; later auto ids keep its time), else 0.",
+    ["stream"],
+)
 REDIS_CONDITIONS = Counter(
     "memworker_redis_conditions_total",
     "Server-wide Redis conditions met (full, busy, loading, readonly, unreachable, ...): the "

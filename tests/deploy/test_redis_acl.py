@@ -273,6 +273,15 @@ async def test_the_publisher_cannot_read_working_memory_or_delete_streams(
     await refused(publisher.pexpire(streams.lifecycle, 1))
     await refused(publisher.set(streams.lifecycle, "junk"))
     await refused(publisher.set(f"{PREFIX}:lifecycle:{{9}}", "junk"))
+    # SET only on a session's publish records (``seq:<project>/<session>/pub``), never on a
+    # counter (a stored non-integer would break the session's publishes) nor on any other name
+    await refused(publisher.set(f"{PREFIX}:{{anything at all}}:seq:junk", "x"))
+    await refused(publisher.set(f"{PREFIX}:{{{keys.shard}}}:seq:p-pub/s-1", "junk"))
+    await refused_in_script(
+        publisher.eval(
+            "return redis.call('SET', KEYS[1], 'x')", 1, f"{PREFIX}:{{{keys.shard}}}:seq:p-pub/s-1"
+        )
+    )
     await refused(publisher.incr(f"{PREFIX}:lifecycle:{{9}}"))
     await refused_in_script(
         publisher.eval("return redis.call('SET', KEYS[1], 'x')", 1, f"{PREFIX}:lifecycle:{{9}}")
@@ -393,7 +402,10 @@ async def test_the_consolidator_user_cannot_write_working_memory_or_commands(
     await refused(redis.xadd(keys.streams.lifecycle, {"data": b"{}"}))
     await refused(redis.xadd(keys.streams.results, {"data": b"{}"}))
     await refused(redis.delete(keys.streams.results))
-    await refused(redis.unlink(keys.streams.results))  # UNLINK only on session keys (forget)
+    await refused(redis.unlink(keys.streams.results))
+    # forget runs as the operator: the consolidator reads session keys (export), never deletes
+    await refused(redis.unlink(keys.meta))
+    await refused(redis.unlink(keys.vars))
     await refused(redis.get(keys.streams.results))
     await refused(redis.xrange(keys.streams.dlq))
     await refused(redis.evalsha("0" * 40, 0))
@@ -502,3 +514,33 @@ def shipped_rules(user: str) -> list[str]:
     acl = Path(__file__).resolve().parents[2] / "deploy" / "redis" / "users.acl"
     line = next(row for row in acl.read_text().splitlines() if f" {user} " in row)
     return re.findall(r"\([^)]*\)|\S+", line)[2:]
+
+
+async def test_a_trim_through_xadd_maxlen_no_acl_can_refuse_is_shown_to_the_operator(
+    acl_server: AclRedis, admin: Redis, clients: dict[str, Redis]
+) -> None:
+    """An ACL cannot refuse an argument: a publisher may trim a command stream with ``XADD …
+    MAXLEN`` and the consolidator ``agents:episodes`` (deploy/redis/README.md says so). The
+    commands it dropped unread show in ``memworker stats`` (as the operator runs it)."""
+    from worker.episodes.indexer import INDEXER_GROUP
+
+    lifecycle = StreamKeys(PREFIX, 0).lifecycle
+    episodes = episodes_stream(PREFIX)
+    await admin.xgroup_create(lifecycle, LIFECYCLE_GROUP, id="0", mkstream=True)
+    await admin.xgroup_create(episodes, INDEXER_GROUP, id="0", mkstream=True)
+    publisher, consolidator = clients["publisher"], clients["consolidator"]
+    for n in range(3):
+        await publisher.xadd(lifecycle, {"data": str(n).encode()})
+        await consolidator.xadd(episodes, {"data": str(n).encode()})
+    await admin.xreadgroup(LIFECYCLE_GROUP, "worker-1", {lifecycle: ">"}, count=1)
+    settings = settings_for(acl_server, "operator")
+    assert not any(r.removed_unread for r in await stream_stats(clients["operator"], settings))
+
+    await publisher.xadd(lifecycle, {"data": b"x"}, maxlen=1, approximate=False)
+    await consolidator.xadd(episodes, {"data": b"x"}, maxlen=0, approximate=False)
+    assert await admin.xlen(lifecycle) == 1 and await admin.xlen(episodes) == 0
+    rows = await stream_stats(clients["operator"], settings)
+    assert {(r.stream, r.group) for r in rows if r.removed_unread} == {
+        (lifecycle, LIFECYCLE_GROUP),
+        (episodes, INDEXER_GROUP),
+    }

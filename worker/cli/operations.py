@@ -157,6 +157,18 @@ def stats(
             )
     for stream, group, consumer in pruned:
         out.print(f"pruned consumer {consumer} of {stream} {group}")
+    for r in rows:
+        if r.removed_unread:
+            out.print(
+                f"[bold red]{r.stream}: entries were removed before group {r.group} read "
+                "them[/] (an XADD … MAXLEN or XTRIM by a user allowed to write it)"
+            )
+    for stream in sorted({r.stream for r in rows if r.ahead_seconds is not None}):
+        ahead = next(r.ahead_seconds for r in rows if r.stream == stream)
+        out.print(
+            f"[bold red]{stream}: its last id is {ahead:.0f} s ahead of the clock[/] (an entry "
+            "XADDed with an explicit future id; later ids keep that time)"
+        )
     age = backlog.oldest_age_s()
     out.print(
         f"indexing: {backlog.episodes} episodes announced, not indexed yet"

@@ -63,7 +63,7 @@ from worker.consumers.loop import (
     StorageUnavailableError,
     StreamEntry,
 )
-from worker.consumers.retention import trim_dead_letters, trim_stream
+from worker.consumers.retention import ConsumedMarks, trim_dead_letters, trim_stream
 from worker.consumers.service import GroupService
 from worker.db.batch import insert_batch
 from worker.db.engine import create_database_engine
@@ -154,6 +154,8 @@ class Consolidator(GroupService):
         shards = [StreamKeys(settings.stream_prefix, i) for i in range(settings.shards)]
         self.streams = [keys.results for keys in shards]
         self._dlq_of = {keys.results: keys.dlq for keys in shards}
+        self.consumed_marks = ConsumedMarks()
+        """Retention of streams with ids ahead of the clock (``worker.consumers.retention``)."""
         self.announcer = Announcer(
             redis,
             engine,
@@ -198,9 +200,10 @@ class Consolidator(GroupService):
         and ``dlq_retention_seconds``; how many entries were removed."""
         settings = self.settings
         keep = settings.retention_seconds if keep_seconds is None else keep_seconds
-        removed = await trim_stream(self.redis, self.announcer.stream, keep)
+        marks = self.consumed_marks
+        removed = await trim_stream(self.redis, self.announcer.stream, keep, marks)
         for stream in all_changes_streams(settings.stream_prefix, settings.shards):
-            removed += await trim_stream(self.redis, stream, keep)
+            removed += await trim_stream(self.redis, stream, keep, marks)
         for dlq in (episodes_dlq(settings.stream_prefix), changes_dlq(settings.stream_prefix)):
             removed += await trim_dead_letters(
                 self.redis, dlq, settings.dlq_max_entries, settings.dlq_retention_seconds

@@ -31,6 +31,7 @@ from worker.consumers.dead_letters import dead_letter
 from worker.credentials import mask
 from worker.keys import LIFECYCLE_GROUP, SessionKeys, StreamKeys, shard_of
 from worker.lifecycle.channel import ScriptChannel
+from worker.lifecycle.future_ids import FutureIds
 from worker.lifecycle.intake import Accepted, Refused, Unusable, copied_fields, parse_entry
 from worker.lifecycle.result_ids import (
     default_checkpoint_id,
@@ -121,6 +122,7 @@ class CommandApplier:
         (XDEL), not kept for the replay window; its result still is (and goes to Postgres)."""
         self.commands_per_call = COMMANDS_PER_CALL
         """Commands per apply call (the worker makes it 1 while Redis is nearly full)."""
+        self.future_ids = FutureIds()
 
     def settings_arg(self) -> str:
         """The worker's settings, the first lines of every apply call's context (see
@@ -235,6 +237,25 @@ class CommandApplier:
             args += [k, v]
         return args
 
+    async def screen(
+        self, shard: int, entries: Sequence[tuple[bytes | str, Mapping[bytes, bytes]]]
+    ) -> dict[str, str]:
+        """Entries whose id was given explicitly, far ahead of the clock: entry id → why
+        (``worker.lifecycle.future_ids``). No I/O while the ids follow the clock."""
+        ahead = self.future_ids.ahead(shard, entries)
+        if not ahead:
+            return {}
+        channel = self.channel_for(shard)
+
+        async def redis_time() -> Any:
+            (reply,) = await channel.execute([["TIME"]])
+            if isinstance(reply, Exception):
+                raise reply
+            return reply
+
+        stream = StreamKeys(self.settings.stream_prefix, shard).lifecycle
+        return await self.future_ids.screen(self.redis, stream, shard, entries, ahead, redis_time)
+
     def plan(
         self,
         shard: int,
@@ -242,10 +263,13 @@ class CommandApplier:
         received: float | None = None,
         *,
         dead_letters: bool = True,
+        future: Mapping[str, str] | None = None,
     ) -> Plan:
         """Parse entries and build one script call per entry (pure CPU, no I/O).
 
         With ``dead_letters`` false (a replay) unusable entries are reported, not re-queued.
+        ``future``: entries ``screen`` found with an explicit id ahead of the clock (dead
+        letters, reason ``future_id``).
         """
         received = time.perf_counter() if received is None else received
         settings = self.settings
@@ -268,19 +292,22 @@ class CommandApplier:
         for raw_id, fields in entries:
             entry_id = raw_id.decode() if isinstance(raw_id, bytes) else raw_id
             built = None
+            reason = "unparseable"
             try:
-                intake = parse_entry(fields, shard, settings)
+                if future and entry_id in future:
+                    intake: Accepted | Refused | Unusable = Unusable(future[entry_id])
+                    reason = "future_id"
+                else:
+                    intake = parse_entry(fields, shard, settings)
                 duration = (time.perf_counter() - received) * 1000
                 if not isinstance(intake, Unusable):
                     built = self._build(intake, shard, streams, entry_id, now_iso, duration)
             except Exception as exc:  # one odd entry must not poison its whole batch
                 intake = Unusable(f"could not be prepared for applying: {exc!r:.300}")
             if isinstance(intake, Unusable):
-                plan.outcomes.append(Outcome(entry_id, "dead", intake.error, reason="unparseable"))
+                plan.outcomes.append(Outcome(entry_id, "dead", intake.error, reason=reason))
                 if dead_letters:
-                    args = self.letter_args(
-                        streams, entry_id, fields, "unparseable", intake.error, 1
-                    )
+                    args = self.letter_args(streams, entry_id, fields, reason, intake.error, 1)
                     plan.slots.append((len(plan.commands), -1))
                     plan.commands.append(
                         DEAD_LETTER.command([streams.dlq, streams.lifecycle], args)
@@ -335,7 +362,8 @@ class CommandApplier:
         """Apply entries of ``P:lifecycle:{shard}`` in one round trip; one Outcome per entry."""
         if not entries:
             return []
-        plan = self.plan(shard, entries, received, dead_letters=dead_letters)
+        future = await self.screen(shard, entries)
+        plan = self.plan(shard, entries, received, dead_letters=dead_letters, future=future)
         for _attempt in range(3):
             outcomes = self.finish(plan, await self.channel_for(shard).execute(plan.commands))
             if outcomes is not None:

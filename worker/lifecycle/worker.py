@@ -33,7 +33,7 @@ from worker.consumers.groups import (
 )
 from worker.consumers.loop import GroupConsumer
 from worker.consumers.periodic import run_every
-from worker.consumers.retention import trim_dead_letters, trim_stream
+from worker.consumers.retention import ConsumedMarks, trim_dead_letters, trim_stream
 from worker.consumers.service import run_until_stopped
 from worker.credentials import mask
 from worker.keys import CONSOLIDATION_GROUP, LIFECYCLE_GROUP, StreamKeys
@@ -89,6 +89,8 @@ class LifecycleWorker:
         self.conditions = ServerConditions(settings, self.retry)
         self.settler = Settler(settings, self.applier, self.retry, self.conditions)
         self.trimmer = FullTrimmer(settings, self.trim_once)
+        self.consumed_marks = ConsumedMarks()
+        """Retention of streams with ids ahead of the clock (``worker.consumers.retention``)."""
         self._tasks: list[asyncio.Task[None]] = []
         self.streams = [self.streams_of(shard).lifecycle for shard in range(settings.shards)]
         self._shard_of = {stream: shard for shard, stream in enumerate(self.streams)}
@@ -184,7 +186,9 @@ class LifecycleWorker:
             channel = self.applier.channel_for(shard)
             if not channel.connected:
                 await channel.connect()
-            plan = self.applier.plan(shard, entries, started)
+            ahead = self.applier.future_ids.ahead(shard, entries)  # no I/O
+            explicit = await self.applier.screen(shard, entries) if ahead else None
+            plan = self.applier.plan(shard, entries, started, future=explicit)
             future = channel.submit(plan.commands)
         except _CONNECTION_ERRORS as exc:
             window.release()
@@ -338,7 +342,7 @@ class LifecycleWorker:
         for shard in range(settings.shards):
             streams = self.streams_of(shard)
             for stream in (streams.lifecycle, streams.results):
-                removed += await trim_stream(self.redis, stream, keep)
+                removed += await trim_stream(self.redis, stream, keep, self.consumed_marks)
             removed += await trim_dead_letters(
                 self.redis, streams.dlq, settings.dlq_max_entries, settings.dlq_retention_seconds
             )
