@@ -352,8 +352,13 @@ async def recall_scored(
     if words:
         by_index = dimension is not None
         lexemes, total = await _words(conn, query, where, params, by_words, by_index, unindexed)
-    # the words half's turns after the meaning half's, as when it ran second: a turn both found
-    # is the words half's (its cosine is read again with its session, below)
+    # the words half's turns after the meaning half's: a turn both found is the words half's,
+    # with the cosine the meaning half found (a context session would read it again, but only
+    # the best sessions are read: without this it was lost for the rest)
+    for key, turn in by_words.items():
+        found = turns.get(key)
+        if found is not None and found.cosine is not None:
+            turn.cosine = found.cosine
     turns.update(by_words)
     if not turns:
         recent = await keyed_episodes_of(
