@@ -10,14 +10,17 @@ deleted, in one MULTI, so no group keeps it pending; trimming (``MINID``) and re
 the project with ids only, and are kept.
 
 With a user (``worker.erasure.users``), an entry is the scope's when it is that user's
-data: it carries the user (a spawn, every result of the user's sessions, the change feed's
-events), or it is of one of the user's sessions (a session's later commands carry no user:
-the sessions are found first, in Postgres, in live ``meta`` hashes and in these entries), or
-it announces one of the user's deleted episodes.
+data: it names the user (a spawn, every result of the user's sessions, the change feed's
+events; an entry that names another user is never the user's), or it announces one of the
+user's deleted episodes, or it names no user and is of a life of a session id the user's spawn
+started (``Lives``: a session id may be spawned again for another user once its tombstone is
+gone; only when no spawn of it is kept, of one of the user's sessions: found first, in
+Postgres, in live ``meta`` hashes and in these entries). docs/contract.md, "Forgetting".
 """
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import AsyncIterator, Collection, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -49,23 +52,119 @@ def _kept(fields: dict[Any, Any]) -> bool:
     return body.get("type") == FORGOTTEN_EVENT or body.get("reason") == FORGOTTEN_REASON
 
 
+LIFE_STREAMS = (":lifecycle:{", ":results:{")
+"""The streams whose entries a session's lives are told apart on: its shard's commands and
+results (a dead letter is placed where its source entry was)."""
+
+
+def _position(stream: str, entry_id: Any, fields: dict[Any, Any]) -> tuple[str, int, int]:
+    """Where an entry sits among its session's lives: its stream and id (a dead letter: its
+    source entry's)."""
+    source = fields.get(b"source_id", fields.get("source_id"))
+    source_stream = fields.get(b"source_stream", fields.get("source_stream"))
+    if source and source_stream:
+        stream, entry_id = codec.text(source_stream), source
+    ms, _, seq = codec.text(entry_id).partition("-")
+    return stream, int(ms), int(seq or 0)
+
+
+@dataclass(slots=True)
+class Lives:
+    """The lives of each session id as the streams show them (a session id may be spawned
+    again, for another user, once its tombstone is gone): the spawn points of each session on
+    each stream (a spawn command, an ``agent.spawned`` result: its id and its user, ``''`` for
+    none), the user of each spawn by its ``event_id``, and the user each applied command's
+    result names (by the command's ``event_id``)."""
+
+    spawns: dict[tuple[str, str], list[tuple[int, int, str]]] = field(default_factory=dict)
+    spawn_users: dict[str, str] = field(default_factory=dict)
+    result_users: dict[str, str] = field(default_factory=dict)
+
+    def see(self, stream: str, entry_id: Any, fields: dict[Any, Any]) -> None:
+        body = entry_body(fields)
+        session = body.get("session_id")
+        if not isinstance(session, str):
+            return
+        user = body.get("user_id")
+        user = user if isinstance(user, str) else ""
+        kind = body.get("type")
+        if kind in ("spawn", "agent.spawned"):
+            at, ms, seq = _position(stream, entry_id, fields)
+            if any(mark in at for mark in LIFE_STREAMS):
+                self.spawns.setdefault((at, session), []).append((ms, seq, user))
+            spawn_id = body.get("event_id" if kind == "spawn" else "causation_id")
+            if isinstance(spawn_id, str):
+                self.spawn_users[spawn_id] = user
+        elif user and isinstance(cause := body.get("causation_id"), str):
+            self.result_users[cause] = user
+
+    def user_of_life(
+        self, body: dict[str, Any], session: str, position: tuple[str, int, int]
+    ) -> str | None:
+        """The user of the life an entry that names no user belongs to (None: unknown): the
+        spawn its ``spawn_event_id`` names; else the user its result named when it was
+        applied; else, on its stream, the latest spawn of the session before it (none: the
+        first after it, a command published ahead of its spawn)."""
+        spawn_id = body.get("spawn_event_id")
+        if isinstance(spawn_id, str) and spawn_id in self.spawn_users:
+            return self.spawn_users[spawn_id]
+        event_id = body.get("event_id")
+        if "causation_id" not in body and event_id in self.result_users:
+            return self.result_users[event_id]
+        points = self.spawns.get((position[0], session))
+        if not points:
+            return None
+        points.sort()
+        at = bisect_right(points, (position[1], position[2], "\U0010ffff"))
+        return points[at - 1][2] if at else points[0][2]
+
+    def holder(self, session: str) -> str | None:
+        """The user of the session id's latest life the streams show (None: none shown)."""
+        latest = max(
+            (p for (_stream, s), points in self.spawns.items() if s == session for p in points),
+            default=None,
+        )
+        return None if latest is None else latest[2]
+
+
 @dataclass(frozen=True, slots=True)
 class UserScope:
-    """A user's part of a scope: the user (``''``: no user), the user's sessions, and the ids
-    of the user's deleted episodes (their announcements go too)."""
+    """A user's part of a scope: the user (``''``: no user), the user's sessions, the ids
+    of the user's deleted episodes (their announcements go too), and the sessions' lives
+    (``Lives``: which life of a reused session id an entry that names no user is of)."""
 
     user: str
     sessions: Collection[str] = ()
     episode_ids: Collection[str] = ()
+    lives: Lives = field(default_factory=Lives)
 
-    def owns(self, body: dict[str, Any], session: str | None) -> bool:
-        owner = user_of(body)
-        if owner is not None and owner == self.user:
-            return True
-        if session is not None and session in self.sessions:
-            return True
+    def owns(
+        self,
+        body: dict[str, Any],
+        session: str | None,
+        position: tuple[str, int, int] | None = None,
+    ) -> bool:
+        """Whether the entry is the user's data. An entry that names a user is that user's
+        only; an announcement of an episode is of the episode's user (``episode_ids``); an
+        entry of a session that names no user (a later command, a rejection) is of the life of
+        the session it belongs to (``Lives.user_of_life``), and, when no life is shown (its
+        spawn trimmed), of the user's sessions' (``sessions``)."""
+        if body.get("type") == "episode.recorded":
+            return body.get("episode_id") in self.episode_ids
+        named = body.get("user_id")
+        if isinstance(named, str) and named:
+            return named == self.user
         episode = body.get("episode_id")
-        return isinstance(episode, str) and episode in self.episode_ids
+        if isinstance(episode, str) and episode in self.episode_ids:
+            return True
+        life_entry = position is not None and any(m in position[0] for m in LIFE_STREAMS)
+        if session is None or ("user_id" in body and not life_entry):
+            return user_of(body) == self.user  # of no session, or a change-feed event
+        if position is not None and life_entry:
+            life = self.lives.user_of_life(body, session, position)
+            if life is not None:
+                return life == self.user
+        return session in self.sessions or (self.user == "" and user_of(body) == "")
 
     def starts_session(self, body: dict[str, Any]) -> bool:
         """An entry that says its session is the user's: a spawn, or a result (the change
@@ -84,6 +183,7 @@ def _covers(
     fields: dict[Any, Any],
     user: UserScope | None = None,
     since_ms: int | None = None,
+    stream: str = "",
 ) -> bool:
     """Whether a forget of the scope deletes this entry: the scope's, and (when ``cutoff_ms``)
     added before the cutoff (a dead letter: its source entry was), and (when ``since_ms``) not
@@ -96,7 +196,8 @@ def _covers(
             return False
     if user is not None:
         body = entry_body(fields)
-        if not user.owns(body, entry_scope(fields)[1]):
+        position = _position(stream, entry_id, fields)
+        if not user.owns(body, entry_scope(fields)[1], position):
             return False
     return not _kept(fields)
 
@@ -134,17 +235,23 @@ async def with_stream_sessions(
     user: UserScope,
 ) -> UserScope:
     """``user`` with the sessions the streams say are the user's too (a first pass: a later
-    command of a session carries no user, its spawn and results do)."""
+    command of a session carries no user, its spawn and results do) and the lives of the
+    project's sessions (every entry of the scope, whatever its time: a life started before a
+    ``since`` still owns its later entries)."""
     sessions = set(user.sessions)
+    lives = Lives()
     for stream in await _streams(redis, prefix):
         async for rows in _batches(redis, stream):
             for entry_id, fields in rows:
+                if not _older(project_id, session_id, None, entry_id, fields):
+                    continue
+                lives.see(stream, entry_id, fields)
                 if not _older(project_id, session_id, cutoff_ms, entry_id, fields):
                     continue
                 session = entry_scope(fields)[1]
                 if session is not None and user.starts_session(entry_body(fields)):
                     sessions.add(session)
-    return UserScope(user.user, sessions, user.episode_ids)
+    return UserScope(user.user, sessions, user.episode_ids, lives)
 
 
 async def _streams(redis: Redis, prefix: str) -> list[str]:
@@ -186,7 +293,9 @@ async def scope_entries(
     for stream in await _streams(redis, prefix):
         async for rows in _batches(redis, stream):
             for entry_id, fields in rows:
-                if _covers(project_id, session_id, before_ms, entry_id, fields, user):
+                if _covers(
+                    project_id, session_id, before_ms, entry_id, fields, user, stream=stream
+                ):
                     yield (
                         stream,
                         codec.text(entry_id),
@@ -196,11 +305,13 @@ async def scope_entries(
 
 @dataclass(slots=True)
 class Scrubbed:
-    """What a scrub deleted (entries by stream), and the sessions and result ids it met."""
+    """What a scrub deleted (entries by stream), and the sessions and result ids it met; a
+    user's: the user of each of the user's session ids' latest life the streams show."""
 
     removed: dict[str, int] = field(default_factory=dict)
     sessions: set[str] = field(default_factory=set)
     result_ids: set[str] = field(default_factory=set)
+    holders: dict[str, str] = field(default_factory=dict)
 
 
 async def scrub_streams(
@@ -220,17 +331,22 @@ async def scrub_streams(
     if user is not None:
         user = await with_stream_sessions(redis, prefix, project_id, session_id, cutoff_ms, user)
         out.sessions.update(user.sessions)
+        for own in user.sessions:
+            if (holder := user.lives.holder(own)) is not None:
+                out.holders[own] = holder
     for stream in await _streams(redis, prefix):
         groups = [codec.text(g["name"]) for g in await redis.xinfo_groups(stream)]
         removed = 0
         async for rows in _batches(redis, stream):
             doomed = []
             for entry_id, fields in rows:
-                if _covers(project_id, session_id, cutoff_ms, entry_id, fields, user, since_ms):
+                if _covers(
+                    project_id, session_id, cutoff_ms, entry_id, fields, user, since_ms, stream
+                ):
                     doomed.append(codec.text(entry_id))
-                    session = entry_scope(fields)[1]
-                    if session is not None and user is None:  # a user's: from the first pass
-                        out.sessions.add(session)
+                    met = entry_scope(fields)[1]
+                    if met is not None and user is None:  # a user's: from the first pass
+                        out.sessions.add(met)
             if not doomed:
                 continue
             if ":results:" in stream:
