@@ -181,19 +181,17 @@ def _covers(
     cutoff_ms: int | None,
     entry_id: Any,
     fields: dict[Any, Any],
+    at_ms: int,
     user: UserScope | None = None,
     since_ms: int | None = None,
     stream: str = "",
 ) -> bool:
     """Whether a forget of the scope deletes this entry: the scope's, and (when ``cutoff_ms``)
-    added before the cutoff (a dead letter: its source entry was), and (when ``since_ms``) not
-    before that."""
-    if not _older(project_id, session_id, cutoff_ms, entry_id, fields):
+    added before the cutoff (``at_ms``: ``AddedAt``), and (when ``since_ms``) not before that."""
+    if not _older(project_id, session_id, cutoff_ms, at_ms, fields):
         return False
-    if since_ms is not None:
-        source = fields.get(b"source_id", fields.get("source_id"))
-        if entry_ms(source if source else entry_id) < since_ms:
-            return False
+    if since_ms is not None and at_ms < since_ms:
+        return False
     if user is not None:
         body = entry_body(fields)
         position = _position(stream, entry_id, fields)
@@ -206,24 +204,53 @@ def _older(
     project_id: str,
     session_id: str | None,
     cutoff_ms: int | None,
-    entry_id: Any,
+    at_ms: int,
     fields: dict[Any, Any],
 ) -> bool:
-    """The entry names the project (and session), and is older than ``cutoff_ms`` if given."""
-    if project_id.encode() not in b"".join(
-        v if isinstance(v, bytes) else str(v).encode() for v in fields.values()
-    ):
+    """The entry names the project (and session), and (when ``cutoff_ms``) was added before it
+    (``at_ms``: ``AddedAt``). The project is matched as the worker reads it, from the parsed
+    ``data``: the raw bytes only rule out an entry that holds neither the id nor a ``\\u``
+    escape (``"\\u0065sc"`` is the project ``esc``)."""
+    raw = b"".join(v if isinstance(v, bytes) else str(v).encode() for v in fields.values())
+    if project_id.encode() not in raw and b"\\u" not in raw:
         return False  # cheap: most entries are another project's
     project, session = entry_scope(fields)
     if project != project_id:
         return False
     if session_id is not None and session != session_id:
         return False
-    if cutoff_ms is not None:
+    return cutoff_ms is None or at_ms < cutoff_ms
+
+
+@dataclass(slots=True)
+class AddedAt:
+    """When each entry of one stream was added, read in stream order, as far as ids can say:
+    its id's millisecond (a dead letter: its source entry's), unless that is later than the
+    scan's start (``now_ms``, Redis's clock): an id given by hand in the future makes Redis give
+    every later entry of the stream an id past it, so such an id says nothing of when its entry
+    was added; it counts as added when the last entry before it with an id not in the future
+    was (a lower bound; 0 when there is none). A forget never leaves an entry of its scope
+    because a stream's ids ran ahead of the clock."""
+
+    now_ms: int
+    last_ms: int = 0
+
+    def __call__(self, entry_id: Any, fields: dict[Any, Any]) -> int:
+        ms = entry_ms(entry_id)
+        if ms <= self.now_ms:
+            self.last_ms = ms
+        else:
+            ms = self.last_ms
         source = fields.get(b"source_id", fields.get("source_id"))
-        if entry_ms(source if source else entry_id) >= cutoff_ms:
-            return False
-    return True
+        if source:
+            source_ms = entry_ms(source)
+            return source_ms if source_ms <= self.now_ms else ms
+        return ms
+
+
+async def redis_now_ms(redis: Redis) -> int:
+    seconds, micros = await redis.time()
+    return int(seconds) * 1000 + int(micros) // 1000
 
 
 async def with_stream_sessions(
@@ -233,6 +260,7 @@ async def with_stream_sessions(
     session_id: str | None,
     cutoff_ms: int | None,
     user: UserScope,
+    now_ms: int,
 ) -> UserScope:
     """``user`` with the sessions the streams say are the user's too (a first pass: a later
     command of a session carries no user, its spawn and results do) and the lives of the
@@ -241,12 +269,14 @@ async def with_stream_sessions(
     sessions = set(user.sessions)
     lives = Lives()
     for stream in await _streams(redis, prefix):
+        added_at = AddedAt(now_ms)
         async for rows in _batches(redis, stream):
             for entry_id, fields in rows:
-                if not _older(project_id, session_id, None, entry_id, fields):
+                at_ms = added_at(entry_id, fields)
+                if not _older(project_id, session_id, None, at_ms, fields):
                     continue
                 lives.see(stream, entry_id, fields)
-                if not _older(project_id, session_id, cutoff_ms, entry_id, fields):
+                if not _older(project_id, session_id, cutoff_ms, at_ms, fields):
                     continue
                 session = entry_scope(fields)[1]
                 if session is not None and user.starts_session(entry_body(fields)):
@@ -288,13 +318,18 @@ async def scope_entries(
 ) -> AsyncIterator[tuple[str, str, dict[str, Any]]]:
     """``(stream, entry id, fields)`` of every stream entry a forget of the scope deletes."""
     before_ms = _ms(before) if before is not None else None
+    now_ms = await redis_now_ms(redis)
     if user is not None:
-        user = await with_stream_sessions(redis, prefix, project_id, session_id, before_ms, user)
+        user = await with_stream_sessions(
+            redis, prefix, project_id, session_id, before_ms, user, now_ms
+        )
     for stream in await _streams(redis, prefix):
+        added_at = AddedAt(now_ms)
         async for rows in _batches(redis, stream):
             for entry_id, fields in rows:
+                at_ms = added_at(entry_id, fields)
                 if _covers(
-                    project_id, session_id, before_ms, entry_id, fields, user, stream=stream
+                    project_id, session_id, before_ms, entry_id, fields, at_ms, user, stream=stream
                 ):
                     yield (
                         stream,
@@ -328,8 +363,11 @@ async def scrub_streams(
     the prefix that carries the scope and was added before ``cutoff_ms`` (the forget's
     cutoff: what comes later is a new session's, or a ``forgotten`` rejection)."""
     out = Scrubbed()
+    now_ms = await redis_now_ms(redis)
     if user is not None:
-        user = await with_stream_sessions(redis, prefix, project_id, session_id, cutoff_ms, user)
+        user = await with_stream_sessions(
+            redis, prefix, project_id, session_id, cutoff_ms, user, now_ms
+        )
         out.sessions.update(user.sessions)
         for own in user.sessions:
             if (holder := user.lives.holder(own)) is not None:
@@ -337,11 +375,21 @@ async def scrub_streams(
     for stream in await _streams(redis, prefix):
         groups = [codec.text(g["name"]) for g in await redis.xinfo_groups(stream)]
         removed = 0
+        added_at = AddedAt(now_ms)
         async for rows in _batches(redis, stream):
             doomed = []
             for entry_id, fields in rows:
+                at_ms = added_at(entry_id, fields)
                 if _covers(
-                    project_id, session_id, cutoff_ms, entry_id, fields, user, since_ms, stream
+                    project_id,
+                    session_id,
+                    cutoff_ms,
+                    entry_id,
+                    fields,
+                    at_ms,
+                    user,
+                    since_ms,
+                    stream,
                 ):
                     doomed.append(codec.text(entry_id))
                     met = entry_scope(fields)[1]
