@@ -206,3 +206,31 @@ async def test_forgetting_a_user_keeps_every_entry_and_row_of_the_next_life_of_a
 
 async def _gone(redis: Redis, key: str) -> bool:
     return not await redis.exists(key)
+
+
+async def test_a_refused_spawn_of_another_user_starts_no_life(redis: Redis, live: Settings) -> None:
+    """Bob's spawn of ann's finished session id is refused (her tombstone is still there);
+    ann's late pause, published after it, is still ann's: forgetting ann takes it (command and
+    result), and bob's refused spawn (his) stays."""
+    prefix = live.stream_prefix
+    async with running_worker(live):
+        kind = await _publish(redis, live, "spawn", "s3", user_id="ann")
+        assert kind == "agent.spawned"
+        assert await _publish(redis, live, "terminate", "s3") == "agent.terminated"
+        assert await _publish(redis, live, "spawn", "s3", user_id="bob") == "command.rejected"
+        assert await _publish(redis, live, "pause", "s3", description="late") == "command.rejected"
+        entries = await _all_entries(redis, prefix)
+        late = [k for k, v in entries.items() if v.get("description") == "late"]
+        assert len(late) == 1
+        bobs = [k for k, v in entries.items() if v.get("user_id") == "bob"]
+        assert len(bobs) == 2  # his spawn and its rejection
+
+        done = await asyncio.to_thread(
+            memworker, live, "forget", "-p", REUSED, "-u", "ann", "--yes"
+        )
+        assert done.returncode == 0, done.stderr
+        after = await _all_entries(redis, prefix)
+        assert late[0] not in after, "ann's late pause was left"
+        assert all(k in after for k in bobs)
+        ann_left = [k for k, v in after.items() if v.get("session_id") == "s3" and k not in bobs]
+        assert ann_left == [], ann_left

@@ -76,9 +76,13 @@ class Lives:
     none), the user of each spawn by its ``event_id``, and the user each applied command's
     result names (by the command's ``event_id``)."""
 
-    spawns: dict[tuple[str, str], list[tuple[int, int, str]]] = field(default_factory=dict)
+    spawns: dict[tuple[str, str], list[tuple[int, int, str, str]]] = field(default_factory=dict)
     spawn_users: dict[str, str] = field(default_factory=dict)
     result_users: dict[str, str] = field(default_factory=dict)
+    refused: set[str] = field(default_factory=set)
+    """Spawns that started no life (their result: ``command.rejected``), by ``event_id``."""
+    streams_of: dict[str, set[str]] = field(default_factory=dict)
+    _sorted: dict[tuple[str, str], list[tuple[int, int, str, str]]] = field(default_factory=dict)
 
     def see(self, stream: str, entry_id: Any, fields: dict[Any, Any]) -> None:
         body = entry_body(fields)
@@ -88,15 +92,30 @@ class Lives:
         user = body.get("user_id")
         user = user if isinstance(user, str) else ""
         kind = body.get("type")
+        cause = body.get("causation_id")
         if kind in ("spawn", "agent.spawned"):
+            spawn_id = body.get("event_id" if kind == "spawn" else "causation_id")
+            spawn_id = spawn_id if isinstance(spawn_id, str) else ""
             at, ms, seq = _position(stream, entry_id, fields)
             if any(mark in at for mark in LIFE_STREAMS):
-                self.spawns.setdefault((at, session), []).append((ms, seq, user))
-            spawn_id = body.get("event_id" if kind == "spawn" else "causation_id")
-            if isinstance(spawn_id, str):
+                self.spawns.setdefault((at, session), []).append((ms, seq, user, spawn_id))
+                self.streams_of.setdefault(session, set()).add(at)
+            if spawn_id:
                 self.spawn_users[spawn_id] = user
-        elif user and isinstance(cause := body.get("causation_id"), str):
-            self.result_users[cause] = user
+        elif isinstance(cause, str):
+            if user:
+                self.result_users[cause] = user
+            if kind == "command.rejected" and body.get("command") == "spawn":
+                self.refused.add(cause)
+
+    def _points(self, stream: str, session: str) -> list[tuple[int, int, str, str]]:
+        """The session's spawns on the stream that started a life, in order (read once the
+        first pass is over: sorted once)."""
+        key = (stream, session)
+        if key not in self._sorted:
+            points = self.spawns.get(key, ())
+            self._sorted[key] = sorted(p for p in points if p[3] not in self.refused)
+        return self._sorted[key]
 
     def user_of_life(
         self, body: dict[str, Any], session: str, position: tuple[str, int, int]
@@ -104,26 +123,24 @@ class Lives:
         """The user of the life an entry that names no user belongs to (None: unknown): the
         spawn its ``spawn_event_id`` names; else the user its result named when it was
         applied; else, on its stream, the latest spawn of the session before it (none: the
-        first after it, a command published ahead of its spawn)."""
+        first after it, a command published ahead of its spawn); a refused spawn starts no
+        life."""
         spawn_id = body.get("spawn_event_id")
         if isinstance(spawn_id, str) and spawn_id in self.spawn_users:
             return self.spawn_users[spawn_id]
         event_id = body.get("event_id")
         if "causation_id" not in body and event_id in self.result_users:
             return self.result_users[event_id]
-        points = self.spawns.get((position[0], session))
+        points = self._points(position[0], session)
         if not points:
             return None
-        points.sort()
-        at = bisect_right(points, (position[1], position[2], "\U0010ffff"))
+        at = bisect_right(points, (position[1], position[2], "\U0010ffff", ""))
         return points[at - 1][2] if at else points[0][2]
 
     def holder(self, session: str) -> str | None:
         """The user of the session id's latest life the streams show (None: none shown)."""
-        latest = max(
-            (p for (_stream, s), points in self.spawns.items() if s == session for p in points),
-            default=None,
-        )
+        streams = self.streams_of.get(session, ())
+        latest = max((p for at in streams for p in self._points(at, session)), default=None)
         return None if latest is None else latest[2]
 
 
