@@ -84,8 +84,8 @@ class Lives:
     streams_of: dict[str, set[str]] = field(default_factory=dict)
     _sorted: dict[tuple[str, str], list[tuple[int, int, str, str]]] = field(default_factory=dict)
 
-    def see(self, stream: str, entry_id: Any, fields: dict[Any, Any]) -> None:
-        body = entry_body(fields)
+    def see(self, stream: str, entry_id: Any, fields: dict[Any, Any], body: dict[str, Any]) -> None:
+        """Note an entry of the project (``body``: its ``entry_body``)."""
         session = body.get("session_id")
         if not isinstance(session, str):
             return
@@ -292,11 +292,12 @@ async def with_stream_sessions(
                 at_ms = added_at(entry_id, fields)
                 if not _older(project_id, session_id, None, at_ms, fields):
                     continue
-                lives.see(stream, entry_id, fields)
-                if not _older(project_id, session_id, cutoff_ms, at_ms, fields):
+                body = entry_body(fields)  # parsed once: this pass reads every entry
+                lives.see(stream, entry_id, fields, body)
+                if cutoff_ms is not None and at_ms >= cutoff_ms:
                     continue
-                session = entry_scope(fields)[1]
-                if session is not None and user.starts_session(entry_body(fields)):
+                session = body.get("session_id")
+                if isinstance(session, str) and user.starts_session(body):
                     sessions.add(session)
     return UserScope(user.user, sessions, user.episode_ids, lives)
 
