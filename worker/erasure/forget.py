@@ -243,6 +243,7 @@ async def _scrub_streams(
     receipt.streams.update(scrubbed.removed)
     found.sessions.update(scrubbed.sessions)
     found.result_ids.update(scrubbed.result_ids)
+    found.holders.update(scrubbed.holders)  # the streams' latest life wins over Postgres's
 
 
 async def _announce(redis: Redis, prefix: str, receipt: ForgetReceipt) -> None:

@@ -22,7 +22,7 @@ from worker.db.models import Episode, Erasure, LifecycleEvent
 from worker.db.vectors import VECTOR_TABLE, has_vector_table
 from worker.erasure.receipt import ForgetReceipt, Found
 from worker.erasure.scope import row_scope
-from worker.erasure.users import forget_user_tables, user_sessions
+from worker.erasure.users import forget_user_tables, session_holders, user_sessions
 
 
 async def forget_rows(
@@ -42,6 +42,7 @@ async def forget_rows(
         await lock_project(conn, project)
         if user is not None:  # the user's sessions: their results go, their keys are marked
             found.sessions.update(await user_sessions(conn, project, session, before, user, since))
+            found.holders.update(await session_holders(conn, project, found.sessions))
         episodes = row_scope(Episode, project, session, before, user, since=since)
         events = row_scope(
             LifecycleEvent, project, session, before, user, found.sessions, since=since

@@ -113,15 +113,23 @@ async def mark_seen(
     redis: Redis, prefix: str, shards: int, receipt: ForgetReceipt, found: Found, ttl_ms: int
 ) -> None:
     """Mark the sessions seen only in Postgres or the streams. A user's forget leaves alone a
-    live session of that id another user spawned since (an id may be spawned again once its
-    tombstone is gone): its working memory, its counters and its later commands are theirs."""
+    session id another user spawned since (an id may be spawned again once its tombstone is
+    gone): live, its ``meta`` names them; a tombstone keeps no user, the latest life the
+    streams (else Postgres) show names them (``found.holders``). Its working memory or
+    tombstone, its counters and its later commands are theirs."""
     project = receipt.project_id
     seen = [
         SessionKeys(prefix, shard_of(project, s, shards), project, s)
         for s in sorted(found.sessions - found.marked)
     ]
     if receipt.user_id is not None:
-        others = [k for k in seen if await _live_for_another_user(redis, k, receipt.user_id)]
+        user = receipt.user_id
+        others = [
+            k
+            for k in seen
+            if found.holders.get(k.session_id, user) != user
+            or await _live_for_another_user(redis, k, user)
+        ]
         seen = [k for k in seen if k not in others]
         found.sessions.difference_update(k.session_id for k in others)
     await mark_all(redis, seen, receipt, found, ttl_ms)
@@ -130,9 +138,11 @@ async def mark_seen(
 async def _live_for_another_user(redis: Redis, keys: SessionKeys, user: str) -> bool:
     """The session is live and its spawn named another user (or none)."""
     state, owner = await redis.hmget(keys.meta, ["state", "user_id"])  # type: ignore[misc]
-    if state is None or owner is None or codec.text(state) == FORGOTTEN_STATE:
+    if state is None or codec.text(state) == FORGOTTEN_STATE:
         return False  # gone, a tombstone (it keeps no user) or already forgotten
-    return codec.text(owner) != user
+    if codec.text(state) == "terminated":
+        return False  # a tombstone: its life is told by found.holders
+    return (codec.text(owner) if owner is not None else "") != user
 
 
 async def shard_count(redis: Redis, prefix: str) -> int:

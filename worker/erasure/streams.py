@@ -10,14 +10,17 @@ deleted, in one MULTI, so no group keeps it pending; trimming (``MINID``) and re
 the project with ids only, and are kept.
 
 With a user (``worker.erasure.users``), an entry is the scope's when it is that user's
-data: it carries the user (a spawn, every result of the user's sessions, the change feed's
-events), or it is of one of the user's sessions (a session's later commands carry no user:
-the sessions are found first, in Postgres, in live ``meta`` hashes and in these entries), or
-it announces one of the user's deleted episodes.
+data: it names the user (a spawn, every result of the user's sessions, the change feed's
+events; an entry that names another user is never the user's), or it announces one of the
+user's deleted episodes, or it names no user and is of a life of a session id the user's spawn
+started (``Lives``: a session id may be spawned again for another user once its tombstone is
+gone; only when no spawn of it is kept, of one of the user's sessions: found first, in
+Postgres, in live ``meta`` hashes and in these entries). docs/contract.md, "Forgetting".
 """
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import AsyncIterator, Collection, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -49,23 +52,136 @@ def _kept(fields: dict[Any, Any]) -> bool:
     return body.get("type") == FORGOTTEN_EVENT or body.get("reason") == FORGOTTEN_REASON
 
 
+LIFE_STREAMS = (":lifecycle:{", ":results:{")
+"""The streams whose entries a session's lives are told apart on: its shard's commands and
+results (a dead letter is placed where its source entry was)."""
+
+
+def _position(stream: str, entry_id: Any, fields: dict[Any, Any]) -> tuple[str, int, int]:
+    """Where an entry sits among its session's lives: its stream and id (a dead letter: its
+    source entry's)."""
+    source = fields.get(b"source_id", fields.get("source_id"))
+    source_stream = fields.get(b"source_stream", fields.get("source_stream"))
+    if source and source_stream:
+        stream, entry_id = codec.text(source_stream), source
+    ms, _, seq = codec.text(entry_id).partition("-")
+    return stream, int(ms), int(seq or 0)
+
+
+@dataclass(slots=True)
+class Lives:
+    """The lives of each session id as the streams show them (a session id may be spawned
+    again, for another user, once its tombstone is gone): the spawn points of each session on
+    each stream (a spawn command, an ``agent.spawned`` result: its id and its user, ``''`` for
+    none), the user of each spawn by its ``event_id``, and the user each applied command's
+    result names (by the command's ``event_id``)."""
+
+    spawns: dict[tuple[str, str], list[tuple[int, int, str, str]]] = field(default_factory=dict)
+    spawn_users: dict[str, str] = field(default_factory=dict)
+    result_users: dict[str, str] = field(default_factory=dict)
+    refused: set[str] = field(default_factory=set)
+    """Spawns that started no life (their result: ``command.rejected``), by ``event_id``."""
+    streams_of: dict[str, set[str]] = field(default_factory=dict)
+    _sorted: dict[tuple[str, str], list[tuple[int, int, str, str]]] = field(default_factory=dict)
+
+    def see(self, stream: str, entry_id: Any, fields: dict[Any, Any], body: dict[str, Any]) -> None:
+        """Note an entry of the project (``body``: its ``entry_body``)."""
+        session = body.get("session_id")
+        if not isinstance(session, str):
+            return
+        user = body.get("user_id")
+        user = user if isinstance(user, str) else ""
+        kind = body.get("type")
+        cause = body.get("causation_id")
+        if kind in ("spawn", "agent.spawned"):
+            spawn_id = body.get("event_id" if kind == "spawn" else "causation_id")
+            spawn_id = spawn_id if isinstance(spawn_id, str) else ""
+            at, ms, seq = _position(stream, entry_id, fields)
+            if any(mark in at for mark in LIFE_STREAMS):
+                self.spawns.setdefault((at, session), []).append((ms, seq, user, spawn_id))
+                self.streams_of.setdefault(session, set()).add(at)
+            if spawn_id:
+                self.spawn_users[spawn_id] = user
+        elif isinstance(cause, str):
+            if user:
+                self.result_users[cause] = user
+            if kind == "command.rejected" and body.get("command") == "spawn":
+                self.refused.add(cause)
+
+    def _points(self, stream: str, session: str) -> list[tuple[int, int, str, str]]:
+        """The session's spawns on the stream that started a life, in order (read once the
+        first pass is over: sorted once)."""
+        key = (stream, session)
+        if key not in self._sorted:
+            points = self.spawns.get(key, ())
+            self._sorted[key] = sorted(p for p in points if p[3] not in self.refused)
+        return self._sorted[key]
+
+    def user_of_life(
+        self, body: dict[str, Any], session: str, position: tuple[str, int, int]
+    ) -> str | None:
+        """The user of the life an entry that names no user belongs to (None: unknown): the
+        spawn its ``spawn_event_id`` names; else the user its result named when it was
+        applied; else, on its stream, the latest spawn of the session before it (none: the
+        first after it, a command published ahead of its spawn); a refused spawn starts no
+        life."""
+        spawn_id = body.get("spawn_event_id")
+        if isinstance(spawn_id, str) and spawn_id in self.spawn_users:
+            return self.spawn_users[spawn_id]
+        event_id = body.get("event_id")
+        if "causation_id" not in body and event_id in self.result_users:
+            return self.result_users[event_id]
+        points = self._points(position[0], session)
+        if not points:
+            return None
+        at = bisect_right(points, (position[1], position[2], "\U0010ffff", ""))
+        return points[at - 1][2] if at else points[0][2]
+
+    def holder(self, session: str) -> str | None:
+        """The user of the session id's latest life the streams show (None: none shown)."""
+        streams = self.streams_of.get(session, ())
+        latest = max((p for at in streams for p in self._points(at, session)), default=None)
+        return None if latest is None else latest[2]
+
+
 @dataclass(frozen=True, slots=True)
 class UserScope:
-    """A user's part of a scope: the user (``''``: no user), the user's sessions, and the ids
-    of the user's deleted episodes (their announcements go too)."""
+    """A user's part of a scope: the user (``''``: no user), the user's sessions, the ids
+    of the user's deleted episodes (their announcements go too), and the sessions' lives
+    (``Lives``: which life of a reused session id an entry that names no user is of)."""
 
     user: str
     sessions: Collection[str] = ()
     episode_ids: Collection[str] = ()
+    lives: Lives = field(default_factory=Lives)
 
-    def owns(self, body: dict[str, Any], session: str | None) -> bool:
-        owner = user_of(body)
-        if owner is not None and owner == self.user:
-            return True
-        if session is not None and session in self.sessions:
-            return True
+    def owns(
+        self,
+        body: dict[str, Any],
+        session: str | None,
+        position: tuple[str, int, int] | None = None,
+    ) -> bool:
+        """Whether the entry is the user's data. An entry that names a user is that user's
+        only; an announcement of an episode is of the episode's user (``episode_ids``); an
+        entry of a session that names no user (a later command, a rejection) is of the life of
+        the session it belongs to (``Lives.user_of_life``), and, when no life is shown (its
+        spawn trimmed), of the user's sessions' (``sessions``)."""
+        if body.get("type") == "episode.recorded":
+            return body.get("episode_id") in self.episode_ids
+        named = body.get("user_id")
+        if isinstance(named, str) and named:
+            return named == self.user
         episode = body.get("episode_id")
-        return isinstance(episode, str) and episode in self.episode_ids
+        if isinstance(episode, str) and episode in self.episode_ids:
+            return True
+        life_entry = position is not None and any(m in position[0] for m in LIFE_STREAMS)
+        if session is None or ("user_id" in body and not life_entry):
+            return user_of(body) == self.user  # of no session, or a change-feed event
+        if position is not None and life_entry:
+            life = self.lives.user_of_life(body, session, position)
+            if life is not None:
+                return life == self.user
+        return session in self.sessions or (self.user == "" and user_of(body) == "")
 
     def starts_session(self, body: dict[str, Any]) -> bool:
         """An entry that says its session is the user's: a spawn, or a result (the change
@@ -82,21 +198,21 @@ def _covers(
     cutoff_ms: int | None,
     entry_id: Any,
     fields: dict[Any, Any],
+    at_ms: int,
     user: UserScope | None = None,
     since_ms: int | None = None,
+    stream: str = "",
 ) -> bool:
     """Whether a forget of the scope deletes this entry: the scope's, and (when ``cutoff_ms``)
-    added before the cutoff (a dead letter: its source entry was), and (when ``since_ms``) not
-    before that."""
-    if not _older(project_id, session_id, cutoff_ms, entry_id, fields):
+    added before the cutoff (``at_ms``: ``AddedAt``), and (when ``since_ms``) not before that."""
+    if not _older(project_id, session_id, cutoff_ms, at_ms, fields):
         return False
-    if since_ms is not None:
-        source = fields.get(b"source_id", fields.get("source_id"))
-        if entry_ms(source if source else entry_id) < since_ms:
-            return False
+    if since_ms is not None and at_ms < since_ms:
+        return False
     if user is not None:
         body = entry_body(fields)
-        if not user.owns(body, entry_scope(fields)[1]):
+        position = _position(stream, entry_id, fields)
+        if not user.owns(body, entry_scope(fields)[1], position):
             return False
     return not _kept(fields)
 
@@ -105,24 +221,53 @@ def _older(
     project_id: str,
     session_id: str | None,
     cutoff_ms: int | None,
-    entry_id: Any,
+    at_ms: int,
     fields: dict[Any, Any],
 ) -> bool:
-    """The entry names the project (and session), and is older than ``cutoff_ms`` if given."""
-    if project_id.encode() not in b"".join(
-        v if isinstance(v, bytes) else str(v).encode() for v in fields.values()
-    ):
+    """The entry names the project (and session), and (when ``cutoff_ms``) was added before it
+    (``at_ms``: ``AddedAt``). The project is matched as the worker reads it, from the parsed
+    ``data``: the raw bytes only rule out an entry that holds neither the id nor a ``\\u``
+    escape (``"\\u0065sc"`` is the project ``esc``)."""
+    raw = b"".join(v if isinstance(v, bytes) else str(v).encode() for v in fields.values())
+    if project_id.encode() not in raw and b"\\u" not in raw:
         return False  # cheap: most entries are another project's
     project, session = entry_scope(fields)
     if project != project_id:
         return False
     if session_id is not None and session != session_id:
         return False
-    if cutoff_ms is not None:
+    return cutoff_ms is None or at_ms < cutoff_ms
+
+
+@dataclass(slots=True)
+class AddedAt:
+    """When each entry of one stream was added, read in stream order, as far as ids can say:
+    its id's millisecond (a dead letter: its source entry's), unless that is later than the
+    scan's start (``now_ms``, Redis's clock): an id given by hand in the future makes Redis give
+    every later entry of the stream an id past it, so such an id says nothing of when its entry
+    was added; it counts as added when the last entry before it with an id not in the future
+    was (a lower bound; 0 when there is none). A forget never leaves an entry of its scope
+    because a stream's ids ran ahead of the clock."""
+
+    now_ms: int
+    last_ms: int = 0
+
+    def __call__(self, entry_id: Any, fields: dict[Any, Any]) -> int:
+        ms = entry_ms(entry_id)
+        if ms <= self.now_ms:
+            self.last_ms = ms
+        else:
+            ms = self.last_ms
         source = fields.get(b"source_id", fields.get("source_id"))
-        if entry_ms(source if source else entry_id) >= cutoff_ms:
-            return False
-    return True
+        if source:
+            source_ms = entry_ms(source)
+            return source_ms if source_ms <= self.now_ms else ms
+        return ms
+
+
+async def redis_now_ms(redis: Redis) -> int:
+    seconds, micros = await redis.time()
+    return int(seconds) * 1000 + int(micros) // 1000
 
 
 async def with_stream_sessions(
@@ -132,19 +277,29 @@ async def with_stream_sessions(
     session_id: str | None,
     cutoff_ms: int | None,
     user: UserScope,
+    now_ms: int,
 ) -> UserScope:
     """``user`` with the sessions the streams say are the user's too (a first pass: a later
-    command of a session carries no user, its spawn and results do)."""
+    command of a session carries no user, its spawn and results do) and the lives of the
+    project's sessions (every entry of the scope, whatever its time: a life started before a
+    ``since`` still owns its later entries)."""
     sessions = set(user.sessions)
+    lives = Lives()
     for stream in await _streams(redis, prefix):
+        added_at = AddedAt(now_ms)
         async for rows in _batches(redis, stream):
             for entry_id, fields in rows:
-                if not _older(project_id, session_id, cutoff_ms, entry_id, fields):
+                at_ms = added_at(entry_id, fields)
+                if not _older(project_id, session_id, None, at_ms, fields):
                     continue
-                session = entry_scope(fields)[1]
-                if session is not None and user.starts_session(entry_body(fields)):
+                body = entry_body(fields)  # parsed once: this pass reads every entry
+                lives.see(stream, entry_id, fields, body)
+                if cutoff_ms is not None and at_ms >= cutoff_ms:
+                    continue
+                session = body.get("session_id")
+                if isinstance(session, str) and user.starts_session(body):
                     sessions.add(session)
-    return UserScope(user.user, sessions, user.episode_ids)
+    return UserScope(user.user, sessions, user.episode_ids, lives)
 
 
 async def _streams(redis: Redis, prefix: str) -> list[str]:
@@ -181,12 +336,19 @@ async def scope_entries(
 ) -> AsyncIterator[tuple[str, str, dict[str, Any]]]:
     """``(stream, entry id, fields)`` of every stream entry a forget of the scope deletes."""
     before_ms = _ms(before) if before is not None else None
+    now_ms = await redis_now_ms(redis)
     if user is not None:
-        user = await with_stream_sessions(redis, prefix, project_id, session_id, before_ms, user)
+        user = await with_stream_sessions(
+            redis, prefix, project_id, session_id, before_ms, user, now_ms
+        )
     for stream in await _streams(redis, prefix):
+        added_at = AddedAt(now_ms)
         async for rows in _batches(redis, stream):
             for entry_id, fields in rows:
-                if _covers(project_id, session_id, before_ms, entry_id, fields, user):
+                at_ms = added_at(entry_id, fields)
+                if _covers(
+                    project_id, session_id, before_ms, entry_id, fields, at_ms, user, stream=stream
+                ):
                     yield (
                         stream,
                         codec.text(entry_id),
@@ -196,11 +358,13 @@ async def scope_entries(
 
 @dataclass(slots=True)
 class Scrubbed:
-    """What a scrub deleted (entries by stream), and the sessions and result ids it met."""
+    """What a scrub deleted (entries by stream), and the sessions and result ids it met; a
+    user's: the user of each of the user's session ids' latest life the streams show."""
 
     removed: dict[str, int] = field(default_factory=dict)
     sessions: set[str] = field(default_factory=set)
     result_ids: set[str] = field(default_factory=set)
+    holders: dict[str, str] = field(default_factory=dict)
 
 
 async def scrub_streams(
@@ -217,20 +381,38 @@ async def scrub_streams(
     the prefix that carries the scope and was added before ``cutoff_ms`` (the forget's
     cutoff: what comes later is a new session's, or a ``forgotten`` rejection)."""
     out = Scrubbed()
+    now_ms = await redis_now_ms(redis)
     if user is not None:
-        user = await with_stream_sessions(redis, prefix, project_id, session_id, cutoff_ms, user)
+        user = await with_stream_sessions(
+            redis, prefix, project_id, session_id, cutoff_ms, user, now_ms
+        )
         out.sessions.update(user.sessions)
+        for own in user.sessions:
+            if (holder := user.lives.holder(own)) is not None:
+                out.holders[own] = holder
     for stream in await _streams(redis, prefix):
         groups = [codec.text(g["name"]) for g in await redis.xinfo_groups(stream)]
         removed = 0
+        added_at = AddedAt(now_ms)
         async for rows in _batches(redis, stream):
             doomed = []
             for entry_id, fields in rows:
-                if _covers(project_id, session_id, cutoff_ms, entry_id, fields, user, since_ms):
+                at_ms = added_at(entry_id, fields)
+                if _covers(
+                    project_id,
+                    session_id,
+                    cutoff_ms,
+                    entry_id,
+                    fields,
+                    at_ms,
+                    user,
+                    since_ms,
+                    stream,
+                ):
                     doomed.append(codec.text(entry_id))
-                    session = entry_scope(fields)[1]
-                    if session is not None and user is None:  # a user's: from the first pass
-                        out.sessions.add(session)
+                    met = entry_scope(fields)[1]
+                    if met is not None and user is None:  # a user's: from the first pass
+                        out.sessions.add(met)
             if not doomed:
                 continue
             if ":results:" in stream:

@@ -20,8 +20,9 @@ from typing import Any
 
 import orjson
 from redis.asyncio import Redis
-from sqlalchemy import ColumnElement, false, func, or_, text
+from sqlalchemy import ColumnElement, and_, false, func, or_, select, text
 from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy.orm import aliased
 
 from worker import codec
 from worker.db.models import Episode, LifecycleEvent
@@ -37,14 +38,62 @@ def episode_user(user: str) -> ColumnElement[bool]:
     return Episode.user_id.is_(None) if user == "" else Episode.user_id == user
 
 
+def _life_user(later: bool) -> ColumnElement[str | None]:
+    """SQL: the user (``''``: none) of the spawn of a result's session that started its life:
+    the latest ``agent.spawned`` of the session at or before the result (``later``: the first
+    after it)."""
+    spawn = aliased(LifecycleEvent)
+    when = (
+        spawn.occurred_at > LifecycleEvent.occurred_at
+        if later
+        else spawn.occurred_at <= LifecycleEvent.occurred_at
+    )
+    return (
+        select(func.coalesce(spawn.payload["user_id"].astext, ""))
+        .where(
+            spawn.project_id == LifecycleEvent.project_id,
+            spawn.session_id == LifecycleEvent.session_id,
+            spawn.type == "agent.spawned",
+            when,
+        )
+        .order_by(spawn.occurred_at.asc() if later else spawn.occurred_at.desc())
+        .limit(1)
+        .correlate(LifecycleEvent)
+        .scalar_subquery()
+    )
+
+
 def event_user(user: str, sessions: Collection[str]) -> ColumnElement[bool]:
-    """SQL: a result of ``user``: it says so (every result of a user's session carries the
-    user), or it is of one of the user's ``sessions``."""
-    says = func.coalesce(LifecycleEvent.payload["user_id"].astext, "") == user
-    if user == "":  # a result of no user: none named, and not a named user's session
-        says = LifecycleEvent.payload["user_id"].astext.is_(None)
+    """SQL: a result of ``user``. A result that names a user (every result applied to a
+    session whose spawn named one) is that user's only. One that names none (a rejection, a
+    session of no user) is of the life of its session it belongs to: the user of the latest
+    ``agent.spawned`` of the session before it (none: the first after it); when no spawn of
+    the session is kept, of ``user`` if it is one of the user's ``sessions`` (the anonymous
+    bucket: always). A session id spawned again for another user keeps that user's results."""
+    named = LifecycleEvent.payload["user_id"].astext
+    no_user = func.coalesce(named, "") == ""
+    life = func.coalesce(_life_user(later=False), _life_user(later=True))
+    if user == "":
+        return and_(no_user, func.coalesce(life, "") == "")
     of_session = LifecycleEvent.session_id.in_(sorted(sessions)) if sessions else false()
-    return or_(says, of_session)
+    return or_(named == user, and_(no_user, of_session, func.coalesce(life, user) == user))
+
+
+async def session_holders(
+    conn: AsyncConnection, project_id: str, sessions: Collection[str]
+) -> dict[str, str]:
+    """The user (``''``: none) of each session id's latest ``agent.spawned`` Postgres keeps."""
+    if not sessions:
+        return {}
+    rows = await conn.execute(
+        text(
+            "SELECT DISTINCT ON (session_id) session_id, coalesce(payload->>'user_id', '')"
+            " FROM lifecycle_events WHERE project_id = :p AND type = 'agent.spawned'"
+            " AND session_id = ANY(:s) ORDER BY session_id, occurred_at DESC"
+        ),
+        {"p": project_id, "s": sorted(sessions)},
+    )
+    return {r[0]: r[1] for r in rows}
 
 
 async def user_sessions(
