@@ -51,6 +51,22 @@ def asyncpg_url(database_url: str) -> str:
     return database_url
 
 
+def _refuse_spilled_userinfo(url: str) -> None:
+    """A password (or user name) holding an unencoded ``/``, ``?`` or ``#`` ends the URL's
+    host part early: its rest would be read as the host, port, path or query, and an error
+    naming those would show a piece of the password. Refused in one line that quotes none of
+    it. (``?password=`` in the query may hold an ``@``.)"""
+    rest = url.partition("://")[2]
+    end = min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))
+    tail = rest[end:]
+    at = tail.rfind("@")
+    if "@" not in rest[:end] and at >= 0 and "password=" not in tail[:at]:
+        raise ValueError(
+            "the part before the host holds '/', '?' or '#': percent-encode them in a user "
+            "name or password (%2F, %3F, %23)"
+        )
+
+
 class Settings(BaseSettings):
     """All of memworker's configuration; field ``x`` reads ``MEMWORKER_X``."""
 
@@ -291,6 +307,7 @@ class Settings(BaseSettings):
                 f"memworker stores in PostgreSQL: use postgresql://user:password@host:port/db "
                 f"(got {scheme!r})"
             )
+        _refuse_spilled_userinfo(value)
         query = value.partition("?")[2].partition("#")[0]
         names = {pair.partition("=")[0] for pair in query.split("&") if pair}
         if unknown := sorted(names - _CONNECT_PARAMETERS):
@@ -332,13 +349,14 @@ class Settings(BaseSettings):
                 f"must start with redis://, rediss:// or unix:// (got {scheme!r}), "
                 "e.g. redis://127.0.0.1:6379/0"
             )
+        if not value.startswith("unix://"):
+            _refuse_spilled_userinfo(value)
         netloc = urlsplit(value).netloc.rsplit("@", 1)[-1]
         if not value.startswith("unix://") and "," not in netloc:
             port = netloc.rsplit("]", 1)[-1].rpartition(":")[2] if ":" in netloc else ""
             if port and not (port.isdigit() and 0 < int(port) < 65536):
-                raise ValueError(
-                    f"the port {port[:20]!r} is not a port number (1-65535), "
-                    "e.g. redis://127.0.0.1:6379/0"
+                raise ValueError(  # never quoted: it may be a piece of a password
+                    "the port is not a number from 1 to 65535, e.g. redis://127.0.0.1:6379/0"
                 )
         return value
 
