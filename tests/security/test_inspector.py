@@ -201,6 +201,14 @@ async def test_hostile_form_values_are_a_4xx_and_erase_nothing(
     ):
         answer = await pinned.post("/ui/live/redrive", data={**data, "csrf": csrf})
         assert 400 <= answer.status_code < 500, (data, answer.text)
+    huge = "x" * 1_500_000  # over the form parser's field size: 413, not 500
+    for url, data in (
+        ("/ui/users/ann/blocks/persona/edit", {"step": "confirm", "content": huge}),
+        ("/ui/users/ann/forget", {"step": "confirm", "before": huge}),
+    ):
+        answer = await pinned.post(url, data={**data, "csrf": csrf})
+        assert answer.status_code == 413, (url, answer.status_code, answer.text[:300])
+        assert "maximum size" in answer.text
     page = await pinned.get("/ui/users/ann")
     assert "1</dd>" in page.text, "ann's turn is still there"
 

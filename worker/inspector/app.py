@@ -16,6 +16,7 @@ from typing import Any
 from urllib.parse import quote
 
 from jinja2 import Environment
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 
@@ -131,6 +132,10 @@ def page(handler: Handler, *, writes: bool = False) -> Callable[[Request], Await
                         "or wrong; reload the page and submit it again",
                     )
             response = await handler(request, ui)
+        except HTTPException as exc:  # the form parser's: a field over its size, a bad body
+            detail = str(exc.detail)
+            status = 413 if "maximum size" in detail else exc.status_code
+            response = ui.error(request, status if status < 500 else 400, f"the form: {detail}")
         except Exception as exc:
             status, line = failure(exc)
             if status >= 500:
