@@ -162,7 +162,9 @@ async def test_turns_stored_before_0007_keep_their_ids_and_are_found_by_their_us
             for user, turn_id, _owed in old:  # the same turn again: it, with its old id
                 assert await memory.remember(turn(turn_id, user, f"{user}'s {turn_id}")) == turn_id
                 assert await rows(engine, turn_id) == {user: old_row_id(turn_id)}
-            # the owed one was announced under its old id, and marked
+            # the owed one was announced under its old id, and marked (announcements follow
+            # a remember's return: flushed here)
+            await memory.flush_changes()
             entries: Any = await redis.xrange(episodes_stream(um_settings.stream_prefix))
             announced = [orjson.loads(f[b"data"])["episode_id"] for _i, f in entries]
             assert announced == [old_row_id("old-2")]

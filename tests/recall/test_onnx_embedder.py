@@ -80,15 +80,16 @@ def test_the_labeled_set_is_recalled_at_least_as_well_as_with_torch(
 
 def test_texts_of_any_length_come_back_in_their_order(onnx_embedder: LocalEmbedder) -> None:
     """In their order, whatever batches their lengths put them in. Int8 activations are scaled
-    per batch, so a text's vector moves a little with its batch-mates (cosine > 0.99; 0.98 for
-    a one-letter text)."""
+    per batch, so a text's vector moves a little with its batch-mates (cosine > 0.985: 0.9888
+    with onnxruntime 1.32's quantizer for the longest text here, > 0.99 with earlier ones; 0.98
+    for a one-letter text). Each text is still nearest to itself."""
     docs, queries, _ = labeled_texts()
     texts = [" ".join(docs) * 2, *docs[:5], "Fix the login bug", " ".join(queries[:6])]
     together = onnx_embedder.embed_sync(texts)
     for i, text in enumerate(texts):
         [alone] = onnx_embedder.embed_sync([text])
         similarity = [dot(alone, vector) for vector in together]
-        assert similarity[i] > 0.99
+        assert similarity[i] > 0.985
         assert max(range(len(texts)), key=similarity.__getitem__) == i
     assert onnx_embedder.embed_sync([]) == []
 

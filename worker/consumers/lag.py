@@ -19,7 +19,7 @@ from redis.asyncio.cluster import RedisCluster
 from worker.codec import text
 from worker.logs import get_logger
 from worker.metrics import STREAM_IDS_AHEAD, STREAM_LAG, STREAM_PENDING, STREAM_REMOVED_UNREAD
-from worker.ops.inspection import stream_ids
+from worker.stream_ids import stream_ids
 
 log = get_logger("worker.consumers.lag")
 

@@ -27,16 +27,13 @@ from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import NoPermissionError, ResponseError
 
+from worker.stream_ids import AHEAD_TOLERANCE_MS
+
 
 def _parse(entry_id: bytes | str) -> tuple[int, int]:
     text = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
     ms, _, seq = text.partition("-")
     return int(ms), int(seq or 0)
-
-
-AHEAD_TOLERANCE_MS = 60_000
-"""An id more than this ahead of the clock is "in the future" (clocks of a primary and its
-replicas, or of the worker and Redis, differ by far less)."""
 
 
 class ConsumedMarks:

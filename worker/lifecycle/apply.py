@@ -31,11 +31,12 @@ from worker.consumers.dead_letters import dead_letter
 from worker.credentials import mask
 from worker.keys import LIFECYCLE_GROUP, SessionKeys, StreamKeys, shard_of
 from worker.lifecycle.channel import ScriptChannel
-from worker.lifecycle.future_ids import FutureIds
+from worker.lifecycle.future_ids import FutureIds, redis_clock
 from worker.lifecycle.intake import Accepted, Refused, Unusable, copied_fields, parse_entry
 from worker.lifecycle.result_ids import (
     default_checkpoint_id,
     life_of,
+    result_head,
     result_id_and_record,
     utc_now_iso,
 )
@@ -85,25 +86,6 @@ class Outcome:
     project_id: str | None = None
     session_id: str | None = None
     event_id: str | None = None
-
-
-def _prefix(
-    result_id: str,
-    event_id: str,
-    command: str | None,
-    copied: Mapping[str, Any],
-    now_iso: str,
-    duration_ms: float,
-) -> str:
-    body: dict[str, Any] = {
-        "event_id": result_id,
-        "causation_id": event_id,
-        "command": command,
-        **copied,
-        "occurred_at": now_iso,
-        "duration_ms": round(duration_ms, 3),
-    }
-    return orjson.dumps(body)[:-1].decode()
 
 
 class CommandApplier:
@@ -245,16 +227,9 @@ class CommandApplier:
         ahead = self.future_ids.ahead(shard, entries)
         if not ahead:
             return {}
-        channel = self.channel_for(shard)
-
-        async def redis_time() -> Any:
-            (reply,) = await channel.execute([["TIME"]])
-            if isinstance(reply, Exception):
-                raise reply
-            return reply
-
         stream = StreamKeys(self.settings.stream_prefix, shard).lifecycle
-        return await self.future_ids.screen(self.redis, stream, shard, entries, ahead, redis_time)
+        clock = redis_clock(self.channel_for(shard))
+        return await self.future_ids.screen(self.redis, stream, shard, entries, ahead, clock)
 
     def plan(
         self,
@@ -456,7 +431,7 @@ class CommandApplier:
             session = SessionKeys(settings.stream_prefix, shard, _PLACEHOLDER, _PLACEHOLDER)
         # The meta key names the session: the function derives its other keys from it.
         keys = [session.meta]
-        prefix = _prefix(result_id, event_id, command_type, copied, now_iso, duration_ms)
+        prefix = result_head(result_id, event_id, command_type, copied, now_iso, duration_ms)
         argv: list[str | bytes | int] = [
             "",
             entry_id,

@@ -21,10 +21,10 @@ otherwise one ``XREVRANGE`` and one ``XINFO STREAM`` per batch, and a ``TIME`` p
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
-from worker.consumers.retention import AHEAD_TOLERANCE_MS
+from worker.stream_ids import AHEAD_TOLERANCE_MS
 
 Id = tuple[int, int]
 
@@ -105,3 +105,16 @@ class FutureIds:
                 "publish with '*': later commands of this shard keep that time"
             )
         return found
+
+
+def redis_clock(channel: Any) -> Callable[[], Awaitable[Any]]:
+    """Redis's ``TIME`` through ``channel`` (a shard's script channel): the clock ``screen``
+    compares ids with."""
+
+    async def redis_time() -> Any:
+        (reply,) = await channel.execute([["TIME"]])
+        if isinstance(reply, Exception):
+            raise reply
+        return reply
+
+    return redis_time

@@ -8,7 +8,11 @@ from __future__ import annotations
 
 import hashlib
 import uuid
+from collections.abc import Mapping
 from datetime import UTC, datetime
+from typing import Any
+
+import orjson
 
 from worker.ids import uuid5_from_sha1, uuid5_text
 
@@ -48,3 +52,23 @@ def life_of(spawn_event_id: str | None) -> str:
     """A session's life, named by the spawn that started it: 16 hex digits of the SHA-1 of
     the spawn's event_id ('' for none), as the apply function computes it (``redis.sha1hex``)."""
     return hashlib.sha1(spawn_event_id.encode()).hexdigest()[:16] if spawn_event_id else ""
+
+
+def result_head(
+    result_id: str,
+    event_id: str,
+    command: str | None,
+    copied: Mapping[str, Any],
+    now_iso: str,
+    duration_ms: float,
+) -> str:
+    """A result's JSON object up to its closing brace (the apply script adds the rest)."""
+    body: dict[str, Any] = {
+        "event_id": result_id,
+        "causation_id": event_id,
+        "command": command,
+        **copied,
+        "occurred_at": now_iso,
+        "duration_ms": round(duration_ms, 3),
+    }
+    return orjson.dumps(body)[:-1].decode()

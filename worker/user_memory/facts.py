@@ -53,10 +53,16 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from worker.db.query_words import words_of
 from worker.db.vectors import vector_literal
 from worker.episodes.changes import change_event, owe
-from worker.episodes.embedding import fact_text
+from worker.user_memory.fact_embedding import embed_texts, model_name, triple_text
 from worker.user_memory.fact_ranking import FUSED_CANDIDATES, by_cosine, cosines, rank_facts
 from worker.user_memory.fact_ranking import cosine as cosine  # where it was first
 from worker.user_memory.fact_ranking import fuse_facts as fuse_facts  # where it was first
+from worker.user_memory.fact_supersession import FactConflictError as FactConflictError
+from worker.user_memory.fact_supersession import (
+    _claim,
+    _overlap_or_touch,
+    plan_supersession,
+)
 from worker.user_memory.inputs import check_fact
 from worker.user_memory.models import (
     Fact,
@@ -114,61 +120,6 @@ def fact_from_row(row: Row[Any]) -> Fact:
         recorded_at=row.recorded_at,
         sources=list(row.sources or []),
     )
-
-
-def _claim(fact: Fact) -> tuple[Any, ...]:
-    return (fact.user_id, fact.subject, fact.predicate, fact.object)
-
-
-def _overlap_or_touch(a: Fact, b: Fact) -> bool:
-    """``a`` and ``b`` overlap in valid time, or one starts where the other ends."""
-    return (a.valid_until is None or a.valid_until >= b.valid_from) and (
-        b.valid_until is None or b.valid_until >= a.valid_from
-    )
-
-
-class FactConflictError(ValueError):
-    """``append`` of a fact id already stored with another claim."""
-
-
-def _overlap(a: Fact, b: Fact) -> bool:
-    return (a.valid_until is None or a.valid_until > b.valid_from) and (
-        b.valid_until is None or b.valid_until > a.valid_from
-    )
-
-
-def plan_supersession(
-    incoming: Fact, same_key: Iterable[Fact]
-) -> tuple[dict[str, datetime], datetime | None]:
-    """``({stored id: its new valid_until}, incoming's valid_until)``: LoomFlow's rule."""
-    closes: dict[str, datetime] = {}
-    until = incoming.valid_until
-    for stored in same_key:
-        if stored.id == incoming.id or stored.object == incoming.object:
-            continue
-        if not _overlap(stored, incoming):
-            continue
-        if stored.valid_from <= incoming.valid_from:
-            closes[stored.id] = incoming.valid_from
-        elif until is None or until > stored.valid_from:
-            until = stored.valid_from
-    return closes, until
-
-
-async def embed_texts(embedder: Any, texts: list[str]) -> list[list[float]]:
-    """Vectors of ``texts`` from a LoomFlow embedder (``embed_batch``) or ours (``embed``)."""
-    batch = getattr(embedder, "embed_batch", None)
-    vectors = await (batch(texts) if callable(batch) else embedder.embed(texts))
-    return [[float(x) for x in v] for v in vectors]
-
-
-def model_name(embedder: Any) -> str:
-    name = getattr(embedder, "name", None)
-    return name if isinstance(name, str) and name else type(embedder).__qualname__
-
-
-def triple_text(fact: Fact) -> str:
-    return fact_text(fact.subject, fact.predicate, fact.object)
 
 
 class FactStore:

@@ -28,7 +28,7 @@ from worker.db.engine import create_database_engine
 from worker.db.models import Episode as EpisodeRow
 from worker.db.vectors import VECTOR_TABLE, has_vector_table
 from worker.episodes.changes import change_event, owe
-from worker.episodes.embedding import Embedder, EmbeddingError, embedder_from_settings
+from worker.episodes.embedding import Embedder, embedder_from_settings
 from worker.episodes.vector_search import VectorSearch
 from worker.erasure.forget import forget_project
 from worker.erasure.scope import InvalidForgetError, check_range
@@ -53,7 +53,7 @@ from worker.user_memory.models import (
     check_user_id,
     warn_isolation,
 )
-from worker.user_memory.recall import embed_query, recall_scored
+from worker.user_memory.recall import embed_query_or_none, recall_scored
 from worker.user_memory.writes import SharedWrites, TurnWriter, release, shared_writes
 
 log = get_logger("worker.user_memory")
@@ -245,7 +245,7 @@ class Memory:
         exact = False
         if embedder is not None and alpha > 0.0 and query.strip():
             # the query embeds (in a thread) while the words half reads its matches
-            embedding = asyncio.ensure_future(_embedded(embedder, query))
+            embedding = asyncio.ensure_future(embed_query_or_none(embedder, query))
             exact = await self._small_partition(embedder, user_id, time_range)
         try:
             async with self.engine.begin() as conn:
@@ -374,22 +374,8 @@ class Memory:
     async def profile(self, *, user_id: str | None = None) -> MemoryProfile:
         """Counts, the ten most recent distinct sessions (newest first), last seen, and the
         ten most recently recorded facts."""
-        where = f"project_id = :p AND {turns.partition(user_id)}"
-        params = {"p": self.project_id, "u": user_id}
         async with self.engine.connect() as conn:
-            count, last_seen = (
-                await conn.execute(
-                    text(f"SELECT count(*), max(occurred_at) FROM episodes WHERE {where}"), params
-                )
-            ).one()
-            sessions = await conn.execute(
-                text(
-                    f"SELECT session_id FROM episodes WHERE {where} GROUP BY session_id"
-                    " ORDER BY max(occurred_at) DESC, session_id LIMIT 10"
-                ),
-                params,
-            )
-            recent = [r.session_id for r in sessions]
+            count, last_seen, recent = await turns.activity_of(conn, self.project_id, user_id)
         return MemoryProfile(
             user_id=user_id,
             episode_count=int(count),
@@ -506,12 +492,3 @@ class Memory:
             await self.flush_changes()
         except Exception as exc:
             log.warning("change feed: events stay owed", error=str(exc).splitlines()[:1])
-
-
-async def _embedded(embedder: Embedder, query: str) -> list[float] | None:
-    """The query's vector; None (logged) when the embedder fails: the recall is by words."""
-    try:
-        return await embed_query(embedder, query)
-    except EmbeddingError as exc:
-        log.warning("recall by words only: the embedder failed", error=str(exc))
-        return None

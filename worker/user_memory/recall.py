@@ -39,8 +39,9 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from worker.db.query_words import words_of
 from worker.db.vectors import CHUNK_TABLE, VECTOR_TABLE, has_chunk_table, vector_literal
-from worker.episodes.embedding import Embedder
+from worker.episodes.embedding import Embedder, EmbeddingError
 from worker.episodes.text_search import TEXT_CAP
+from worker.logs import get_logger
 from worker.user_memory.models import EpisodeMatch, ScoredMatches, as_utc
 from worker.user_memory.turn_ranking import Turn, rank, speaker_of
 from worker.user_memory.turns import (
@@ -454,3 +455,14 @@ async def embed_query(embedder: Embedder | None, query: str) -> list[float] | No
         return None
     [vector] = await embedder.embed([query])
     return list(vector)
+
+
+async def embed_query_or_none(embedder: Embedder, query: str) -> list[float] | None:
+    """The query's vector; None (logged) when the embedder fails: the recall is by words."""
+    try:
+        return await embed_query(embedder, query)
+    except EmbeddingError as exc:
+        get_logger("worker.user_memory").warning(
+            "recall by words only: the embedder failed", error=str(exc)
+        )
+        return None

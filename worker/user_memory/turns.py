@@ -295,3 +295,25 @@ def session_messages_of(episodes: list[Episode]) -> list[Message]:
         if episode.output:
             out.append(Message(role="assistant", content=episode.output))
     return out
+
+
+async def activity_of(
+    conn: AsyncConnection, project_id: str, user_id: str | None
+) -> tuple[int, datetime | None, list[str]]:
+    """The user's turn count, newest turn's time and ten most recent distinct sessions
+    (newest first): ``Memory.profile``'s."""
+    where = f"project_id = :p AND {partition(user_id)}"
+    params = {"p": project_id, "u": user_id}
+    count, last_seen = (
+        await conn.execute(
+            text(f"SELECT count(*), max(occurred_at) FROM episodes WHERE {where}"), params
+        )
+    ).one()
+    sessions = await conn.execute(
+        text(
+            f"SELECT session_id FROM episodes WHERE {where} GROUP BY session_id"
+            " ORDER BY max(occurred_at) DESC, session_id LIMIT 10"
+        ),
+        params,
+    )
+    return int(count), last_seen, [r.session_id for r in sessions]
