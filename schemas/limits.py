@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 SCHEMA_VERSION = 1
 """The highest command ``schema_version`` this release understands."""
 
@@ -45,3 +47,7 @@ MAX_TTL_SECONDS = 31_536_000
 EARLIEST_YEAR = 1
 LATEST_YEAR = 9999
 """A time must be a real instant in 0001-01-01..9999-12-31 UTC (in any offset)."""
+EARLIEST = datetime(EARLIEST_YEAR, 1, 1, tzinfo=UTC)
+"""The earliest instant a time range may hold: an open range's lower end."""
+LATEST = datetime(LATEST_YEAR, 12, 31, 23, 59, 59, tzinfo=UTC)
+"""The latest instant a time range may hold (to the second): an open range's upper end."""

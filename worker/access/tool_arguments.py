@@ -5,7 +5,6 @@ Schema is what MCP clients and the OpenAPI document show."""
 from __future__ import annotations
 
 import sys
-from datetime import UTC, datetime
 from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, StrictFloat, StrictInt
@@ -18,9 +17,6 @@ from schemas.limits import (
     MAX_TTL_SECONDS,
     MAX_TURN_TEXT_BYTES,
 )
-
-_EARLIEST = datetime(1, 1, 1, tzinfo=UTC)
-_LATEST = datetime(9999, 12, 31, 23, 59, 59, tzinfo=UTC)
 
 USER = (
     "The user whose memory this is (1-128 of A-Za-z0-9._:-). Omit it on a server pinned to a "

@@ -19,12 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
-from schemas.limits import (
-    MAX_REMEMBER_BATCH,
-)
+from schemas.limits import EARLIEST, LATEST, MAX_REMEMBER_BATCH
 from worker.access.tool_arguments import (
-    _EARLIEST,
-    _LATEST,
     AddFactArguments,
     Arguments,
     BlockArguments,
@@ -107,7 +103,7 @@ async def recall(access: Access, a: RecallArguments) -> Any:
         raise AccessError(f"since {a.since.isoformat()} is after until {a.until.isoformat()}")
     time_range = None
     if a.since is not None or a.until is not None:
-        time_range = (a.since or _EARLIEST, a.until or _LATEST)
+        time_range = (a.since or EARLIEST, a.until or LATEST)
     matches = await access.memory.recall_scored(
         a.query, limit=a.limit, time_range=time_range, user_id=access.user(a.user_id)
     )

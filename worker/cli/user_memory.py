@@ -12,13 +12,14 @@ from __future__ import annotations
 import sys
 import warnings
 from collections.abc import Awaitable, Callable
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import orjson
 import typer
 
+from schemas.limits import EARLIEST, LATEST
 from worker.cli.common import (
     check_ids,
     check_out,
@@ -55,9 +56,6 @@ ProjectOption = Annotated[
     typer.Option("--project", "-p", help="The project (default: MEMWORKER_DEFAULT_PROJECT)."),
 ]
 JsonOption = Annotated[bool, typer.Option("--json", help="JSON instead of a table.")]
-
-_EARLIEST = datetime(1, 1, 1, tzinfo=UTC)
-_LATEST = datetime(9999, 12, 31, 23, 59, 59, tzinfo=UTC)
 
 
 def _scope(project: str | None, user: str | None) -> tuple[Settings, str]:
@@ -222,7 +220,7 @@ def recall(
     lo, hi = _instant(since, "--since"), _instant(until, "--until")
     if lo is not None and hi is not None and lo > hi:
         raise typer.BadParameter(f"--since {since} is after --until {until}")
-    time_range = None if lo is None and hi is None else (lo or _EARLIEST, hi or _LATEST)
+    time_range = None if lo is None and hi is None else (lo or EARLIEST, hi or LATEST)
     settings, project_id = _scope(project, user)
 
     async def go(memory: Memory) -> list[Any]:
