@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import defaultdict
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 import httpx
@@ -21,7 +21,6 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from tests.cli_process import Memworker
 from tests.helpers import worker_env
-from tests.integration.results_factory import migrated_engine
 from tests.integration.test_access import free_port
 from worker.keys import changes_stream, episodes_stream
 from worker.settings import Settings
@@ -55,22 +54,6 @@ class TurnFacts:
         if facts:
             await store.append_many(facts)
         return facts
-
-
-@pytest.fixture
-async def engine(database_url: str) -> AsyncIterator[AsyncEngine]:
-    async with migrated_engine(database_url) as engine:
-        yield engine
-
-
-@pytest.fixture
-def write_settings(redis_url: str, prefix: str, database_url: str) -> Settings:
-    return Settings(
-        redis_url=redis_url,
-        stream_prefix=prefix,
-        database_url=database_url,
-        remember_embedding="indexer",  # the write path as with an indexer running
-    )
 
 
 def turn(u: int, n: int) -> dict[str, Any]:

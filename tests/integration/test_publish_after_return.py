@@ -15,7 +15,6 @@ from redis.asyncio import Redis
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from tests.integration.results_factory import migrated_engine
 from worker.episodes.changes import PUBLISH_BATCH
 from worker.keys import changes_stream
 from worker.settings import Settings
@@ -23,22 +22,6 @@ from worker.user_memory.memory import Memory
 from worker.user_memory.models import Episode
 
 PROJECT = "held"
-
-
-@pytest.fixture
-async def engine(database_url: str) -> AsyncIterator[AsyncEngine]:
-    async with migrated_engine(database_url) as engine:
-        yield engine
-
-
-@pytest.fixture
-def held_settings(redis_url: str, prefix: str, database_url: str) -> Settings:
-    return Settings(
-        redis_url=redis_url,
-        stream_prefix=prefix,
-        database_url=database_url,
-        remember_embedding="indexer",  # the write path as with an indexer running
-    )
 
 
 @pytest.fixture
@@ -80,10 +63,10 @@ async def owed(engine: AsyncEngine) -> int:
 async def test_remember_returns_at_commit_and_its_events_follow_in_order_by_themselves(
     engine: AsyncEngine,
     redis: Redis,
-    held_settings: Settings,
+    write_settings: Settings,
     outbox_lock: AsyncConnection,
 ) -> None:
-    async with Memory(PROJECT, settings=held_settings, engine=engine, redis=redis) as memory:
+    async with Memory(PROJECT, settings=write_settings, engine=engine, redis=redis) as memory:
         for k in range(5):  # the publish cannot run: remember does not wait for it
             await asyncio.wait_for(memory.remember(turn(f"t{k}", "ann")), 10)
         async with engine.connect() as conn:  # stored, each once
@@ -93,27 +76,27 @@ async def test_remember_returns_at_commit_and_its_events_follow_in_order_by_them
             )
         assert stored == 5
         assert await owed(engine) == 5
-        assert await remembered(redis, held_settings) == []
+        assert await remembered(redis, write_settings) == []
 
         await release(outbox_lock)
         for _ in range(100):  # no call needed: the publish on its way sends them
-            if len(await remembered(redis, held_settings)) == 5:
+            if len(await remembered(redis, write_settings)) == 5:
                 break
             await asyncio.sleep(0.1)
-        assert await remembered(redis, held_settings) == [f"t{k}" for k in range(5)]
+        assert await remembered(redis, write_settings) == [f"t{k}" for k in range(5)]
         assert await owed(engine) == 0
 
 
 async def test_a_publish_two_batches_behind_holds_the_next_writer_until_it_catches_up(
     engine: AsyncEngine,
     redis: Redis,
-    held_settings: Settings,
+    write_settings: Settings,
     outbox_lock: AsyncConnection,
 ) -> None:
     def batch(b: int) -> list[Episode]:
         return [turn(f"b{b}-{k}", f"u{k % 7}") for k in range(PUBLISH_BATCH)]
 
-    async with Memory(PROJECT, settings=held_settings, engine=engine, redis=redis) as memory:
+    async with Memory(PROJECT, settings=write_settings, engine=engine, redis=redis) as memory:
         await asyncio.wait_for(memory.remember_many(batch(0)), 30)  # being published (held)
         await asyncio.wait_for(memory.remember_many(batch(1)), 30)  # queued behind it
         third = asyncio.create_task(memory.remember_many(batch(2)))
@@ -123,6 +106,6 @@ async def test_a_publish_two_batches_behind_holds_the_next_writer_until_it_catch
         await release(outbox_lock)
         await asyncio.wait_for(third, 60)
         await memory.flush_changes()
-        events = await remembered(redis, held_settings)
+        events = await remembered(redis, write_settings)
         assert events == [e.id for b in range(3) for e in batch(b)]
         assert await owed(engine) == 0

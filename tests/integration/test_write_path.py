@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 from collections import defaultdict
-from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -21,7 +20,6 @@ from schemas.inputs import InvalidInputError
 from schemas.limits import MAX_REMEMBER_BATCH
 from tests.cli_process import Memworker
 from tests.helpers import worker_env
-from tests.integration.results_factory import migrated_engine
 from tests.integration.test_access import free_port
 from worker.keys import changes_stream, episodes_stream
 from worker.settings import Settings
@@ -31,22 +29,6 @@ from worker.user_memory.turns import EpisodeConflictError
 from worker.user_memory.writes import BatchTooLargeError
 
 PROJECT = "agents"
-
-
-@pytest.fixture
-async def engine(database_url: str) -> AsyncIterator[AsyncEngine]:
-    async with migrated_engine(database_url) as engine:
-        yield engine
-
-
-@pytest.fixture
-def write_settings(redis_url: str, prefix: str, database_url: str) -> Settings:
-    return Settings(
-        redis_url=redis_url,
-        stream_prefix=prefix,
-        database_url=database_url,
-        remember_embedding="indexer",  # the write path as with an indexer running
-    )
 
 
 def turn(turn_id: str, user: str, text_: str = "booked the train to porto") -> Episode:
