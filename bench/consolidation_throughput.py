@@ -93,6 +93,7 @@ def terminated_result(i: int) -> dict[str, Any]:
         "importance": 0.6,
         "started_at": "2025-01-01T00:00:00Z",
         "duration_seconds": 95.5,
+        "life": uuid.uuid4().hex[:16],  # the life that ended (apply_command.lua's terminate)
         "snapshot": {
             "variables": {f"var_{k}": {"value": k, "text": "lorem ipsum " * 4} for k in range(20)},
             "task_state": {

@@ -107,6 +107,12 @@ class AgentTerminated(ResultBase):
     importance: float = Field(ge=0, le=1)
     started_at: datetime | None = None
     duration_seconds: float | None = None
+    life: str | None = Field(
+        default=None,
+        description="The life of the session id that ended (16 hex digits of the SHA-1 of the"
+        " event_id of the spawn that started it); absent for a session spawned before lives"
+        " were named. The consolidator records one episode per life.",
+    )
     snapshot: Snapshot | None = None
 
 

@@ -74,7 +74,7 @@ def episodes_list(
     limit: Annotated[int, typer.Option(min=1, help="At most this many, newest first.")] = 20,
     as_json: Annotated[bool, typer.Option("--json", help="JSON instead of a table.")] = False,
 ) -> None:
-    """A project's episodes, newest first (one per finished session)."""
+    """A project's episodes, newest first (one per finished life of a session id)."""
     check_ids(project_id=project, **({"session_id": session} if session else {}))
     settings = settings_from_env()
 
@@ -103,7 +103,8 @@ def episodes_list(
 def episodes_show(
     project: Annotated[str, typer.Option("--project", "-p")],
     session: Annotated[
-        str | None, typer.Option("--session", "-s", help="The session's episode.")
+        str | None,
+        typer.Option("--session", "-s", help="The session's episode (its latest life's)."),
     ] = None,
     episode_id: Annotated[
         str | None, typer.Argument(help="An episode id (from `episodes list`).")

@@ -19,8 +19,9 @@ each run publishes again, with the same deterministic result ``event_id`` s, whi
 subscriber drops what it has already seen (it must do so for any redelivery).
 
 Postgres holds what the consolidator has stored: a result it has not reached yet is only in
-the stream. A session id used again after its tombstone expired has one episode (the first),
-so a second ``agent.terminated`` of it comes back from Postgres without its snapshot.
+the stream. A session id used again after its tombstone expired has one episode per life
+(``episodes.life``, migration 0009), so each life's ``agent.terminated`` comes back from
+Postgres with its own snapshot.
 
 A range in Postgres is a time range over the result's ``occurred_at`` (the stream ids are not
 kept there); in the stream it is an id range, and a time range is turned into ids (an id's

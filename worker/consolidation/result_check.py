@@ -136,6 +136,7 @@ _FIELDS_OF: dict[str, tuple[tuple[str, Check, bool], ...]] = {
         ("tokens_used", _is_int_or_none, False),
         ("importance", _is_fraction, True),
         ("duration_seconds", _is_number_or_none, False),
+        ("life", _is_str_or_none, False),
         ("snapshot", _is_snapshot_or_none, False),
     ),
     "command.rejected": (

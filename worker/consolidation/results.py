@@ -126,6 +126,7 @@ def episode_row(parsed: ParsedResult, summary_max_chars: int) -> dict[str, Any]:
         "started_at": _aware(result.started_at),
         "occurred_at": _aware(result.occurred_at),
         "user_id": result.user_id,
+        "life": result.life or "",
     }
 
 
@@ -147,6 +148,7 @@ _VALUE_FIELDS = (
     "tokens_used",
     "importance",
     "duration_seconds",
+    "life",
 )
 
 
@@ -213,5 +215,6 @@ def prepare_result(entry: StreamEntry, summary_max_chars: int) -> PreparedResult
         started_at,
         occurred_at,
         get("user_id"),
+        get("life") or "",  # '' for a session spawned before lives were named
     )
     return PreparedResult(entry, event, episode)

@@ -53,6 +53,7 @@ EPISODE_COLUMNS: tuple[tuple[str, str], ...] = (
     ("started_at", "timestamptz"),
     ("occurred_at", "timestamptz"),
     ("user_id", "text"),
+    ("life", "text"),
 )
 """``episodes`` columns the consolidator writes, in the order of its row tuples."""
 

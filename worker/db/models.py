@@ -161,6 +161,13 @@ class Episode(Base):
     user_id: Mapped[str | None] = mapped_column(
         doc="The user the session's spawn named (null: none); recall filters by it."
     )
+    life: Mapped[str] = mapped_column(
+        server_default=text("''"),
+        doc="A session's episode: the life of the session id it ended (16 hex digits of the"
+        " SHA-1 of its spawn's event_id, ``worker.lifecycle.result_ids.life_of``; '' for one"
+        " recorded before migration 0009 or of a session spawned before lives were named);"
+        " one session episode per life. '' for a turn.",
+    )
     task_description: Mapped[str | None]
     outcome: Mapped[str]
     lessons_learned: Mapped[list[Any]] = mapped_column(server_default=text("'[]'::jsonb"))
@@ -190,10 +197,11 @@ class Episode(Base):
     )
 
     __table_args__ = (
-        Index(
-            "uq_episodes_project_id_session_id",
+        Index(  # one session episode per life of a session id (migration 0009)
+            "uq_episodes_project_id_session_id_life",
             "project_id",
             "session_id",
+            "life",
             unique=True,
             postgresql_where=text("turn_id IS NULL"),
         ),
@@ -232,6 +240,7 @@ class Episode(Base):
             "agent_instance_id": self.agent_instance_id,
             "agent_type_id": self.agent_type_id,
             "user_id": self.user_id,
+            "life": self.life,
             "task_description": self.task_description,
             "outcome": self.outcome,
             "lessons_learned": self.lessons_learned,

@@ -390,17 +390,21 @@ local function terminate()
     end
     call('DEL', K_META)
   end
+  -- The life that ends (meta[11]: 16 hex digits, no escaping; none for a session spawned
+  -- before lives were named): the consolidator keys the session's episode by it.
+  local ended = ''
+  if meta[11] and meta[11] ~= '' then ended = ',"life":"' .. meta[11] .. '"' end
   -- The result in one concatenation (each intermediate string of ~1 KB is work for Lua's
   -- allocator and collector).
   local data
   if snapshot then
     data = prefix .. ',"type":"agent.terminated","outcome":' .. cjson.encode(outcome)
-      .. ',"started_at":' .. started_at .. ',"duration_seconds":' .. duration
+      .. ',"started_at":' .. started_at .. ',"duration_seconds":' .. duration .. ended
       .. ',"consolidate":true,"snapshot":' .. snapshot
       .. ',"items_cleared":' .. cleared .. extra .. '}'
   else
     data = prefix .. ',"type":"agent.terminated","outcome":' .. cjson.encode(outcome)
-      .. ',"started_at":' .. started_at .. ',"duration_seconds":' .. duration
+      .. ',"started_at":' .. started_at .. ',"duration_seconds":' .. duration .. ended
       .. ',"consolidate":false,"items_cleared":' .. cleared .. extra .. '}'
   end
   update('state', 'terminated')

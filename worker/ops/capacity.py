@@ -82,7 +82,7 @@ class Capacity:
     verdict: str
     streams: list[StreamUsage]
     bytes_per_episodes_entry: float | None = None
-    """An ``episode.recorded`` in ``P:episodes`` (one per session that ends with a
+    """An ``episode.recorded`` in ``P:episodes`` (one per session life that ends with a
     consolidated terminate), held ``retention_seconds`` like the other streams' entries."""
     episodes_per_command: float | None = None
     """Entries ever added to ``P:episodes`` ÷ entries ever added to the lifecycle streams
