@@ -294,6 +294,34 @@ async def test_the_publisher_cannot_read_working_memory_or_delete_streams(
     await refused(publisher.flushall())
 
 
+async def test_the_publisher_adds_entries_to_command_streams_only_never_at_a_seq_counter(
+    acl_server: AclRedis, admin: Redis, clients: dict[str, Redis]
+) -> None:
+    """A stream added at a session's seq counter (or its publish records) would make every
+    later publish of that session fail (INCR on a stream): the publisher's XADD reaches the
+    command streams only, from a script too, and its publishes still go through. Before, its
+    XADD reached every key it may write, the counters included."""
+    publisher = clients["publisher"]
+    counter = f"{PREFIX}:{{0}}:seq:p-pub/s-1"
+    for key in (counter, f"{counter}/pub", f"{PREFIX}:{{1}}:seq:another"):
+        await refused(publisher.xadd(key, {"data": b"{}"}))
+        await refused_in_script(
+            publisher.eval("return redis.call('XADD', KEYS[1], '*', 'data', '{}')", 1, key)
+        )
+        assert await admin.exists(key) == 0
+    await admin.execute_command("ACL", "LOG", "RESET")  # type: ignore[no-untyped-call]
+    client = LifecycleClient(settings=settings_for(acl_server, "publisher"))
+    try:
+        assert await client.spawn("p-pub", "s-1", "agent-1", {"n": 1})
+        assert await client.pause("p-pub", "s-1", "agent-1")
+    finally:
+        await client.close()
+    shard = session_keys("p-pub", "s-1").shard
+    assert await admin.xlen(StreamKeys(PREFIX, shard).lifecycle) == 2
+    assert await admin.get(f"{PREFIX}:{{{shard}}}:seq:p-pub/s-1") == b"2"
+    await assert_no_denials(admin)
+
+
 async def test_a_subscriber_follows_results_in_its_own_group_but_cannot_write(
     acl_server: AclRedis, admin: Redis, clients: dict[str, Redis]
 ) -> None:
