@@ -466,6 +466,66 @@ async def test_the_operator_inspects_streams_but_cannot_flush_or_change_users(
     await refused(operator.set("other-app:key", "x"))
 
 
+async def test_the_operators_commands_work_but_it_cannot_move_keys_to_another_database(
+    acl_server: AclRedis, admin: Redis, clients: dict[str, Redis], database_url: str
+) -> None:
+    """What the operator's commands call (stats, replay, the DLQ's list, redrive and purge,
+    forget) works as the shipped ``operator`` (in database 0: no ``SELECT`` needed); ``MOVE``,
+    ``COPY … DB`` and ``SELECT``, which would take memworker's keys to another database, where
+    no forget, retention or stats looks, are refused, from a script too. Before, the
+    operator's categories allowed all three."""
+    from tests.integration.results_factory import migrated_engine
+    from worker.consumers.dead_letters import list_dead_letters, purge, redrive
+    from worker.erasure.forget import forget_everywhere
+    from worker.lifecycle.replay import replay_lifecycle
+
+    settings = settings_for(acl_server, "operator")
+    publisher = LifecycleClient(settings=settings_for(acl_server, "publisher"))
+    try:
+        async with running_worker(settings_for(acl_server, "lifecycle-worker")):
+            spawned = await publisher.wait(
+                await publisher.spawn("p-op", "s-1", "agent-1", {"secret": "kept"})
+            )
+            assert spawned.type == "agent.spawned"
+            streams = session_keys("p-op", "s-1").streams
+            await admin.xadd(streams.lifecycle, {"data": b"not json"})
+
+            async def dead_lettered() -> bool:
+                return int(await admin.xlen(streams.dlq)) == 1
+
+            await wait_until(dead_lettered, timeout=20)
+    finally:
+        await publisher.close()
+    operator = clients["operator"]
+    await admin.execute_command("ACL", "LOG", "RESET")  # type: ignore[no-untyped-call]
+
+    assert any(r.stream == streams.lifecycle for r in await stream_stats(operator, settings))
+    replayed = await replay_lifecycle(operator, settings, session_keys("p-op", "s-1").shard)
+    assert replayed["duplicate"] == 1, replayed
+    ((letter_id, _fields),) = await list_dead_letters(operator, streams.dlq)
+    assert await redrive(operator, streams.dlq, [letter_id]) == 1
+    assert await purge(operator, streams.dlq) == 0
+    async with migrated_engine(database_url) as engine:
+        receipt = await forget_everywhere(
+            engine, operator, PREFIX, "p-op", session_id="s-1", shards=SHARDS
+        )
+    assert receipt.ok, receipt.errors
+    await assert_no_denials(admin)
+
+    vars_key = session_keys("p-op", "s-2").vars
+    await admin.hset(vars_key, "secret", '"kept"')  # type: ignore[misc]
+    await refused(operator.move(vars_key, 1))
+    await refused(operator.copy(vars_key, f"{vars_key}-copy", destination_db="1"))
+    await refused(operator.execute_command("SELECT", 1))  # type: ignore[no-untyped-call]
+    await refused_in_script(operator.eval("return redis.call('MOVE', KEYS[1], 1)", 1, vars_key))
+    assert await admin.hget(vars_key, "secret") == b'"kept"'  # type: ignore[misc]
+    other_database = Redis.from_url(acl_server.admin_url.removesuffix("/0") + "/1")
+    try:
+        assert await other_database.dbsize() == 0, "a key reached another database"
+    finally:
+        await other_database.aclose()
+
+
 async def test_keda_reads_backlog_counts_and_nothing_else(
     admin: Redis, clients: dict[str, Redis]
 ) -> None:
