@@ -187,6 +187,38 @@ async def test_commands_published_as_the_publisher_are_applied_by_the_worker_as_
     await assert_no_denials(admin)
 
 
+async def test_a_spawn_naming_a_user_is_applied_and_a_forgotten_users_refused(
+    acl_server: AclRedis, admin: Redis
+) -> None:
+    """The apply function reads the shard's forgotten users (``agents:{i}:erased_users``) for
+    every spawn that names a user: allowed to ``lifecycle-worker`` (read only). Before, the
+    read was refused, so such a spawn was never applied (the worker retried it)."""
+    from worker.keys import erased_users_key
+
+    shard = session_keys("p-usr", "s-2").shard
+    await admin.hset(erased_users_key(PREFIX, shard), "p-usr@gone", str(2**50))  # type: ignore[misc]
+    publisher = LifecycleClient(settings=settings_for(acl_server, "publisher"))
+    try:
+        async with running_worker(settings_for(acl_server, "lifecycle-worker")):
+            spawned = await publisher.wait(
+                await publisher.spawn("p-usr", "s-1", "agent-1", {"n": 1}, user_id="ann")
+            )
+            assert (spawned.type, spawned.user_id) == ("agent.spawned", "ann"), spawned
+            refused_spawn = await publisher.wait(
+                await publisher.spawn("p-usr", "s-2", "agent-1", {"n": 1}, user_id="gone")
+            )
+            assert refused_spawn.type == "command.rejected", refused_spawn
+            assert refused_spawn.reason == "forgotten", refused_spawn
+    finally:
+        await publisher.close()
+    await assert_no_denials(admin)
+    redis = Redis.from_url(acl_server.url("lifecycle-worker"))
+    try:  # read only: a forget (the operator) records erasures, never the worker
+        await refused(redis.hset(erased_users_key(PREFIX, shard), "p-usr@ann", "1"))
+    finally:
+        await redis.aclose()
+
+
 async def test_admission_closes_and_reopens_with_the_shipped_rules(
     acl_server: AclRedis, admin: Redis
 ) -> None:
