@@ -436,6 +436,58 @@ async def test_an_agent_uses_its_working_memory_but_cannot_publish_or_read_resul
     await refused(agent.delete(streams.lifecycle))
 
 
+async def test_an_agent_cannot_rewrite_a_sessions_owner_or_state(
+    acl_server: AclRedis, admin: Redis, clients: dict[str, Redis]
+) -> None:
+    """A session's owner (``user_id``), state and seq are fields of its ``meta`` hash, which
+    the agent's working memory never writes: every write of it (HSET, HDEL, DEL, RESTORE,
+    SET, from a script too) is refused to the ``agent`` user, while every working-memory call
+    (the byte count included) still runs. Before, the agent could make another user the owner
+    of any session, and the session's next results named that user."""
+    publisher = LifecycleClient(settings=settings_for(acl_server, "publisher"))
+    try:
+        async with running_worker(settings_for(acl_server, "lifecycle-worker")):
+            spawned = await publisher.wait(
+                await publisher.spawn("p-own", "s-1", "agent-1", {"goal": "g"}, user_id="ann")
+            )
+            assert spawned.type == "agent.spawned"
+    finally:
+        await publisher.close()
+    memory = await WorkingMemory.for_session(
+        "s-1", project_id="p-own", settings=settings_for(acl_server, "agent")
+    )
+    try:
+        await memory.set("step", 1)
+        await memory.set("short", "lived", ttl_seconds=60)
+        assert await memory.delete("short")
+        checkpoint = await memory.create_checkpoint("before")
+        await memory.set("step", 2)
+        await memory.restore_checkpoint(checkpoint, clear_current=False)
+        await memory.restore_checkpoint(checkpoint)
+        assert await memory.get("step") == 1
+        assert await memory.delete_checkpoint(checkpoint)
+        assert await memory.clear() == 2
+        await memory.set("after", "clear")
+        assert await memory.get_stats()
+    finally:
+        await memory.close()
+    await assert_no_denials(admin)
+
+    agent = clients["agent"]
+    meta = session_keys("p-own", "s-1").meta
+    dumped = await admin.dump(meta)
+    await refused(agent.hset(meta, "user_id", "mallory"))
+    await refused(agent.hset(meta, "state", "active"))
+    await refused(agent.hdel(meta, "user_id"))
+    await refused(agent.delete(meta))
+    await refused(agent.set(meta, "x"))
+    await refused(agent.restore(meta, 0, dumped, replace=True))
+    rewrite = await agent.script_load("return redis.call('HSET', KEYS[1], 'user_id', 'mallory')")
+    await refused_in_script(agent.evalsha(rewrite, 1, meta))
+    assert await admin.hget(meta, "user_id") == b"ann"  # type: ignore[misc]
+    assert await admin.hget(meta, "state") == b"active"  # type: ignore[misc]
+
+
 async def test_the_lifecycle_worker_user_cannot_reach_beyond_its_streams_and_sessions(
     clients: dict[str, Redis],
 ) -> None:
