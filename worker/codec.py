@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from json.decoder import scanstring  # type: ignore[attr-defined]
 from typing import Any
 
 import orjson
 
 from schemas.inputs import InvalidInputError, json_text_problem
+from schemas.limits import MAX_ID_CHARS
 
 FASTSTREAM_DATA_FIELD = "__data__"
 """Where a FastStream publisher puts its (binary-framed) body instead of ``data``."""
@@ -115,11 +116,63 @@ def _skip_blanks(source: str, at: int) -> int:
     return at
 
 
-def leading_fields(raw: bytes | str) -> dict[str, Any]:
+RECORDED_IDS = (
+    "project_id",
+    "session_id",
+    "user_id",
+    "type",
+    "event_id",
+    "causation_id",
+    "spawn_event_id",
+    "episode_id",
+)
+"""The top-level fields of a command a forget tells whose it is by (``worker.erasure``): a dead
+letter kept as an excerpt records each found anywhere in the whole entry beside the excerpt,
+as ``original_<name>`` (``recorded_ids``)."""
+RECORDED_ID_PREFIX = "original_"
+RECORDED_ID_CHARS = MAX_ID_CHARS + 1
+"""A recorded value longer than an id may be is cut to this: still longer than any id, so it
+names nobody, as the whole value did."""
+
+
+def entry_ids(fields: Mapping[Any, Any], scan_bytes: int) -> dict[str, str]:
+    """The ``original_<name>`` fields of a dead letter kept as an excerpt: each of
+    ``RECORDED_IDS`` whole among the top-level fields of the entry's JSON (``entry_data``; the
+    last of a name given twice, as a parser takes it) within its first ``scan_bytes``, when it
+    is text, cut to ``RECORDED_ID_CHARS``. At most ``len(RECORDED_IDS)`` fields of bounded size
+    whatever the entry holds; nested objects' fields are never taken."""
+    try:
+        raw = entry_data(fields)
+    except ValueError:  # a broken FastStream envelope
+        return {}
+    if raw is None:
+        return {}
+    found = leading_fields(raw[:scan_bytes], only=RECORDED_IDS)
+    return {
+        f"{RECORDED_ID_PREFIX}{name}": value[:RECORDED_ID_CHARS]
+        for name, value in found.items()
+        if isinstance(value, str)
+    }
+
+
+def recorded_ids(fields: Mapping[Any, Any]) -> dict[str, str]:
+    """What ``entry_ids`` recorded on a dead letter (field names bytes or text), by the
+    original field's name."""
+    out = {}
+    for name in RECORDED_IDS:
+        key = RECORDED_ID_PREFIX + name
+        value = fields.get(key, fields.get(key.encode()))
+        if value is not None:
+            out[name] = text(value)
+    return out
+
+
+def leading_fields(raw: bytes | str, only: Collection[str] | None = None) -> dict[str, Any]:
     """The top-level fields of a JSON object that are whole before it is cut or broken (the
     excerpt of a dead letter too large to keep whole: ``worker.consumers.dead_letters``), in
-    order; a nested object's fields are never taken for the top level's. ``{}`` when ``raw``
-    starts no object."""
+    order (the last of a name given twice); a nested object's fields are never taken for the
+    top level's. ``{}`` when ``raw`` starts no object. With ``only``, those names alone are
+    kept (each other value is read past and dropped)."""
     source = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
     decoder = json.JSONDecoder()
     out: dict[str, Any] = {}
@@ -140,7 +193,8 @@ def leading_fields(raw: bytes | str) -> dict[str, Any]:
             value, at = decoder.raw_decode(source, at)
         except (ValueError, RecursionError):
             return out  # cut here: what came before is whole
-        out[key] = value
+        if only is None or key in only:
+            out[key] = value
         at = _skip_blanks(source, at)
         if not source.startswith(",", at):
             return out

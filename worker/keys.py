@@ -136,7 +136,8 @@ class SessionKeys:
     ``vars`` (hash): variable name → JSON text.  ``vexp`` (zset): variable → expiry (ms).
     ``task`` (string): task state JSON.  ``scratch`` (list): ``{content, timestamp}`` JSON.
     ``cps`` (zset): checkpoint id → creation time (ms).  ``cpdata`` (hash): per checkpoint
-    ``<id>|info`` JSON and ``<id>|vars``/``|vexp``/``|scratch`` DUMP payloads, ``<id>|task`` JSON.
+    ``<id>|info`` JSON and ``<id>|vars``/``|vexp``/``|scratch`` DUMP payloads, ``<id>|task`` JSON;
+    and ``vbytes``, the variables' bytes (working memory writes no ``meta`` field).
     """
 
     prefix: str

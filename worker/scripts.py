@@ -140,6 +140,10 @@ class LuaFunction:
         """``FUNCTION LOAD`` of the library; check its reply with ``loaded``."""
         return ["FUNCTION", "LOAD", self.source]
 
+    def list_command(self) -> list[Any]:
+        """``FUNCTION LIST`` of this library alone: an empty list when the server lacks it."""
+        return ["FUNCTION", "LIST", "LIBRARYNAME", self.library]
+
     @staticmethod
     def loaded(reply: Any) -> None:
         """Raise the error in a ``FUNCTION LOAD`` reply, unless it says the library is there

@@ -187,6 +187,38 @@ async def test_commands_published_as_the_publisher_are_applied_by_the_worker_as_
     await assert_no_denials(admin)
 
 
+async def test_a_spawn_naming_a_user_is_applied_and_a_forgotten_users_refused(
+    acl_server: AclRedis, admin: Redis
+) -> None:
+    """The apply function reads the shard's forgotten users (``agents:{i}:erased_users``) for
+    every spawn that names a user: allowed to ``lifecycle-worker`` (read only). Before, the
+    read was refused, so such a spawn was never applied (the worker retried it)."""
+    from worker.keys import erased_users_key
+
+    shard = session_keys("p-usr", "s-2").shard
+    await admin.hset(erased_users_key(PREFIX, shard), "p-usr@gone", str(2**50))  # type: ignore[misc]
+    publisher = LifecycleClient(settings=settings_for(acl_server, "publisher"))
+    try:
+        async with running_worker(settings_for(acl_server, "lifecycle-worker")):
+            spawned = await publisher.wait(
+                await publisher.spawn("p-usr", "s-1", "agent-1", {"n": 1}, user_id="ann")
+            )
+            assert (spawned.type, spawned.user_id) == ("agent.spawned", "ann"), spawned
+            refused_spawn = await publisher.wait(
+                await publisher.spawn("p-usr", "s-2", "agent-1", {"n": 1}, user_id="gone")
+            )
+            assert refused_spawn.type == "command.rejected", refused_spawn
+            assert refused_spawn.reason == "forgotten", refused_spawn
+    finally:
+        await publisher.close()
+    await assert_no_denials(admin)
+    redis = Redis.from_url(acl_server.url("lifecycle-worker"))
+    try:  # read only: a forget (the operator) records erasures, never the worker
+        await refused(redis.hset(erased_users_key(PREFIX, shard), "p-usr@ann", "1"))
+    finally:
+        await redis.aclose()
+
+
 async def test_admission_closes_and_reopens_with_the_shipped_rules(
     acl_server: AclRedis, admin: Redis
 ) -> None:
@@ -294,6 +326,34 @@ async def test_the_publisher_cannot_read_working_memory_or_delete_streams(
     await refused(publisher.flushall())
 
 
+async def test_the_publisher_adds_entries_to_command_streams_only_never_at_a_seq_counter(
+    acl_server: AclRedis, admin: Redis, clients: dict[str, Redis]
+) -> None:
+    """A stream added at a session's seq counter (or its publish records) would make every
+    later publish of that session fail (INCR on a stream): the publisher's XADD reaches the
+    command streams only, from a script too, and its publishes still go through. Before, its
+    XADD reached every key it may write, the counters included."""
+    publisher = clients["publisher"]
+    counter = f"{PREFIX}:{{0}}:seq:p-pub/s-1"
+    for key in (counter, f"{counter}/pub", f"{PREFIX}:{{1}}:seq:another"):
+        await refused(publisher.xadd(key, {"data": b"{}"}))
+        await refused_in_script(
+            publisher.eval("return redis.call('XADD', KEYS[1], '*', 'data', '{}')", 1, key)
+        )
+        assert await admin.exists(key) == 0
+    await admin.execute_command("ACL", "LOG", "RESET")  # type: ignore[no-untyped-call]
+    client = LifecycleClient(settings=settings_for(acl_server, "publisher"))
+    try:
+        assert await client.spawn("p-pub", "s-1", "agent-1", {"n": 1})
+        assert await client.pause("p-pub", "s-1", "agent-1")
+    finally:
+        await client.close()
+    shard = session_keys("p-pub", "s-1").shard
+    assert await admin.xlen(StreamKeys(PREFIX, shard).lifecycle) == 2
+    assert await admin.get(f"{PREFIX}:{{{shard}}}:seq:p-pub/s-1") == b"2"
+    await assert_no_denials(admin)
+
+
 async def test_a_subscriber_follows_results_in_its_own_group_but_cannot_write(
     acl_server: AclRedis, admin: Redis, clients: dict[str, Redis]
 ) -> None:
@@ -376,6 +436,58 @@ async def test_an_agent_uses_its_working_memory_but_cannot_publish_or_read_resul
     await refused(agent.delete(streams.lifecycle))
 
 
+async def test_an_agent_cannot_rewrite_a_sessions_owner_or_state(
+    acl_server: AclRedis, admin: Redis, clients: dict[str, Redis]
+) -> None:
+    """A session's owner (``user_id``), state and seq are fields of its ``meta`` hash, which
+    the agent's working memory never writes: every write of it (HSET, HDEL, DEL, RESTORE,
+    SET, from a script too) is refused to the ``agent`` user, while every working-memory call
+    (the byte count included) still runs. Before, the agent could make another user the owner
+    of any session, and the session's next results named that user."""
+    publisher = LifecycleClient(settings=settings_for(acl_server, "publisher"))
+    try:
+        async with running_worker(settings_for(acl_server, "lifecycle-worker")):
+            spawned = await publisher.wait(
+                await publisher.spawn("p-own", "s-1", "agent-1", {"goal": "g"}, user_id="ann")
+            )
+            assert spawned.type == "agent.spawned"
+    finally:
+        await publisher.close()
+    memory = await WorkingMemory.for_session(
+        "s-1", project_id="p-own", settings=settings_for(acl_server, "agent")
+    )
+    try:
+        await memory.set("step", 1)
+        await memory.set("short", "lived", ttl_seconds=60)
+        assert await memory.delete("short")
+        checkpoint = await memory.create_checkpoint("before")
+        await memory.set("step", 2)
+        await memory.restore_checkpoint(checkpoint, clear_current=False)
+        await memory.restore_checkpoint(checkpoint)
+        assert await memory.get("step") == 1
+        assert await memory.delete_checkpoint(checkpoint)
+        assert await memory.clear() == 2
+        await memory.set("after", "clear")
+        assert await memory.get_stats()
+    finally:
+        await memory.close()
+    await assert_no_denials(admin)
+
+    agent = clients["agent"]
+    meta = session_keys("p-own", "s-1").meta
+    dumped = await admin.dump(meta)
+    await refused(agent.hset(meta, "user_id", "mallory"))
+    await refused(agent.hset(meta, "state", "active"))
+    await refused(agent.hdel(meta, "user_id"))
+    await refused(agent.delete(meta))
+    await refused(agent.set(meta, "x"))
+    await refused(agent.restore(meta, 0, dumped, replace=True))
+    rewrite = await agent.script_load("return redis.call('HSET', KEYS[1], 'user_id', 'mallory')")
+    await refused_in_script(agent.evalsha(rewrite, 1, meta))
+    assert await admin.hget(meta, "user_id") == b"ann"  # type: ignore[misc]
+    assert await admin.hget(meta, "state") == b"active"  # type: ignore[misc]
+
+
 async def test_the_lifecycle_worker_user_cannot_reach_beyond_its_streams_and_sessions(
     clients: dict[str, Redis],
 ) -> None:
@@ -436,6 +548,66 @@ async def test_the_operator_inspects_streams_but_cannot_flush_or_change_users(
     await refused(operator.config_set("appendonly", "no"))
     await refused(operator.acl_setuser("intruder", enabled=True, nopass=True))
     await refused(operator.set("other-app:key", "x"))
+
+
+async def test_the_operators_commands_work_but_it_cannot_move_keys_to_another_database(
+    acl_server: AclRedis, admin: Redis, clients: dict[str, Redis], database_url: str
+) -> None:
+    """What the operator's commands call (stats, replay, the DLQ's list, redrive and purge,
+    forget) works as the shipped ``operator`` (in database 0: no ``SELECT`` needed); ``MOVE``,
+    ``COPY … DB`` and ``SELECT``, which would take memworker's keys to another database, where
+    no forget, retention or stats looks, are refused, from a script too. Before, the
+    operator's categories allowed all three."""
+    from tests.integration.results_factory import migrated_engine
+    from worker.consumers.dead_letters import list_dead_letters, purge, redrive
+    from worker.erasure.forget import forget_everywhere
+    from worker.lifecycle.replay import replay_lifecycle
+
+    settings = settings_for(acl_server, "operator")
+    publisher = LifecycleClient(settings=settings_for(acl_server, "publisher"))
+    try:
+        async with running_worker(settings_for(acl_server, "lifecycle-worker")):
+            spawned = await publisher.wait(
+                await publisher.spawn("p-op", "s-1", "agent-1", {"secret": "kept"})
+            )
+            assert spawned.type == "agent.spawned"
+            streams = session_keys("p-op", "s-1").streams
+            await admin.xadd(streams.lifecycle, {"data": b"not json"})
+
+            async def dead_lettered() -> bool:
+                return int(await admin.xlen(streams.dlq)) == 1
+
+            await wait_until(dead_lettered, timeout=20)
+    finally:
+        await publisher.close()
+    operator = clients["operator"]
+    await admin.execute_command("ACL", "LOG", "RESET")  # type: ignore[no-untyped-call]
+
+    assert any(r.stream == streams.lifecycle for r in await stream_stats(operator, settings))
+    replayed = await replay_lifecycle(operator, settings, session_keys("p-op", "s-1").shard)
+    assert replayed["duplicate"] == 1, replayed
+    ((letter_id, _fields),) = await list_dead_letters(operator, streams.dlq)
+    assert await redrive(operator, streams.dlq, [letter_id]) == 1
+    assert await purge(operator, streams.dlq) == 0
+    async with migrated_engine(database_url) as engine:
+        receipt = await forget_everywhere(
+            engine, operator, PREFIX, "p-op", session_id="s-1", shards=SHARDS
+        )
+    assert receipt.ok, receipt.errors
+    await assert_no_denials(admin)
+
+    vars_key = session_keys("p-op", "s-2").vars
+    await admin.hset(vars_key, "secret", '"kept"')  # type: ignore[misc]
+    await refused(operator.move(vars_key, 1))
+    await refused(operator.copy(vars_key, f"{vars_key}-copy", destination_db="1"))
+    await refused(operator.execute_command("SELECT", 1))  # type: ignore[no-untyped-call]
+    await refused_in_script(operator.eval("return redis.call('MOVE', KEYS[1], 1)", 1, vars_key))
+    assert await admin.hget(vars_key, "secret") == b'"kept"'  # type: ignore[misc]
+    other_database = Redis.from_url(acl_server.admin_url.removesuffix("/0") + "/1")
+    try:
+        assert await other_database.dbsize() == 0, "a key reached another database"
+    finally:
+        await other_database.aclose()
 
 
 async def test_keda_reads_backlog_counts_and_nothing_else(

@@ -123,3 +123,61 @@ async def test_the_redrive_drops_an_excerpt_a_forget_covers(
     erased = await load_erased(redis, settings.stream_prefix)
     assert await redrive(redis, keys.dlq, None, erased) == 0
     assert int(await redis.xlen(keys.dlq)) == 0, "the excerpt of a forgotten user was kept"
+
+
+def late_ids(body: dict[str, Any], user: str) -> dict[str, Any]:
+    """``body`` with a large field first: every id comes after the excerpt's cut."""
+    return {"note": secret(user) + PADDING, **body}
+
+
+async def test_an_excerpt_whose_ids_come_after_the_cut_goes_with_its_user_and_session(
+    redis: Redis, settings: Settings, database_url: str
+) -> None:
+    """An entry whose ids all come after its first 4 KB is dead-lettered as an excerpt that
+    holds no id: the ids found in the whole entry are kept beside it, so a forget of the user
+    (dry run counts included) and of the session still finds it. Before, such an excerpt
+    named nobody and outlived both forgets until the DLQ's retention."""
+    live = settings.model_copy(update={"max_event_bytes": 1024, "database_url": database_url})
+    sent = [
+        late_ids(command("spawn", "ann-a-spawn", "ann-a", PROJECT, user_id="ann"), "ann"),
+        late_ids(command("pause", "ann-a-pause", "ann-a", PROJECT), "ann"),
+        late_ids(command("spawn", "cal-a-spawn", "cal-a", PROJECT, user_id="cal"), "cal"),
+    ]
+    async with migrated_engine(database_url) as engine:
+        for body in sent:
+            await publish(redis, live, body)
+        async with running_worker(live):
+            for shard in {shard_of(PROJECT, b["session_id"], live.shards) for b in sent}:
+                wanted = sum(shard_of(PROJECT, b["session_id"], live.shards) == shard for b in sent)
+                await stream_len_at_least(redis, StreamKeys(live.stream_prefix, shard).dlq, wanted)
+        found = await letters(redis, live)
+        kept = [fields for rows in found.values() for fields in rows]
+        assert len(kept) == 3 and all(f[b"truncated"] == b"true" for f in kept), kept
+        assert not any(PROJECT.encode() in f[b"data"] for f in kept), "an id before the cut"
+        assert {f[b"original_session_id"] for f in kept} == {b"ann-a", b"cal-a"}
+
+        async def forget(dry_run: bool, user: str | None = None, session: str | None = None) -> int:
+            receipt = await forget_everywhere(
+                engine,
+                redis,
+                live.stream_prefix,
+                PROJECT,
+                session_id=session,
+                user_id=user,
+                shards=live.shards,
+                dry_run=dry_run,
+            )
+            assert receipt.ok, receipt.errors
+            return sum(n for stream, n in receipt.streams.items() if stream in found)
+
+        assert await forget(True, user="ann") == 2, "the dry run missed ann's excerpts"
+        assert holding(await letters(redis, live), secret("ann")) == 2
+        assert await forget(False, user="ann") == 2
+        found = await letters(redis, live)
+        assert holding(found, secret("ann")) == 0, "ann's excerpts outlived her forget"
+        assert holding(found, secret("cal")) == 1, "cal's excerpt went with ann's forget"
+
+        assert await forget(True, session="cal-a") == 1
+        assert await forget(False, session="cal-a") == 1
+        found = await letters(redis, live)
+        assert holding(found, secret("cal")) == 0, "cal's excerpt outlived his session's forget"

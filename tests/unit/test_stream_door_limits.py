@@ -78,3 +78,33 @@ def test_a_dead_letter_keeps_an_excerpt_of_an_entry_over_the_bound_and_says_so()
         deliveries=1,
     )
     assert whole["truncated"] == "false" and len(whole["data"]) > 100_000
+
+
+def test_an_excerpts_ids_are_found_past_the_cut_and_bounded_whatever_the_entry_holds() -> None:
+    """A hostile entry: tens of thousands of id-looking fields, nested ones, an id far longer
+    than an id may be, the real ids last. The dead letter records each identifying field once
+    (the last given, as a parser reads it), never a nested one, each cut to 129 characters."""
+    many = b"".join(
+        b'"user_id":"u%d","x%d":{"project_id":"nested"},' % (i, i) for i in range(50_000)
+    )
+    data = b'{"pad":"' + b"z" * 10_000 + b'",' + many
+    data += b'"project_id":"' + b"p" * 100_000 + b'","session_id":"real","episode_id":7}'
+    letter = dead_letter(
+        fields={b"data": data},
+        source_stream="s",
+        source_id="1-0",
+        group="g",
+        reason="unparseable",
+        error="e",
+        deliveries=1,
+        keep_bytes=len(data) // 2,
+    )
+    recorded = {
+        k: v for k, v in letter.items() if k.startswith("original_") and k != "original_bytes"
+    }
+    assert recorded == {
+        "original_user_id": "u49999",
+        "original_project_id": "p" * 129,
+        "original_session_id": "real",
+    }
+    assert sum(len(k) + len(v) for k, v in letter.items()) <= EXCERPT_BYTES + 1_000

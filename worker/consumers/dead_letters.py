@@ -15,7 +15,7 @@ from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
 from redis.asyncio.cluster import ClusterPipeline, RedisCluster
 
-from worker.codec import text
+from worker.codec import entry_ids, text
 from worker.consumers.entries import StreamEntry
 from worker.metrics import DEAD_LETTERS
 
@@ -23,6 +23,9 @@ EXCERPT_BYTES = 4_096
 """What a dead letter keeps of an entry too large to keep whole: the first bytes of its first
 fields (names included), this many in all."""
 EXCERPT_FIELDS = 16
+ID_SCAN_FACTOR = 4
+"""How far into an entry kept as an excerpt its ids are looked for: this many times the bound
+it was over (the worker never parses a ``data`` over 4 x ``MEMWORKER_MAX_EVENT_BYTES``)."""
 
 
 class ErasureCheck(Protocol):
@@ -70,13 +73,17 @@ def dead_letter(
 ) -> dict[str, str]:
     """The fields of a DLQ entry, all strings as a stream entry needs. An entry over
     ``keep_bytes`` (the stream door's bound: ``worker.lifecycle.apply``) is kept as an excerpt
-    (``entry_excerpt_json``), ``truncated`` true; ``original_bytes`` is its whole size."""
+    (``entry_excerpt_json``), ``truncated`` true, with the ids whole in it anywhere (not only
+    in the excerpt) beside it (``codec.entry_ids``: ``original_project_id`` …), so a forget
+    finds whose it is; ``original_bytes`` is its whole size."""
     size = entry_size(fields)
     truncated = keep_bytes is not None and size > keep_bytes
+    ids = entry_ids(fields, ID_SCAN_FACTOR * keep_bytes) if keep_bytes and truncated else {}
     return {
         "data": entry_excerpt_json(fields) if truncated else entry_fields_json(fields),
         "original_bytes": str(size),
         "truncated": "true" if truncated else "false",
+        **ids,
         "source_stream": source_stream,
         "source_id": source_id,
         "group": group,

@@ -17,7 +17,8 @@ spawn naming the user published before the cutoff is rejected ``forgotten``.
 
 ``entry_scope`` also tells forget which stream entries carry a project: a command, a result or
 an announcement (its ``data``), or a dead letter of any of them (the original entry's fields;
-of an excerpt, or of an entry that is no whole JSON object, the fields whole in it).
+of an excerpt, or of an entry that is no whole JSON object, the fields whole in it, and an
+excerpt's ids recorded beside it).
 """
 
 from __future__ import annotations
@@ -28,7 +29,14 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from worker.codec import UnusableEntryError, decode_entry, entry_data, leading_fields, text
+from worker.codec import (
+    UnusableEntryError,
+    decode_entry,
+    entry_data,
+    leading_fields,
+    recorded_ids,
+    text,
+)
 from worker.keys import erased_key, erased_ranges_key, erased_users_key
 
 
@@ -47,7 +55,9 @@ def entry_body(fields: Mapping[Any, Any]) -> dict[str, Any]:
     """The JSON object an entry carries (a dead letter: its original entry's); ``{}``: none.
     A dead letter whose original ``data`` is no whole JSON object (an excerpt of an entry too
     large to keep whole, or a broken one) gives the top-level fields that are whole in it
-    (``codec.leading_fields``): its ids, when they come before the cut, say whose it is."""
+    (``codec.leading_fields``) and, over them, the ids recorded beside an excerpt from the
+    whole entry (``codec.recorded_ids``: ``original_project_id`` …): those say whose it is
+    wherever in the entry they were."""
     try:
         body = decode_entry(fields)
     except (UnusableEntryError, ValueError):
@@ -59,8 +69,9 @@ def entry_body(fields: Mapping[Any, Any]) -> dict[str, Any]:
             try:
                 data = entry_data(body)
             except ValueError:  # a broken FastStream envelope
-                return {}
-            return leading_fields(data) if isinstance(data, str | bytes) else {}
+                data = None
+            whole = leading_fields(data) if isinstance(data, str | bytes) else {}
+            return whole | recorded_ids(fields)
     return body if isinstance(body, dict) else {}
 
 

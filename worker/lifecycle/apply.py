@@ -162,13 +162,18 @@ class CommandApplier:
             if isinstance(role, Exception) or role[0] != b"master":
                 raise RedisConnectionError(f"{mask(self.url_of(shard))} is not a writable primary")
 
-    async def ensure_scripts(self) -> None:
+    async def ensure_scripts(self, *, look_first: bool = False) -> None:
+        """Load the apply function and the DLQ script; ``look_first`` (the operator's replay:
+        it may call the function, not load it): only where ``FUNCTION LIST`` lacks it."""
         if not self._resolved:
             await self.resolve()
         for shard in {url: s for s, url in self._urls.items()}.values():
-            loaded, _ = await self.channel_for(shard).execute(
-                [APPLY.load_command(), ["SCRIPT", "LOAD", DEAD_LETTER.source]]
-            )
+            channel, dlq_script = self.channel_for(shard), ["SCRIPT", "LOAD", DEAD_LETTER.source]
+            if look_first:
+                listed, _ = await channel.execute([APPLY.list_command(), dlq_script])
+                if isinstance(listed, list) and listed:
+                    continue  # there (a user without FUNCTION LIST: loaded below)
+            loaded, _ = await channel.execute([APPLY.load_command(), dlq_script])
             APPLY.loaded(loaded)  # e.g. OOM on a full server: a condition the caller holds on
 
     async def close(self) -> None:

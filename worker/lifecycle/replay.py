@@ -48,18 +48,21 @@ async def replay_lifecycle(
     """Re-apply ``P:lifecycle:{shard}`` entries; counts of applied/rejected/duplicate/…;
     ``forgotten``: commands a ``memworker forget`` covered (``P:erased``), never applied."""
     applier = CommandApplier(redis, settings, LIFECYCLE_GROUP)
-    await applier.ensure_scripts()
-    stream = StreamKeys(settings.stream_prefix, shard).lifecycle
-    erased = await load_erased(redis, settings.stream_prefix)
-    counts: Counter[str] = Counter()
-    async for rows in read_range(redis, stream, start, end, settings.batch_size):
-        kept = [(i, f) for i, f in rows if not erased.covers_entry(i, f)]
-        if len(kept) < len(rows):
-            counts["forgotten"] += len(rows) - len(kept)
-        for outcome in await applier.apply(shard, kept, dead_letters=False) if kept else []:
-            counts[outcome.status] += 1
-        if progress:
-            progress(len(rows))
+    try:
+        await applier.ensure_scripts(look_first=True)  # as the operator: it loads no function
+        stream = StreamKeys(settings.stream_prefix, shard).lifecycle
+        erased = await load_erased(redis, settings.stream_prefix)
+        counts: Counter[str] = Counter()
+        async for rows in read_range(redis, stream, start, end, settings.batch_size):
+            kept = [(i, f) for i, f in rows if not erased.covers_entry(i, f)]
+            if len(kept) < len(rows):
+                counts["forgotten"] += len(rows) - len(kept)
+            for outcome in await applier.apply(shard, kept, dead_letters=False) if kept else []:
+                counts[outcome.status] += 1
+            if progress:
+                progress(len(rows))
+    finally:
+        await applier.close()  # its pipelined connection
     return counts
 
 

@@ -51,14 +51,17 @@ local function chunked(cmd, key, items)
   end
 end
 
--- The bytes of the session's variables (each name plus its JSON value) are kept in the meta
--- hash's VBYTES field by the writes that know the change (wm_set, wm_delete, purge_expired);
--- every other change of the variables (a spawn, a restore, a clear) drops the field, and the
--- next wm_set counts afresh (vars_bytes: HKEYS and one HSTRLEN a variable, once).
+-- The bytes of the session's variables (each name plus its JSON value) are kept in the
+-- checkpoint hash's VBYTES field (no checkpoint's field: those are '<id>|<part>', and no id
+-- holds '|') by the writes that know the change (wm_set, wm_delete, purge_expired); every
+-- other change of the variables (a spawn, a restore, a clear) drops the field, and the next
+-- wm_set counts afresh (vars_bytes: HKEYS and one HSTRLEN a variable, once). Not in the meta
+-- hash: an agent's working memory never writes meta (its owner, state, seq), so its ACL user
+-- may be refused every write of it (deploy/redis/users.acl).
 local VBYTES = 'vbytes'
 
 local function vars_bytes()
-  local kept = call('HGET', K_META, VBYTES)
+  local kept = call('HGET', K_CPDATA, VBYTES)
   if kept then return tonumber(kept) end
   local total = 0
   local names = call('HKEYS', K_VARS)
@@ -69,21 +72,21 @@ local function vars_bytes()
 end
 
 local function forget_vars_bytes()
-  call('HDEL', K_META, VBYTES)
+  call('HDEL', K_CPDATA, VBYTES)
 end
 
 -- Drop variables whose per-key TTL has passed; returns how many.
 local function purge_expired(now)
   local dead = call('ZRANGEBYSCORE', K_VEXP, '-inf', now)
   if #dead > 0 then
-    local kept = call('HGET', K_META, VBYTES)
+    local kept = call('HGET', K_CPDATA, VBYTES)
     if kept then  -- take the dropped variables off the count (HSTRLEN is 0 for none)
       local total = tonumber(kept)
       for i = 1, #dead do
         local size = call('HSTRLEN', K_VARS, dead[i])
         if size > 0 then total = total - size - #dead[i] end
       end
-      call('HSET', K_META, VBYTES, math.max(total, 0))
+      call('HSET', K_CPDATA, VBYTES, math.max(total, 0))
     end
     chunked('HDEL', K_VARS, dead)
     chunked('ZREM', K_VEXP, dead)

@@ -5,9 +5,9 @@ purge_expired(now_ms())
 local size = redis.call('HSTRLEN', K_VARS, ARGV[2])
 local removed = redis.call('HDEL', K_VARS, ARGV[2])
 if removed > 0 then
-  local kept = redis.call('HGET', K_META, VBYTES)
+  local kept = redis.call('HGET', K_CPDATA, VBYTES)
   if kept then
-    redis.call('HSET', K_META, VBYTES, math.max(tonumber(kept) - size - #ARGV[2], 0))
+    redis.call('HSET', K_CPDATA, VBYTES, math.max(tonumber(kept) - size - #ARGV[2], 0))
   end
 end
 redis.call('ZREM', K_VEXP, ARGV[2])

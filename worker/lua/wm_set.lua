@@ -3,7 +3,7 @@
 -- max session bytes.
 -- Refused: past the key limit (a new name), past the session's byte limit (a write that
 -- grows it), and when Redis is nearly full (the admission key is set) for a write that grows
--- the session. The byte count is kept in the meta hash (vars_bytes): per call one HGET, one
+-- the session. The byte count is kept in the checkpoint hash (vars_bytes): per call one HGET, one
 -- HSTRLEN and one HSET of a small field more than before, and one GET of the admission key.
 local refused = write_refused()
 if refused then return redis.error_reply(refused) end
@@ -28,7 +28,7 @@ if after > used then
   if full then return redis.error_reply(full) end
 end
 redis.call('HSET', K_VARS, name, value)
-redis.call('HSET', K_META, VBYTES, after)
+redis.call('HSET', K_CPDATA, VBYTES, after)
 local key_ttl = tonumber(ARGV[4])
 if key_ttl > 0 then
   redis.call('ZADD', K_VEXP, now + key_ttl, name)
