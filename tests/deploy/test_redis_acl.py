@@ -10,6 +10,7 @@ still fails the test.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -716,3 +717,31 @@ async def test_a_trim_through_xadd_maxlen_no_acl_can_refuse_is_shown_to_the_oper
         (lifecycle, LIFECYCLE_GROUP),
         (episodes, INDEXER_GROUP),
     }
+
+
+async def test_the_operator_stops_a_script_that_never_returns_run_by_a_role_that_may_script(
+    admin: Redis, clients: dict[str, Redis]
+) -> None:
+    """A script-running credential can hold Redis BUSY with a loop; the operator can kill it."""
+    agent, operator = clients["agent"], clients["operator"]
+    sha = await agent.script_load("while true do end")
+    looping = asyncio.create_task(agent.evalsha(sha, 0))  # type: ignore[misc]
+
+    async def busy() -> bool:
+        try:
+            await operator.get("agents:probe")
+        except Exception as error:  # redis-py has no class of its own for BUSY
+            return "BUSY" in str(error)
+        return False
+
+    try:
+        await wait_until(busy, timeout=30)
+        await operator.script_kill()
+        with pytest.raises(ResponseError, match="killed"):
+            await looping
+        assert await operator.get("agents:probe") is None  # Redis answers again
+    finally:
+        if not looping.done():
+            with contextlib.suppress(Exception):
+                await admin.script_kill()  # never leave the shared server looping
+            looping.cancel()
