@@ -15,7 +15,10 @@ profile), a session's messages, recall and the live page. Recall is by words alo
 Postgres without pgvector; ``--pgvector`` runs an embedded one with it (pgserver) and gives
 every turn and fact a random vector of the local model, so recall also embeds the query and
 searches by meaning. ``--before CHECKOUT`` serves that checkout's code too, on the same data,
-its loads alternating with this code's (the ratio under the same load); ``--breakdown`` times
+its loads alternating with this code's (the ratio under the same load), on a copy of the
+database at that checkout's own schema revision (an index this code's migrations add is not
+there for it), and checks that both show the same content on every page but the live one
+(the turns, facts and scores the recall page shows among it); ``--breakdown`` times
 the recall page's parts in process (the turns' recall and its steps, the facts', the render).
 The target: a page in at most 200 ms.
 """
@@ -33,7 +36,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl
@@ -49,12 +52,19 @@ from harness import (
 )
 from recall_common import pgvector_server
 from redis.asyncio import Redis
-from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy import Connection, make_url, text
+from sqlalchemy.ext.asyncio import AsyncConnection, create_async_engine
 from user_memory import PROJECT, load_facts, load_turns
 
+from worker.db.engine import create_database_engine
+from worker.db.migrate import alembic_config, head_revision
 from worker.db.vectors import VECTOR_TABLE, has_vector_table, hnsw_index_sql
-from worker.settings import LOCAL_EMBEDDING_DIMENSION, LOCAL_EMBEDDING_MODEL, Settings
+from worker.settings import (
+    LOCAL_EMBEDDING_DIMENSION,
+    LOCAL_EMBEDDING_MODEL,
+    Settings,
+    asyncpg_url,
+)
 from worker.user_memory.memory import Memory
 
 USER = "heavy-user"
@@ -197,6 +207,7 @@ async def recall_breakdown(database_url: str, redis_url: str, prefix: str, round
 
     timed = Timed()
     for name, label in (
+        ("_meaning_beside", "turns: the meaning half, beside the words (embedding + search)"),
         ("_meaning", "turns: the vector search"),
         ("_words", "turns: the words search (one statement)"),
         ("rank", "turns: ranking (twice)"),
@@ -204,7 +215,7 @@ async def recall_breakdown(database_url: str, redis_url: str, prefix: str, round
         ("_unindexed", "turns: which have no vector"),
     ):
         timed.wrap(turn_recall, name, label)
-    timed.wrap(memory_module, "embed_query", "turns: the query's embedding")
+    timed.wrap(memory_module, "embed_query_or_none", "turns: the query's embedding")
     for name, label in (
         ("_recall_by_words", "facts: the words search"),
         ("_indexed_embedder", "facts: whether the project's facts have vectors"),
@@ -263,6 +274,66 @@ async def recall_breakdown(database_url: str, redis_url: str, prefix: str, round
     return markdown_table(["part of the recall page", "p50 ms", "p95 ms", "calls"], rows, "lrrr")
 
 
+def revision_of(code: str) -> str:
+    """The head schema revision of the checkout ``code``'s migrations."""
+    found = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from worker.db.migrate import head_revision; print(head_revision())",
+        ],
+        env={**os.environ, "PYTHONPATH": str(Path(code).resolve())},
+        cwd=code,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return found.stdout.strip()
+
+
+@contextlib.asynccontextmanager
+async def schema_of(url: str, code: str) -> AsyncIterator[str]:
+    """The database at ``url`` as the checkout ``code`` would have it: ``url`` itself when its
+    migrations end where ours do, else a copy (dropped afterwards) downgraded by our migrations
+    to its head revision (e.g. without an index ours add): its code is timed without it."""
+    revision = revision_of(code)
+    if revision == head_revision():
+        yield url
+        return
+    source = str(make_url(url).database)
+    name = source + "_before"
+    admin = create_async_engine(asyncpg_url(url), isolation_level="AUTOCOMMIT")
+    try:
+        async with admin.connect() as conn:
+            await conn.execute(text(f'CREATE DATABASE "{name}" TEMPLATE "{source}"'))
+        copy = make_url(url).set(database=name).render_as_string(hide_password=False)
+        engine = create_database_engine(copy, pool=False)
+        try:
+            async with engine.begin() as conn:
+
+                def downgrade(sync: Connection) -> None:
+                    from alembic import command
+
+                    command.downgrade(alembic_config(sync), revision)
+
+                await conn.run_sync(downgrade)
+        finally:
+            await engine.dispose()
+        try:
+            yield copy
+        finally:
+            async with admin.connect() as conn:
+                await conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    finally:
+        await admin.dispose()
+
+
+def shown(web: Any, url: str) -> str:
+    """The text a page shows in its ``main`` (its tables, scores and times among it)."""
+    web.get(url)
+    return str(web.find_element("id", "main").text)
+
+
 @contextlib.contextmanager
 def serving(env: dict[str, str], code: str | None) -> Iterator[str]:
     """``memworker serve`` of ``PROJECT`` (the code of the checkout ``code``, else this one)
@@ -308,18 +379,24 @@ async def measure(args: argparse.Namespace, server_url: str, prefix: str, sample
     codes: dict[str, str | None] = {"this": None}
     if args.before:
         codes = {"before": args.before, "after": None}
-    async with fresh_database(server_url) as url:
+    async with fresh_database(server_url) as url, contextlib.AsyncExitStack() as databases:
         await seed(url, args.redis_url, prefix, args.turns, args.facts)
         env = {k: v for k, v in os.environ.items() if not k.startswith("MEMWORKER_")}
         env.update(
             REDIS_URL=args.redis_url,
-            DATABASE_URL=url,
             MEMWORKER_STREAM_PREFIX=prefix,
             MEMWORKER_API_TOKEN=TOKEN,
             MEMWORKER_LOG_LEVEL="WARNING",
         )
+        urls = {
+            name: url if c is None else await databases.enter_async_context(schema_of(url, c))
+            for name, c in codes.items()
+        }
         with contextlib.ExitStack() as stack:
-            bases = {name: stack.enter_context(serving(env, c)) for name, c in codes.items()}
+            bases = {
+                name: stack.enter_context(serving({**env, "DATABASE_URL": urls[name]}, c))
+                for name, c in codes.items()
+            }
             web = chromium()
             stack.callback(web.quit)
             for base in bases.values():
@@ -332,6 +409,10 @@ async def measure(args: argparse.Namespace, server_url: str, prefix: str, sample
                 for label, path in pages:
                     for name, base in bases.items():
                         samples.setdefault((label, name), []).append(load_ms(web, base + path))
+            for label, path in pages:  # the same content from each code (live: it changes)
+                contents = {shown(web, base + path) for base in bases.values()}
+                if label != "live" and len(contents) > 1:
+                    raise AssertionError(f"the {label} page differs between the codes")
         if args.breakdown:
             return await recall_breakdown(url, args.redis_url, prefix, args.loads)
     return ""

@@ -227,6 +227,13 @@ class Episode(Base):
         ),
         Index(None, "project_id", "occurred_at"),
         Index(None, "project_id", "user_id", "occurred_at"),
+        Index(  # a user's turns by session: recall's context, the inspector (migration 0010)
+            None,
+            "project_id",
+            "user_id",
+            "session_id",
+            postgresql_where=text("turn_id IS NOT NULL"),
+        ),
         Index("ix_episodes_search_vector", "search_vector", postgresql_using="gin"),
         {"postgresql_with": {"fillfactor": EPISODES_FILLFACTOR}},
     )

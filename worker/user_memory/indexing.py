@@ -1,5 +1,5 @@
 """A remembered turn's vector: who embeds it, waiting until it is recallable by meaning, and
-saying when a recall ran without some vectors.
+saying when a recall ran without some vectors; a recall's query's vector (``embed_query``).
 
 ``MEMWORKER_REMEMBER_EMBEDDING`` decides who embeds a turn ``Memory.remember`` stores:
 
@@ -38,7 +38,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from worker.db.outages import first_line
 from worker.db.vectors import VECTOR_TABLE, has_vector_table
-from worker.episodes.embedding import Embedder
+from worker.episodes.embedding import Embedder, EmbeddingError
 from worker.episodes.indexer import INDEXER_GROUP
 from worker.episodes.vectorising import embed_and_store
 from worker.keys import episodes_stream
@@ -272,3 +272,21 @@ class TurnVectors:
 def _names(ids: Sequence[str], most: int = 20) -> str:
     shown = ", ".join(repr(i) for i in ids[:most])
     return shown + (f" and {len(ids) - most} more" if len(ids) > most else "")
+
+
+async def embed_query(embedder: Embedder | None, query: str) -> list[float] | None:
+    if embedder is None or not query.strip():
+        return None
+    [vector] = await embedder.embed([query])
+    return list(vector)
+
+
+async def embed_query_or_none(embedder: Embedder, query: str) -> list[float] | None:
+    """The query's vector; None (logged) when the embedder fails: the recall is by words."""
+    try:
+        return await embed_query(embedder, query)
+    except EmbeddingError as exc:
+        get_logger("worker.user_memory").warning(
+            "recall by words only: the embedder failed", error=str(exc)
+        )
+        return None

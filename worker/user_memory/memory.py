@@ -38,7 +38,7 @@ from worker.settings import Settings
 from worker.user_memory import blocks, turns
 from worker.user_memory.extractors import Extractor, run_extractor
 from worker.user_memory.facts import FactStore
-from worker.user_memory.indexing import TurnVectors
+from worker.user_memory.indexing import TurnVectors, embed_query_or_none
 from worker.user_memory.inputs import check_recall, check_recall_facts, check_session
 from worker.user_memory.models import (
     Episode,
@@ -53,7 +53,7 @@ from worker.user_memory.models import (
     check_user_id,
     warn_isolation,
 )
-from worker.user_memory.recall import embed_query_or_none, recall_scored
+from worker.user_memory.recall import recall_scored
 from worker.user_memory.writes import SharedWrites, TurnWriter, release, shared_writes
 
 log = get_logger("worker.user_memory")
@@ -262,6 +262,7 @@ class Memory:
                     exact=exact,
                     min_similarity=self.settings.recall_min_similarity,
                     embedding=embedding,
+                    beside=self.engine.begin,  # the meaning half beside the words half
                 )
         finally:
             if embedding is not None and not embedding.done():

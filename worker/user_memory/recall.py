@@ -30,7 +30,9 @@ gets some context.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Sequence
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+from contextlib import AbstractAsyncContextManager
 from datetime import datetime
 from typing import Any
 
@@ -39,9 +41,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from worker.db.query_words import words_of
 from worker.db.vectors import CHUNK_TABLE, VECTOR_TABLE, has_chunk_table, vector_literal
-from worker.episodes.embedding import Embedder, EmbeddingError
 from worker.episodes.text_search import TEXT_CAP
-from worker.logs import get_logger
 from worker.user_memory.models import EpisodeMatch, ScoredMatches, as_utc
 from worker.user_memory.turn_ranking import Turn, rank, speaker_of
 from worker.user_memory.turns import (
@@ -258,12 +258,12 @@ async def _context(
     """Every turn of ``sessions`` into ``turns``, each linked to the one before and after it
     (by time, then by when it was stored), with its length and, for a new one, its cosine
     (at any value: a neighbour's meaning counts only through its share)."""
-    cosine = f", {_cosine_sql(dimension)} AS cosine" if dimension else ", NULL AS cosine"
-    join = (
-        f" LEFT JOIN {VECTOR_TABLE} v ON v.episode_id = e.id AND v.model = :m"
-        f" AND v.dimension = {dimension}"
+    # each turn's vector by its key (joined, all 10,000 of the model were hashed to keep ~500)
+    cosine = (
+        f", (SELECT {_cosine_sql(dimension)} FROM {VECTOR_TABLE} v WHERE v.episode_id = e.id"
+        f" AND v.model = :m AND v.dimension = {dimension}) AS cosine"
         if dimension
-        else ""
+        else ", NULL AS cosine"
     )
     order = "s.occurred_at, s.recorded_at, s.id"
     statement = text(
@@ -271,7 +271,7 @@ async def _context(
         f" array_agg(s.head ORDER BY {order}) AS heads, array_agg(s.n ORDER BY {order}) AS ns,"
         f" array_agg(s.cosine ORDER BY {order}) AS cosines FROM ("
         f"SELECT e.id, e.session_id, e.occurred_at, e.recorded_at, left(e.input, {HEAD}) AS head,"
-        f" length(e.search_vector) AS n{cosine} FROM episodes e{join}"
+        f" length(e.search_vector) AS n{cosine} FROM episodes e"
         f" WHERE {' AND '.join(where)} AND e.turn_id IS NOT NULL"
         " AND e.session_id = ANY(CAST(:sessions AS text[]))"
         f" ORDER BY e.session_id, e.occurred_at, e.recorded_at, e.id LIMIT {CONTEXT_ROWS}"
@@ -311,12 +311,14 @@ async def recall_scored(
     exact: bool = False,
     min_similarity: float = MIN_SIMILARITY,
     embedding: Awaitable[list[float] | None] | None = None,
+    beside: Beside | None = None,
 ) -> ScoredMatches:
     """The user's episodes best matching ``query`` (module doc), at most ``limit``; ``exact``:
     search the partition's vectors exactly rather than by the HNSW index (a small partition:
     the index's scan would filter the user's after it, finding few or none). ``embedding``:
     the query's vector still being computed (in place of ``query_vector``): the words half
-    runs meanwhile, and the meaning half once it is there (None: words only)."""
+    runs meanwhile, and the meaning half once it is there (None: words only). ``beside``: a
+    second connection for the meaning half, run at once with the words half (same results)."""
     if not 0.0 <= alpha <= 1.0:
         raise ValueError(f"alpha is between 0 and 1, not {alpha}")
     limit = max(0, int(limit))
@@ -333,11 +335,18 @@ async def recall_scored(
     words = bool(query.strip()) and alpha < 1.0
     # the episodes looked at without a vector of the model: wanted by a recall by meaning only
     unindexed: set[str] | None = None
+    searched = False  # the meaning half ran already (beside the words half)
     if words and embedding is not None and model is not None:  # while the query embeds
         unindexed = set()
-        lexemes, total = await _words(
-            conn, query, where, {**params, "m": model}, by_words, False, unindexed
-        )
+        words_half = _words(conn, query, where, {**params, "m": model}, by_words, False, unindexed)
+        if beside is not None and alpha > 0.0:
+            meaning_half = _meaning_beside(
+                beside, embedding, where, params, turns, exact, min_similarity, model
+            )
+            (lexemes, total), query_vector = await asyncio.gather(words_half, meaning_half)
+            embedding, searched = None, True
+        else:
+            lexemes, total = await words_half
         words = False
     if embedding is not None:
         query_vector = await embedding
@@ -345,7 +354,8 @@ async def recall_scored(
     if query.strip() and alpha > 0.0 and query_vector is not None and model is not None:
         dimension = len(query_vector)
         params.update(qv=vector_literal(query_vector), m=model)
-        await _meaning(conn, where, params, turns, dimension, exact, min_similarity)
+        if not searched:
+            await _meaning(conn, where, params, turns, dimension, exact, min_similarity)
     if dimension is None:
         unindexed = None
     elif unindexed is None:
@@ -420,6 +430,31 @@ async def recall_scored(
     )
 
 
+Beside = Callable[[], AbstractAsyncContextManager[AsyncConnection]]  # e.g. ``engine.begin``
+
+
+async def _meaning_beside(
+    beside: Beside,
+    embedding: Awaitable[list[float] | None],
+    where: list[str],
+    params: dict[str, Any],
+    turns: dict[str, Turn],
+    exact: bool,
+    floor: float,
+    model: str,
+) -> list[float] | None:
+    """``_meaning`` on a connection of ``beside`` once the query's vector (returned) is there,
+    set as the words half leaves its own (``_BY_INDEX_PLANNED``: the same plans and results)."""
+    vector = await embedding
+    if vector is None:
+        return None
+    found = {**params, "qv": vector_literal(vector), "m": model}
+    async with beside() as conn:
+        await conn.execute(text(_BY_INDEX_PLANNED))
+        await _meaning(conn, where, found, turns, len(vector), exact, floor)
+    return vector
+
+
 def _matches(found: list[EpisodeMatch], unindexed: int) -> ScoredMatches:
     matches = ScoredMatches(found)
     matches.unindexed = unindexed
@@ -448,21 +483,3 @@ async def _unindexed(
         {"ids": keys, "m": model},
     )
     return set(keys) - {row[0] for row in found}
-
-
-async def embed_query(embedder: Embedder | None, query: str) -> list[float] | None:
-    if embedder is None or not query.strip():
-        return None
-    [vector] = await embedder.embed([query])
-    return list(vector)
-
-
-async def embed_query_or_none(embedder: Embedder, query: str) -> list[float] | None:
-    """The query's vector; None (logged) when the embedder fails: the recall is by words."""
-    try:
-        return await embed_query(embedder, query)
-    except EmbeddingError as exc:
-        get_logger("worker.user_memory").warning(
-            "recall by words only: the embedder failed", error=str(exc)
-        )
-        return None

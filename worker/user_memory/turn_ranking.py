@@ -113,8 +113,9 @@ def bm25(
 ) -> float:
     score = 0.0
     norm = K1 * (1 - B + B * length / (average or 1.0))
+    saturation, weight = K1 + 1, idf.get
     for lexeme, tf in counts.items():
-        score += idf.get(lexeme, 0.0) * tf * (K1 + 1) / (tf + norm)
+        score += weight(lexeme, 0.0) * tf * saturation / (tf + norm)
     return score
 
 
@@ -159,19 +160,22 @@ def rank(
     average = sum(lengths) / len(lengths) if lengths else 1.0
     own: dict[str, float] = {}
     window: dict[str, float] = {}
+    wide = 3 * average
     for key, turn in turns.items():
-        if turn.counts:
-            own[key] = bm25(turn.counts, turn.length, idf, average)
-        summed = dict(turn.counts)
-        length = turn.length
+        counts = turn.counts
+        if counts:
+            own[key] = bm25(counts, turn.length, idf, average)
+        summed, length = counts, turn.length
         for side in (turn.before, turn.after):
             neighbour = turns.get(side) if side else None
             if neighbour is not None:
+                if summed is counts:  # a copy only when a neighbour adds to it
+                    summed = dict(counts)
                 for lexeme, n in neighbour.counts.items():
                     summed[lexeme] = summed.get(lexeme, 0) + n
                 length += neighbour.length
         if summed:
-            window[key] = bm25(summed, length, idf, 3 * average)
+            window[key] = bm25(summed, length, idf, wide)
     words = _scaled(own)
     for key, value in _scaled(window).items():
         words[key] = words.get(key, 0.0) + WINDOW_WEIGHT * value
