@@ -12,17 +12,18 @@ vector among them. The best turns' sessions are read through the index of migrat
 
 from __future__ import annotations
 
+import asyncio
 import random
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from redis.asyncio import Redis
 from sqlalchemy import event, text
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from worker.db.vectors import vector_literal
 from worker.episodes.embedding import LocalEmbedder
-from worker.settings import Settings
+from worker.settings import Settings, asyncpg_url
 from worker.user_memory.indexing import embed_query_or_none
 from worker.user_memory.memory import Memory
 from worker.user_memory.models import Episode, ScoredMatches
@@ -137,3 +138,35 @@ async def test_the_best_turns_sessions_are_read_by_the_sessions_index(
         assert driver is not None
         plan = "\n".join(row[0] for row in await driver.fetch("EXPLAIN " + context, *parameters))
     assert "ix_episodes_project_id_user_id_session_id" in plan, plan
+
+
+async def test_recalls_at_once_never_wait_for_a_second_connection_the_pool_cannot_give(
+    vector_engine: AsyncEngine,
+    vector_database_url: str,
+    redis: Redis,
+    vector_settings: Settings,
+    embedder: LocalEmbedder,
+) -> None:
+    """Each recall holds one connection and may want a second beside it: on a pool of one
+    connection, or with more recalls at once than the pool has connections, none may wait for
+    one every other recall holds (the pool's timeout, then an error to every caller)."""
+    settings = vector_settings.model_copy(update={"remember_embedding": "indexer"})
+    async with Memory(
+        "halves", settings=settings, embedder=embedder, engine=vector_engine, redis=redis
+    ) as memory:
+        await seed(memory, vector_engine, embedder)
+        expected = as_rows(await memory.recall_scored(QUERIES[0], user_id="ann", limit=10))
+    for size, overflow in ((1, 0), (2, 0), (3, 1)):
+        small = create_async_engine(
+            asyncpg_url(vector_database_url), pool_size=size, max_overflow=overflow, pool_timeout=5
+        )
+        try:
+            async with Memory(
+                "halves", settings=settings, embedder=embedder, engine=small, redis=redis
+            ) as memory:
+                found = await asyncio.gather(
+                    *(memory.recall_scored(QUERIES[0], user_id="ann", limit=10) for _ in range(12))
+                )
+            assert [as_rows(f) for f in found] == [expected] * 12, (size, overflow)
+        finally:
+            await small.dispose()

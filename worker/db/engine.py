@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
 import orjson
 from sqlalchemy import event
 from sqlalchemy.exc import DisconnectionError
-from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
-from sqlalchemy.pool import ConnectionPoolEntry, NullPool, PoolProxiedConnection
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+from sqlalchemy.pool import ConnectionPoolEntry, NullPool, PoolProxiedConnection, QueuePool
 from sqlalchemy.util.concurrency import await_
 
 from worker.settings import asyncpg_url
@@ -55,3 +58,42 @@ def _ping(
         await_(connection.execute("SELECT 1"))
     except Exception as exc:  # a dead or broken connection, whatever the driver says
         raise DisconnectionError(f"the connection did not answer a ping: {exc}") from exc
+
+
+Begin = Callable[[], AbstractAsyncContextManager[AsyncConnection]]
+"""A second connection's transaction, as ``AsyncEngine.begin`` gives one."""
+
+
+class SecondConnections:
+    """Whether a caller that holds a connection of ``engine`` may take a second one beside it
+    (a recall's meaning half on its own connection while its words half reads: BENCHMARKS.md,
+    the memory inspector).
+
+    Holding one connection while waiting for another is how a pool deadlocks: with as many
+    such callers as the pool has connections, each holds one and all wait. So at most half the
+    pool's connections' worth of callers take a second one at a time; a caller that finds no
+    slot free goes on with the one it holds (the halves in turn), never waiting. A pool of
+    fewer than two connections, or one that shares a single connection, gives no second."""
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        self._engine = engine
+        pool = engine.pool
+        slots = 0
+        if isinstance(pool, QueuePool):
+            overflow = max(0, pool._max_overflow)  # -1: no bound, counted as none
+            slots = (pool.size() + overflow) // 2
+        elif isinstance(pool, NullPool):  # a connection each: only the server bounds them
+            slots = 4
+        self._slots = asyncio.Semaphore(slots) if slots > 0 else None
+
+    @asynccontextmanager
+    async def maybe(self) -> AsyncIterator[Begin | None]:
+        """A second connection's ``begin`` while a slot is free, else None (never waits)."""
+        if self._slots is None or self._slots.locked():
+            yield None
+            return
+        await self._slots.acquire()  # free: taken at once, no await in between
+        try:
+            yield self._engine.begin
+        finally:
+            self._slots.release()

@@ -24,7 +24,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from worker.connections import client_for
-from worker.db.engine import create_database_engine
+from worker.db.engine import SecondConnections, create_database_engine
 from worker.db.models import Episode as EpisodeRow
 from worker.db.vectors import VECTOR_TABLE, has_vector_table
 from worker.episodes.changes import change_event, owe
@@ -97,6 +97,7 @@ class Memory:
             redis = client_for(self.settings, retry_seconds=0.5)  # outage is not waited out
             self._owned.append(redis.aclose)
         self.engine = engine
+        self._second = SecondConnections(engine)  # recall's meaning half beside its words
         self.redis = redis
         self._consolidator = consolidator
         self._embedder = embedder
@@ -248,7 +249,7 @@ class Memory:
             embedding = asyncio.ensure_future(embed_query_or_none(embedder, query))
             exact = await self._small_partition(embedder, user_id, time_range)
         try:
-            async with self.engine.begin() as conn:
+            async with self._second.maybe() as beside, self.engine.begin() as conn:
                 matches = await recall_scored(
                     conn,
                     self.project_id,
@@ -262,7 +263,7 @@ class Memory:
                     exact=exact,
                     min_similarity=self.settings.recall_min_similarity,
                     embedding=embedding,
-                    beside=self.engine.begin,  # the meaning half beside the words half
+                    beside=beside,  # None: no slot free, the halves in turn
                 )
         finally:
             if embedding is not None and not embedding.done():

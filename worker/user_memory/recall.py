@@ -31,14 +31,14 @@ gets some context.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Sequence
-from contextlib import AbstractAsyncContextManager
+from collections.abc import Awaitable, Sequence
 from datetime import datetime
 from typing import Any
 
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from worker.db.engine import Begin
 from worker.db.query_words import words_of
 from worker.db.vectors import CHUNK_TABLE, VECTOR_TABLE, has_chunk_table, vector_literal
 from worker.episodes.text_search import TEXT_CAP
@@ -311,7 +311,7 @@ async def recall_scored(
     exact: bool = False,
     min_similarity: float = MIN_SIMILARITY,
     embedding: Awaitable[list[float] | None] | None = None,
-    beside: Beside | None = None,
+    beside: Begin | None = None,
 ) -> ScoredMatches:
     """The user's episodes best matching ``query`` (module doc), at most ``limit``; ``exact``:
     search the partition's vectors exactly rather than by the HNSW index (a small partition:
@@ -430,11 +430,8 @@ async def recall_scored(
     )
 
 
-Beside = Callable[[], AbstractAsyncContextManager[AsyncConnection]]  # e.g. ``engine.begin``
-
-
 async def _meaning_beside(
-    beside: Beside,
+    beside: Begin,
     embedding: Awaitable[list[float] | None],
     where: list[str],
     params: dict[str, Any],

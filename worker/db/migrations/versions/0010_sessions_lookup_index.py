@@ -1,7 +1,7 @@
 """A user's turns by session: an index on ``episodes (project_id, user_id, session_id)``.
 
 Revision ID: 0010
-Revises: 0008 (the lead re-chains it onto 0009 at merge)
+Revises: 0009
 Create Date: 2026-11-27
 
 Recall reads the whole sessions of its best turns (``worker.user_memory.recall._context``),
@@ -20,7 +20,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0010"
-down_revision: str | None = "0008"
+down_revision: str | None = "0009"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
