@@ -6,9 +6,10 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
+from weakref import WeakKeyDictionary
 
 import orjson
-from sqlalchemy import event
+from sqlalchemy import Engine, event
 from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from sqlalchemy.pool import ConnectionPoolEntry, NullPool, PoolProxiedConnection, QueuePool
@@ -73,7 +74,15 @@ class SecondConnections:
     such callers as the pool has connections, each holds one and all wait. So at most half the
     pool's connections' worth of callers take a second one at a time; a caller that finds no
     slot free goes on with the one it holds (the halves in turn), never waiting. A pool of
-    fewer than two connections, or one that shares a single connection, gives no second."""
+    fewer than two connections, or one that shares a single connection, gives no second. One
+    per engine (``of``): every user of the engine counts against the same slots."""
+
+    @classmethod
+    def of(cls, engine: AsyncEngine) -> SecondConnections:
+        found = _SECOND.get(engine.sync_engine)
+        if found is None:
+            found = _SECOND[engine.sync_engine] = cls(engine)
+        return found
 
     def __init__(self, engine: AsyncEngine) -> None:
         self._engine = engine
@@ -97,3 +106,6 @@ class SecondConnections:
             yield self._engine.begin
         finally:
             self._slots.release()
+
+
+_SECOND: WeakKeyDictionary[Engine, SecondConnections] = WeakKeyDictionary()

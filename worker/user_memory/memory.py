@@ -97,7 +97,7 @@ class Memory:
             redis = client_for(self.settings, retry_seconds=0.5)  # outage is not waited out
             self._owned.append(redis.aclose)
         self.engine = engine
-        self._second = SecondConnections(engine)  # recall's meaning half beside its words
+        self._second = SecondConnections.of(engine)  # recall's meaning half beside its words
         self.redis = redis
         self._consolidator = consolidator
         self._embedder = embedder
