@@ -28,6 +28,7 @@ from mcp.shared.message import SessionMessage
 from pydantic import ValidationError
 
 from worker.access.guard import App, Message, Receive, Scope, Send
+from worker.access.mcp_screen import screened
 
 SERVER = "mcp"
 INVALID_PARAMS = -32602
@@ -166,7 +167,8 @@ def _reply_to(error: ValidationError) -> types.JSONRPCMessage | None:
 
 class HttpIntake:
     """In front of the SDK's HTTP app: a ``POST /mcp`` whose body the SDK cannot read but
-    ``answer`` can is answered here (200, ``application/json``); every other request passes
+    ``answer`` can is answered here (200, ``application/json``), one ``mcp_screen`` refuses (a
+    request's ``id`` neither a string nor an integer) too (400); every other request passes
     on, its body as it came."""
 
     def __init__(self, app: App) -> None:
@@ -186,7 +188,11 @@ class HttpIntake:
             if not message.get("more_body"):
                 break
         body = b"".join(chunks)
-        reply = _http_reply(body) if _SUSPECT.search(body) else None
+        status, reply = 200, None
+        if (refused := screened(body)) is not None:  # an id MCP cannot answer by
+            status, reply = refused
+        elif _SUSPECT.search(body):
+            reply = _http_reply(body)
         if reply is None:
             await self.app(scope, _replay([{"type": "http.request", "body": body}], receive), send)
             return
@@ -194,7 +200,7 @@ class HttpIntake:
         await send(
             {
                 "type": "http.response.start",
-                "status": 200,
+                "status": status,
                 "headers": [
                     (b"content-type", b"application/json"),
                     (b"content-length", str(len(payload)).encode()),

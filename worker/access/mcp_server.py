@@ -97,13 +97,18 @@ async def run_stdio(access: Callable[[], Access]) -> None:
     from mcp.server.stdio import stdio_server
 
     from worker.access.mcp_intake import StdioIntake
+    from worker.access.mcp_screen import ScreenedStdin, claim_stdin
 
     server = build(access)
+    wire, restore = claim_stdin()
     try:
-        async with stdio_server() as (read, write):
+        stdin = ScreenedStdin(wire)  # a line refused before the SDK reads it, answered
+        async with stdio_server(stdin=stdin) as (read, write):
+            stdin.answer_on(write)
             intake = StdioIntake(read, write)  # a line the SDK cannot read, answered
             await server.run(intake, write, server.create_initialization_options())
     finally:
+        restore()
         await close(server)
 
 
