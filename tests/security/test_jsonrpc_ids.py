@@ -1,10 +1,13 @@
-"""JSON-RPC requests whose ``id`` MCP cannot answer by, over stdio and ``mcp --http`` as real
-processes spoken to in raw JSON-RPC: an ``id`` that is neither a string nor an integer (an
-object, ``1e400``, ``true``, ``1.5``, ``null``, an array) is refused ``-32600 Invalid Request``
-naming ``id``, with ``id`` null (over HTTP: 400), and the server keeps serving. Before: the SDK
-read it as a notification and answered nothing (HTTP 202, no body). A 10 KB string and a
-30-digit integer are ids and answered by them; more digits than the JSON reader takes are a
-parse error (HTTP: 400, ``-32700``)."""
+"""JSON-RPC requests MCP cannot answer as sent, over stdio and ``mcp --http`` as real processes
+spoken to in raw JSON-RPC. An ``id`` that is neither a string nor an integer (an object,
+``1e400``, ``true``, ``1.5``, ``null``, an array) is refused ``-32600 Invalid Request`` naming
+``id``, with ``id`` null (over HTTP: 400); before, the SDK read it as a notification and
+answered nothing (HTTP 202, no body). A request nested 50,000 deep is refused naming the
+structure limit (``body_shape``, the same rule at both doors); one within it but nested past
+the JSON reader's depth, one with more digits than the reader takes, or one that is no JSON-RPC
+message, gets ``-32700``/``-32600`` with ``id`` null; before, stdio answered nothing to any line
+it could not read. The server keeps serving the next line. A 10 KB string and a 30-digit
+integer are ids and answered by them."""
 
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ import pytest
 
 from tests.security.processes import clean_env, free_port, listening
 from tests.security.test_unreadable_json import INITIALIZE, answered
+from worker.access.body_shape import MAX_JSON_CONTAINERS
 
 TOKEN = "jsonrpc-ids-token-4a7e"
 BAD_IDS = ['{"a": 1}', "1e400", "true", "false", "1.5", "null", "[1]", "-0.5e3"]
@@ -27,6 +31,10 @@ HUGE_INTEGER = "1" + "0" * 5_000
 """More digits than the SDK's JSON reader takes: a parse error."""
 GOOD_IDS = ['"' + "i" * 10_240 + '"', "1" + "0" * 29, "-7"]
 """Odd but valid: a 10 KB string, an integer past 64 bits, a negative one."""
+DEEP = '{"jsonrpc": "2.0", "id": 5, "method": "tools/call", "params": ' + "[" * 50_000
+NESTED = '{"jsonrpc": "2.0", "id": 6, "method": "ping", "params": {"a": ' + "[" * 300
+NESTED += "]" * 300 + "}}"
+"""Within the structure limit, deeper than the SDK's reader goes."""
 
 
 def request(raw_id: str, method: str = "tools/list") -> str:
@@ -93,12 +101,33 @@ async def test_mcp_stdio_refuses_an_id_it_cannot_answer_by(stdio: Lines) -> None
     for raw_id in BAD_IDS:
         await stdio.send(request(raw_id))
         invalid_id(await stdio.next(), raw_id)  # the next line answers it: nothing dropped
+    await stdio.send(request(HUGE_INTEGER))
+    answer = await stdio.next()
+    assert answer["id"] is None and answer["error"]["code"] == -32700, answer
+    assert "number out of range" in answer["error"]["message"], answer
     for raw_id in GOOD_IDS:
         await stdio.send(request(raw_id, "ping"))
         answer = await stdio.next()
         assert answer == {"jsonrpc": "2.0", "id": json.loads(raw_id), "result": {}}, raw_id[:20]
+    await stdio.send('{"jsonrpc": "2.0", "id": 9}')  # no method, no result: still answered
+    answer = await stdio.next()
+    assert answer["id"] is None and answer["error"]["code"] == -32600, answer
     await stdio.send(request("10"))
     assert len((await stdio.next())["result"]["tools"]) > 5
+
+
+async def test_mcp_stdio_answers_a_request_nested_too_deep(stdio: Lines) -> None:
+    await stdio.send(DEEP)
+    answer = await stdio.next()
+    assert answer["id"] is None and answer["error"]["code"] == -32600, answer
+    assert f"{MAX_JSON_CONTAINERS:,}" in answer["error"]["message"], answer
+    await stdio.send(NESTED)
+    answer = await stdio.next()
+    assert answer["id"] is None and answer["error"]["code"] == -32700, answer
+    assert "nested deeper" in answer["error"]["message"], answer
+    await stdio.send(request("11"))  # the next line is served
+    answer = await stdio.next()
+    assert answer["id"] == 11 and len(answer["result"]["tools"]) > 5, answer
 
 
 async def test_mcp_over_http_refuses_an_id_it_cannot_answer_by() -> None:
@@ -136,6 +165,13 @@ async def test_mcp_over_http_refuses_an_id_it_cannot_answer_by() -> None:
                 got = await http.post("/mcp", content=request(raw_id, "ping"), headers=headers)
                 assert got.status_code == 200, got.text
                 assert answered(got)["id"] == json.loads(raw_id), raw_id[:20]
+            # the structure rule of both doors: 413 naming the limit; too deep: -32700
+            deep = await http.post("/mcp", content=DEEP, headers=headers)
+            assert deep.status_code == 413, deep.text
+            assert f"{MAX_JSON_CONTAINERS:,}" in deep.json()["error"], deep.text
+            nested = await http.post("/mcp", content=NESTED, headers=headers)
+            assert nested.status_code == 400, nested.text
+            assert nested.json()["error"]["code"] == -32700, nested.text
             listed = await http.post("/mcp", content=request("12"), headers=headers)
             assert listed.status_code == 200 and "recall" in listed.text, listed.text
     assert "Traceback" not in "".join(process.lines)

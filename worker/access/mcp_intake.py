@@ -28,7 +28,7 @@ from mcp.shared.message import SessionMessage
 from pydantic import ValidationError
 
 from worker.access.guard import App, Message, Receive, Scope, Send
-from worker.access.mcp_screen import screened
+from worker.access.mcp_screen import screened, unreadable
 
 SERVER = "mcp"
 INVALID_PARAMS = -32602
@@ -154,15 +154,22 @@ class StdioIntake:
 
 
 def _reply_to(error: ValidationError) -> types.JSONRPCMessage | None:
-    """The answer to the line a parse failure holds (pydantic keeps the input), or None."""
-    for detail in error.errors():
+    """The answer to the line a parse failure holds (pydantic keeps the input): the request's
+    own when ``answer`` has one, else the parse error or invalid request (``id`` null) the SDK
+    answers such a body with over HTTP; None for a blank line (nothing asked)."""
+    details = error.errors()
+    for detail in details:
         line = detail.get("input")
         if detail.get("type") == "json_invalid" and isinstance(line, str | bytes):
+            if not line.strip():
+                return None
             message = _readable(line)
             reply = answer(message) if message is not None else None
             if reply is not None:
                 return types.jsonrpc_message_adapter.validate_python(reply)
-    return None
+    if not details:
+        return None
+    return types.jsonrpc_message_adapter.validate_python(unreadable(dict(details[0])))
 
 
 class HttpIntake:
@@ -189,7 +196,7 @@ class HttpIntake:
                 break
         body = b"".join(chunks)
         status, reply = 200, None
-        if (refused := screened(body)) is not None:  # an id MCP cannot answer by
+        if (refused := screened(body, shape=False)) is not None:  # an id MCP cannot answer by
             status, reply = refused
         elif _SUSPECT.search(body):
             reply = _http_reply(body)

@@ -1,9 +1,12 @@
 """What a JSON-RPC message must be before the MCP SDK reads it, the same at both doors of
-``memworker mcp`` (stdio and ``--http``): a request's ``id`` one MCP can answer by, a string or
-an integer. The SDK reads a message whose ``id`` is anything else (``{"a": 1}``, ``1e400``,
-``true``, ``1.5``, ``null``) as a notification and answers nothing (``--http``: 202, no body);
-here it is refused ``-32600 Invalid Request`` naming ``id``, with ``id`` null (``--http``:
-400).
+``memworker mcp`` (stdio and ``--http``): its structure within ``body_shape``'s limits (over
+HTTP the ``Guard`` already refused a body over them, 413) and, for a request, an ``id`` MCP can
+answer by: a string or an integer. The SDK reads a message whose ``id`` is anything else
+(``{"a": 1}``, ``1e400``, ``true``, ``1.5``, ``null``) as a notification and answers nothing
+(``--http``: 202, no body); here it is refused ``-32600 Invalid Request`` naming ``id``, with
+``id`` null (``--http``: 400). A message the SDK cannot read at all gets, over stdio, the
+JSON-RPC error ``-32700`` (or ``-32600``) with ``id`` null, as ``--http`` gets it from the SDK,
+instead of silence.
 
 ``ScreenedStdin`` is standard input as the SDK's stdio transport reads it, each line screened
 first; a refused line is answered on the transport's write stream and never reaches the SDK.
@@ -24,6 +27,9 @@ import mcp_types as types
 import pydantic_core
 from mcp.shared.message import SessionMessage
 
+from worker.access.body_shape import shape_problem
+
+PARSE_ERROR = -32700
 INVALID_REQUEST = -32600
 
 
@@ -60,10 +66,12 @@ def id_problem(message: Any) -> str | None:
     )
 
 
-def screened(raw: bytes | bytearray) -> tuple[int, dict[str, Any]] | None:
-    """The HTTP status and JSON-RPC error a message is refused with before the SDK reads it,
-    or None: the SDK reads it (one it cannot parse included: its own answer, or
-    ``mcp_intake``'s)."""
+def screened(raw: bytes | bytearray, *, shape: bool) -> tuple[int, dict[str, Any]] | None:
+    """The HTTP status and JSON-RPC error a message is refused with before the SDK reads it
+    (``shape``: its structure checked too, as the ``Guard`` checks an HTTP body), or None: the
+    SDK reads it (one it cannot parse included: its own answer, or ``mcp_intake``'s)."""
+    if shape and (problem := shape_problem(raw, "the message")) is not None:
+        return 413, error(INVALID_REQUEST, f"Invalid request: {problem}")
     try:
         message = pydantic_core.from_json(raw)
     except ValueError:
@@ -71,6 +79,23 @@ def screened(raw: bytes | bytearray) -> tuple[int, dict[str, Any]] | None:
     if (problem := id_problem(message)) is not None:
         return 400, error(INVALID_REQUEST, problem)
     return None
+
+
+def unreadable(detail: dict[str, Any]) -> dict[str, Any]:
+    """The JSON-RPC error answering a stdio line the SDK could not read (``detail``: the first
+    of its reader's errors), as ``--http`` answers such a body (parse error or invalid
+    request, ``id`` null)."""
+    if detail.get("type") == "json_invalid":
+        reason = str(detail.get("ctx", {}).get("error") or detail.get("msg", "invalid JSON"))
+        if reason.startswith("recursion limit"):
+            reason += " (arrays and objects nested deeper than the JSON reader reads)"
+        return error(PARSE_ERROR, f"Parse error: {reason}")
+    where = ".".join(str(part) for part in detail.get("loc", ()))
+    return error(
+        INVALID_REQUEST,
+        "Invalid request: not a JSON-RPC 2.0 request, notification or response"
+        + (f" ({where}: {detail.get('msg', '')})" if where else ""),
+    )
 
 
 class _Unowned(io.TextIOWrapper):
@@ -121,7 +146,7 @@ class ScreenedStdin(anyio.AsyncFile[str]):
     async def readline(self) -> str:
         while True:
             line = await super().readline()
-            refused = screened(line.encode()) if line.strip() else None
+            refused = screened(line.encode(), shape=True) if line.strip() else None
             if refused is None:
                 return line
             await self._ready.wait()
