@@ -119,6 +119,7 @@ def http_app(
     max_bytes: int,
     allowed_hosts: frozenset[str] | None,
     max_sessions: int,
+    allowed_origins: frozenset[str] = frozenset(),
     idle_seconds: float,
     body_timeout_s: float = 30.0,
 ) -> tuple[Server[Any], Any]:
@@ -151,6 +152,7 @@ def http_app(
         token=token,
         max_bytes=max_bytes,
         allowed_hosts=allowed_hosts,
+        allowed_origins=allowed_origins,
         body_timeout_s=body_timeout_s,
     )
     return server, guarded
