@@ -25,7 +25,7 @@ from tests.security.test_unreadable_json import INITIALIZE, answered
 from worker.access.body_shape import MAX_JSON_CONTAINERS
 
 TOKEN = "jsonrpc-ids-token-4a7e"
-BAD_IDS = ['{"a": 1}', "1e400", "true", "false", "1.5", "null", "[1]", "-0.5e3"]
+BAD_IDS = ['{"a": 1}', "1e400", "true", "false", "1.5", "null", "[1]", "-0.5e3", "NaN"]
 """Ids MCP cannot answer by, as sent on the wire."""
 HUGE_INTEGER = "1" + "0" * 5_000
 """More digits than the SDK's JSON reader takes: a parse error."""

@@ -47,6 +47,8 @@ def _what(value: Any) -> str:
         return "an object"
     if isinstance(value, list):
         return "an array"
+    if isinstance(value, float) and value != value:
+        return "NaN"
     if isinstance(value, float) and abs(value) == float("inf"):
         return "a number out of range"
     return f"a number with a fraction or an exponent ({value!r})"
