@@ -244,6 +244,13 @@ class Settings(BaseSettings):
     """Host names ``memworker serve`` and ``mcp --http`` answer besides localhost, 127.0.0.1,
     [::1] and the address they listen on (comma-separated, or a JSON list; ``--allowed-host``
     adds more): a request naming another ``Host`` is refused 421 (DNS rebinding)."""
+    api_allowed_origins: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    """Browser origins besides the server's own that may call ``memworker serve`` (its API and
+    ``/ui``) and ``mcp --http``: ``https://app.example.com``, ``http://localhost:3000`` (a
+    scheme, a host, a port unless the scheme's default; comma-separated, or a JSON list). A
+    request whose ``Origin`` is neither the server's own (the host and port its ``Host`` names)
+    nor one of these is refused 403, another local port's page included; a request without
+    ``Origin`` (no browser sent it) is not judged by it."""
     api_trusted_proxies: Annotated[list[str], NoDecode] = Field(default_factory=list)
     """Addresses of the reverse proxies in front of ``memworker serve`` and ``mcp --http``
     whose ``X-Forwarded-For`` names the client (comma-separated, or a JSON list). Empty (the
@@ -330,7 +337,35 @@ class Settings(BaseSettings):
             )
         return value if value else None
 
-    @field_validator("api_allowed_hosts", "api_trusted_proxies", mode="before")
+    @field_validator("api_allowed_origins")
+    @classmethod
+    def _origins(cls, value: list[str]) -> list[str]:
+        """Each an origin a browser sends: ``http(s)://host[:port]``, nothing more."""
+        for origin in value:
+            try:
+                parts = urlsplit(origin)
+                parts.port  # noqa: B018 (raises on a port that is no number)
+            except ValueError:
+                parts = urlsplit("")
+            if (
+                parts.scheme.lower() not in ("http", "https")
+                or not parts.hostname
+                or parts.username
+                or parts.password
+                or parts.path not in ("", "/")
+                or parts.query
+                or parts.fragment
+            ):
+                raise ValueError(
+                    f"{origin!r} is not an origin: write it as a browser sends it, a scheme, a "
+                    "host and a port unless the default (https://app.example.com, "
+                    "http://localhost:3000), no path"
+                )
+        return value
+
+    @field_validator(
+        "api_allowed_hosts", "api_allowed_origins", "api_trusted_proxies", mode="before"
+    )
     @classmethod
     def _comma_separated(cls, value: object) -> object:
         if isinstance(value, str):

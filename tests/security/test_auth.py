@@ -237,6 +237,8 @@ async def test_wrong_tokens_count_once_on_every_door_and_the_right_one_is_never_
             assert held.json()["error"].startswith("too many wrong tokens from your address")
             signed = await http.post("/ui/login", data={"token": "guess"})
             assert signed.status_code == 429, signed.status_code
+            signed = await http.post("/ui/login", data={"token": TOKEN})
+            assert signed.status_code == 303, signed.status_code  # the form's right token too
             nothing = await http.post("/v1/recall", json={"query": "x"})
             assert nothing.status_code == 401, nothing.text
             assert (await http.get("/ui/", headers=auth)).status_code == 200

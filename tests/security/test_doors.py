@@ -65,6 +65,56 @@ async def test_a_request_naming_another_host_is_refused_421(kind: str) -> None:
             assert "cross-origin" in other_site.json()["error"]
 
 
+@pytest.mark.parametrize("kind", list(DOORS))
+async def test_only_the_servers_own_origin_and_the_allowed_ones_pass(kind: str) -> None:
+    """A browser's ``Origin`` must be the server's own (the host and port its ``Host`` names) or
+    one of ``MEMWORKER_API_ALLOWED_ORIGINS``: a page of another local app (another port of
+    localhost, a ``*.localhost`` name) is refused 403 at every door: the API, ``/ui`` and
+    ``mcp --http`` (before: any localhost origin passed). A request without ``Origin`` is
+    not judged by it."""
+    _, path, _ = DOORS[kind]
+    env = clean_env(
+        MEMWORKER_API_TOKEN=TOKEN,
+        MEMWORKER_API_ALLOWED_ORIGINS="http://localhost:3000,HTTPS://App.example.com:443",
+    )
+    extra = ["--host", "127.0.0.1", "--allowed-host", "memory.example"]
+    with door(kind, env, *extra) as (base, _):
+        port = int(base.rsplit(":", 1)[1])
+        own, local = f"127.0.0.1:{port}", f"localhost:{port}"
+        refused = [  # (Origin, Host)
+            (f"http://localhost:{port + 1}", local),  # another local app, same host
+            (f"http://localhost:{port + 1}", own),
+            (f"http://127.0.0.1:{port + 1}", own),
+            ("http://localhost:3001", own),
+            (f"http://app.localhost:{port}", local),
+            ("http://memory.example:8080", "memory.example"),
+            ("https://app.example.com:8443", own),
+            ("null", own),
+        ]
+        passed = [
+            (f"http://127.0.0.1:{port}", own),
+            (f"http://localhost:{port}", local),
+            ("https://memory.example", "memory.example"),
+            ("http://memory.example:8080", "memory.example:8080"),
+            ("http://localhost:3000", own),  # the allow-list
+            ("https://app.example.com", own),
+            (None, own),
+        ]
+        targets = [path, "/ui/login"] if kind == "serve" else [path]
+        auth = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
+        async with httpx.AsyncClient(base_url=base, timeout=60, headers=auth) as http:
+            for target in targets:
+                for origin, host in refused + passed:
+                    headers = {"Host": host, **({"Origin": origin} if origin else {})}
+                    answer = await http.post(target, content=b"{}", headers=headers)
+                    if (origin, host) in refused:
+                        assert answer.status_code == 403, (target, origin, host, answer.text)
+                        error = answer.json()["error"]
+                        assert "MEMWORKER_API_ALLOWED_ORIGINS" in error, error
+                    else:
+                        assert answer.status_code != 403, (target, origin, host, answer.text)
+
+
 async def test_an_empty_token_means_no_authentication_as_documented(
     redis: Redis, settings: Settings, database_url: str
 ) -> None:

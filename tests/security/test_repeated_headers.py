@@ -17,8 +17,9 @@ from worker.settings import Settings
 
 def exchange(port: int, headers: list[str]) -> bytes:
     body = b'{"query": "x"}'
-    request = (
-        "POST /v1/recall HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+    request = (  # the Host a browser sends, with the port: the Origin rule compares both
+        f"POST /v1/recall HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+        "Content-Type: application/json\r\n"
         + "".join(f"{h}\r\n" for h in headers)
         + f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
     ).encode() + body

@@ -63,3 +63,20 @@ def test_a_redis_host_list_needs_the_sentinel_service() -> None:
     with pytest.raises(ValidationError, match="MEMWORKER_REDIS_SENTINEL_SERVICE"):
         Settings(redis_url="redis://h1:26379,h2:26379/0")
     assert Settings(redis_url="redis://h1:26379,h2:26379/0", redis_sentinel_service="m")
+
+
+@pytest.mark.parametrize("given", ["localhost:3000", "ftp://a.example", "https://a.example/app"])
+def test_an_allowed_origin_that_is_no_origin_is_refused_naming_it(
+    monkeypatch: pytest.MonkeyPatch, given: str
+) -> None:
+    from pydantic import ValidationError
+
+    from worker.errors import one_line
+
+    monkeypatch.setenv("MEMWORKER_API_ALLOWED_ORIGINS", f"https://ok.example, {given}")
+    with pytest.raises(ValidationError) as raised:
+        Settings()
+    line = one_line(raised.value)
+    assert "MEMWORKER_API_ALLOWED_ORIGINS" in line and repr(given) in line, line
+    monkeypatch.setenv("MEMWORKER_API_ALLOWED_ORIGINS", "https://ok.example, http://localhost:3000")
+    assert Settings().api_allowed_origins == ["https://ok.example", "http://localhost:3000"]

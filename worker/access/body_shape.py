@@ -32,8 +32,9 @@ def _counts(body: bytes | bytearray, start: int = 0, end: int | None = None) -> 
     return containers, containers + body.count(b",", start, end)
 
 
-def shape_problem(body: bytes | bytearray) -> str | None:
-    """The one line a body holding more structure than the limits is refused with, or None."""
+def shape_problem(body: bytes | bytearray, what: str = "request body") -> str | None:
+    """The one line a body (``what``: how the line names it; an MCP stdio line is a
+    ``message``) holding more structure than the limits is refused with, or None."""
     containers, values = _counts(body)
     if containers <= MAX_JSON_CONTAINERS and values <= MAX_JSON_VALUES:
         return None
@@ -48,12 +49,12 @@ def shape_problem(body: bytes | bytearray) -> str | None:
             containers, values = containers - inside, values - inside_values
     if containers > MAX_JSON_CONTAINERS:
         return (
-            f"request body holds {containers:,} JSON arrays and objects, over the limit of "
+            f"{what} holds {containers:,} JSON arrays and objects, over the limit of "
             f"{MAX_JSON_CONTAINERS:,}: send fewer (split a batch, flatten a value)"
         )
     if values > MAX_JSON_VALUES:
         return (
-            f"request body holds more than {MAX_JSON_VALUES:,} JSON values ({values:,}), over "
+            f"{what} holds more than {MAX_JSON_VALUES:,} JSON values ({values:,}), over "
             "the limit: send fewer (split a batch, join small values)"
         )
     return None

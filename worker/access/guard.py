@@ -1,10 +1,11 @@
 """``Guard``: the ASGI middleware in front of both HTTP servers (``memworker serve``,
 ``memworker mcp --http``): the ``Host`` a request names (an allow-list against DNS rebinding:
-421 otherwise), a static bearer token on every path but the open ones (the scheme in any case,
-the token compared in constant time; wrong tokens limited per client address: ``guesses``),
-and limits on the request body (its bytes; its JSON structure, counted before any parser
-builds it: ``body_shape``). Its refusals are JSON ``{"error": "<one line>"}`` like every
-error."""
+421 otherwise), the ``Origin`` a browser sends (the server's own, or one allowed by
+``MEMWORKER_API_ALLOWED_ORIGINS``: 403 otherwise), a static bearer token on every path but
+the open ones (the scheme in any case, the token compared in constant time; wrong tokens
+limited per client address: ``guesses``), and limits on the request body (its bytes; its
+JSON structure, counted before any parser builds it: ``body_shape``). Its refusals are JSON
+``{"error": "<one line>"}`` like every error."""
 
 from __future__ import annotations
 
@@ -60,6 +61,39 @@ def host_name(header: bytes) -> str:
     return text.rsplit(":", 1)[0] if text.count(":") == 1 else text
 
 
+DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def host_and_port(header: bytes) -> tuple[str, int | None]:
+    """The name and port a ``Host`` header names (``localhost:8080`` → ``('localhost', 8080)``;
+    no port, or one that is not a number: None)."""
+    text = header.decode("latin-1").strip().lower()
+    if text.startswith("["):
+        name, _, rest = text[1:].partition("]")
+        port = rest[1:] if rest.startswith(":") else ""
+    elif text.count(":") == 1:
+        name, _, port = text.partition(":")
+    else:
+        name, port = text, ""
+    return name, int(port) if port.isdigit() and len(port) <= 5 else None
+
+
+def parse_origin(text: str) -> tuple[str, str, int] | None:
+    """An origin (``https://app.example.com:8443``) as its scheme, host and port (the
+    scheme's default when none is said), or None: not an http(s) origin (``null``, a path)."""
+    try:
+        parts = urlsplit(text.strip())
+        port = parts.port
+    except ValueError:
+        return None
+    scheme, name = parts.scheme.lower(), (parts.hostname or "").lower()
+    if scheme not in DEFAULT_PORTS or not name or parts.username or parts.password:
+        return None
+    if parts.path not in ("", "/") or parts.query or parts.fragment:
+        return None
+    return scheme, name, port if port is not None else DEFAULT_PORTS[scheme]
+
+
 def _is_address(name: str) -> bool:
     try:
         ipaddress.ip_address(name)
@@ -83,9 +117,10 @@ def _repeated(raw: list[tuple[bytes, bytes]]) -> str | None:
 
 class Guard:
     """Refuse a request naming a ``Host`` not served (421; ``allowed_hosts`` None: any), sent
-    by a page of another site (its ``Origin``: 403), without ``Authorization: Bearer <token>``
-    (401; when ``token`` is set; a wrong one from an address that sent too many: 429,
-    ``guesses``), with a body over ``max_bytes`` (413), not received whole within
+    by a page of another origin (its ``Origin`` neither the server's own, the host and port
+    its ``Host`` names, nor one of ``allowed_origins``: 403), without ``Authorization: Bearer
+    <token>`` (401; when ``token`` is set; a wrong one from an address that sent too many:
+    429, ``guesses``), with a body over ``max_bytes`` (413), not received whole within
     ``body_timeout_s`` (408) or holding more JSON structure than ``body_shape`` allows (413),
     before the app reads it."""
 
@@ -99,8 +134,10 @@ class Guard:
         allowed_hosts: frozenset[str] | None = LOCAL_HOSTS,
         body_timeout_s: float = 30.0,
         guesses: GuessLimiter | None = None,
+        allowed_origins: frozenset[str] = frozenset(),
     ) -> None:
         self.app = app
+        self.allowed_origins = frozenset(filter(None, map(parse_origin, allowed_origins)))
         self.guesses = guesses if guesses is not None else GuessLimiter()
         self.body_timeout_s = body_timeout_s
         self.expected = token.encode() if token else None
@@ -122,21 +159,23 @@ class Guard:
         return any(h.startswith(".") and name.endswith(h) for h in self.allowed_hosts)
 
     def origin_allowed(self, origin: bytes, host: bytes | None) -> bool:
-        """A browser's ``Origin``: the server's own host, localhost or an allowed name (an IP
-        address is not enough here: any site can be served from one)."""
+        """A browser's ``Origin``: the server's own (the host and port of its ``Host``, the
+        origin's scheme's default port when it names none) or one of ``allowed_origins``.
+        Another port of the same host is another origin: a page of another local app (a dev
+        server on localhost:3000) may not call this server. The scheme is not compared with
+        the connection's: behind a TLS proxy the page is https, the connection http."""
         if self.allowed_hosts is None:
             return True
-        try:
-            name = (urlsplit(origin.decode("latin-1")).hostname or "").lower()
-        except ValueError:
+        given = parse_origin(origin.decode("latin-1"))
+        if given is None:  # "null": a sandboxed page, a file
             return False
-        if not name:  # "null": a sandboxed page, a file
+        if given in self.allowed_origins:
+            return True
+        if host is None:
             return False
-        if host is not None and name == host_name(host):
-            return True
-        if name in self.allowed_hosts or name.endswith(".localhost"):
-            return True
-        return any(h.startswith(".") and name.endswith(h) for h in self.allowed_hosts)
+        scheme, name, port = given
+        own_name, own_port = host_and_port(host)
+        return name == own_name and port == (own_port or DEFAULT_PORTS[scheme])
 
     def authorized(self, given: bytes) -> bool:
         """``Authorization: Bearer <token>``, the scheme in any case (RFC 9110), the token
@@ -169,11 +208,12 @@ class Guard:
             return
         origin = headers.get(b"origin")
         if origin is not None and not self.origin_allowed(origin, headers.get(b"host")):
+            shown = origin.decode("latin-1")[:100]
             await send_error(
                 send,
                 403,
-                "cross-origin request refused: a page of another site may not call this "
-                "server; add its host name with --allowed-host or MEMWORKER_API_ALLOWED_HOSTS",
+                f"cross-origin request refused: a page of {shown!r} may not call this server "
+                "(only its own origin may); add the origin to MEMWORKER_API_ALLOWED_ORIGINS",
             )
             return
         if self.expected is not None and scope["path"] not in self.open_paths:

@@ -5,9 +5,9 @@ inspector's sign-in form and bearer header; ``memworker mcp --http``: its ``Guar
 After ``GUESS_FAILURES`` wrong tokens from one address within ``GUESS_WINDOW_SECONDS``, a wrong
 token from it is answered 429 with ``Retry-After`` (the seconds until the oldest failure leaves
 the window) instead of 401, and is not counted. Only wrong tokens count: a request without
-credentials is no guess, and a correct token is never counted nor refused (the inspector's
-sign-in form alone refuses every token while its address waits: it is the door for guessing by
-hand). The count is kept in the process (addresses and times only, at most
+credentials is no guess, and a correct token is never counted nor refused, at every door (the
+inspector's sign-in form included: a guesser behind an address it shares with others, a NAT
+or a proxy, locks no one out). The count is kept in the process (addresses and times only, at most
 ``GUESS_ADDRESSES`` addresses, the least recently failed dropped first); behind a proxy every
 client shares the proxy's address unless the proxy says who the client is
 (``X-Forwarded-For``, which uvicorn takes from 127.0.0.1 only)."""

@@ -83,6 +83,7 @@ def create_app(
     allowed_hosts: frozenset[str] | None = LOCAL_HOSTS,
     body_timeout_s: float = 30.0,
     guesses: GuessLimiter | None = None,
+    allowed_origins: frozenset[str] = frozenset(),
 ) -> Any:
     """The ASGI app: the API behind ``Guard`` (host, token, body limit). ``access`` makes the
     server's ``Access`` when the app starts; it is closed when the app stops. ``guesses``: the
@@ -145,6 +146,7 @@ def create_app(
         token=token,
         max_bytes=max_bytes,
         allowed_hosts=allowed_hosts,
+        allowed_origins=allowed_origins,
         body_timeout_s=body_timeout_s,
         guesses=guesses,
     )

@@ -28,6 +28,7 @@ from mcp.shared.message import SessionMessage
 from pydantic import ValidationError
 
 from worker.access.guard import App, Message, Receive, Scope, Send
+from worker.access.mcp_screen import screened, unreadable
 
 SERVER = "mcp"
 INVALID_PARAMS = -32602
@@ -153,20 +154,28 @@ class StdioIntake:
 
 
 def _reply_to(error: ValidationError) -> types.JSONRPCMessage | None:
-    """The answer to the line a parse failure holds (pydantic keeps the input), or None."""
-    for detail in error.errors():
+    """The answer to the line a parse failure holds (pydantic keeps the input): the request's
+    own when ``answer`` has one, else the parse error or invalid request (``id`` null) the SDK
+    answers such a body with over HTTP; None for a blank line (nothing asked)."""
+    details = error.errors()
+    for detail in details:
         line = detail.get("input")
         if detail.get("type") == "json_invalid" and isinstance(line, str | bytes):
+            if not line.strip():
+                return None
             message = _readable(line)
             reply = answer(message) if message is not None else None
             if reply is not None:
                 return types.jsonrpc_message_adapter.validate_python(reply)
-    return None
+    if not details:
+        return None
+    return types.jsonrpc_message_adapter.validate_python(unreadable(dict(details[0])))
 
 
 class HttpIntake:
     """In front of the SDK's HTTP app: a ``POST /mcp`` whose body the SDK cannot read but
-    ``answer`` can is answered here (200, ``application/json``); every other request passes
+    ``answer`` can is answered here (200, ``application/json``), one ``mcp_screen`` refuses (a
+    request's ``id`` neither a string nor an integer) too (400); every other request passes
     on, its body as it came."""
 
     def __init__(self, app: App) -> None:
@@ -186,7 +195,11 @@ class HttpIntake:
             if not message.get("more_body"):
                 break
         body = b"".join(chunks)
-        reply = _http_reply(body) if _SUSPECT.search(body) else None
+        status, reply = 200, None
+        if (refused := screened(body, shape=False)) is not None:  # an id MCP cannot answer by
+            status, reply = refused
+        elif _SUSPECT.search(body):
+            reply = _http_reply(body)
         if reply is None:
             await self.app(scope, _replay([{"type": "http.request", "body": body}], receive), send)
             return
@@ -194,7 +207,7 @@ class HttpIntake:
         await send(
             {
                 "type": "http.response.start",
-                "status": 200,
+                "status": status,
                 "headers": [
                     (b"content-type", b"application/json"),
                     (b"content-length", str(len(payload)).encode()),

@@ -97,13 +97,18 @@ async def run_stdio(access: Callable[[], Access]) -> None:
     from mcp.server.stdio import stdio_server
 
     from worker.access.mcp_intake import StdioIntake
+    from worker.access.mcp_screen import ScreenedStdin, claim_stdin
 
     server = build(access)
+    wire, restore = claim_stdin()
     try:
-        async with stdio_server() as (read, write):
+        stdin = ScreenedStdin(wire)  # a line refused before the SDK reads it, answered
+        async with stdio_server(stdin=stdin) as (read, write):
+            stdin.answer_on(write)
             intake = StdioIntake(read, write)  # a line the SDK cannot read, answered
             await server.run(intake, write, server.create_initialization_options())
     finally:
+        restore()
         await close(server)
 
 
@@ -114,6 +119,7 @@ def http_app(
     max_bytes: int,
     allowed_hosts: frozenset[str] | None,
     max_sessions: int,
+    allowed_origins: frozenset[str] = frozenset(),
     idle_seconds: float,
     body_timeout_s: float = 30.0,
 ) -> tuple[Server[Any], Any]:
@@ -146,6 +152,7 @@ def http_app(
         token=token,
         max_bytes=max_bytes,
         allowed_hosts=allowed_hosts,
+        allowed_origins=allowed_origins,
         body_timeout_s=body_timeout_s,
     )
     return server, guarded

@@ -220,6 +220,7 @@ def mcp(
         token=settings.api_token,
         max_bytes=settings.api_max_request_bytes,
         allowed_hosts=_allowed_hosts(settings, chosen, allowed_host),
+        allowed_origins=frozenset(settings.api_allowed_origins),
         max_sessions=settings.mcp_max_sessions,
         idle_seconds=settings.mcp_session_idle_seconds,
         body_timeout_s=settings.api_body_timeout_seconds,
@@ -267,6 +268,7 @@ def serve(
         "token": settings.api_token,
         "max_bytes": settings.api_max_request_bytes,
         "allowed_hosts": _allowed_hosts(settings, chosen, allowed_host),
+        "allowed_origins": frozenset(settings.api_allowed_origins),
         "body_timeout_s": settings.api_body_timeout_seconds,
     }
     app = create_app(shared, **guard)

@@ -18,9 +18,9 @@ off its requests anyway).
 Guessing is rate-limited per client address (``SignInLimiter``: the server's one
 ``worker.access.guesses.GuessLimiter``, which the API's guard counts into too): after
 ``SIGN_IN_FAILURES`` wrong tokens within ``SIGN_IN_WINDOW_SECONDS`` (typed into the form, or
-sent as a bearer header to any page), every sign-in from that address, and every page asked
-with a wrong bearer header, is answered 429 with ``Retry-After`` until the oldest failure
-leaves the window. A correct bearer header is never refused. The count is kept in the process
+sent as a bearer header to any page), every wrong token from that address, typed or sent, is
+answered 429 with ``Retry-After`` until the oldest failure leaves the window. The right token,
+typed into the form or in the header, is never refused. The count is kept in the process
 (addresses and times only, at most ``SIGN_IN_ADDRESSES`` of them); behind a proxy every client
 shares the proxy's address."""
 

@@ -89,6 +89,7 @@ def with_inspector(
     allowed_hosts: frozenset[str] | None = LOCAL_HOSTS,
     body_timeout_s: float = 30.0,
     guesses: GuessLimiter | None = None,
+    allowed_origins: frozenset[str] = frozenset(),
 ) -> WithInspector:
     """``api`` (``http_api.create_app`` made with ``shared`` as its ``access``) with the
     inspector at ``/ui``: the same host rule, token and body limit, and ``guesses`` (pass the
@@ -98,6 +99,7 @@ def with_inspector(
         token=None,  # the inspector signs in by cookie or header itself (``auth``)
         max_bytes=max_bytes,
         allowed_hosts=allowed_hosts,
+        allowed_origins=allowed_origins,
         body_timeout_s=body_timeout_s,
     )
     return WithInspector(api, guarded)
