@@ -123,6 +123,7 @@ async def remember(
         None,
         when,
         None,  # user_id
+        "",  # life: a remembered episode ends no session's life
     )
     async with engine.begin() as conn:
         owed = await insert_batch(conn, [], [row])
