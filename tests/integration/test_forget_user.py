@@ -186,7 +186,7 @@ async def test_forget_one_user_leaves_no_copy_and_keeps_the_other(
             assert len(document["facts"]) == 1 and len(document["memory_blocks"]) == 1
             held = document["working_memory"]
             assert sorted(held) == [f"{ANN}-s{n}" for n in range(FINISHED + LIVE)]
-            finished = [s for s in held if held[s]["meta"]["state"] == "terminated"]
+            finished = sorted(s for s in held if held[s]["meta"]["state"] == "terminated")
             assert finished == [f"{ANN}-s{n}" for n in range(FINISHED)]  # tombstones: no memory
             assert all(set(held[s]) == {"meta"} for s in finished)
             assert BOB not in exported.stdout.replace('"bob"', "")  # nothing of bob's
