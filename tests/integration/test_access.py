@@ -267,6 +267,9 @@ async def test_a_server_pinned_to_a_user_never_reaches_another_users_memory(
             assert [m["episode"]["user_id"] for m in own] == ["ann"]
             wm = await http.post("/v1/wm_get", json={"session_id": "someone-elses"})
             assert wm.status_code == 403
+            anonymous = await http.post("/v1/forget", json={"anonymous": True})
+            assert anonymous.status_code == 403, anonymous.text
+            assert anonymous.json()["error"].startswith("anonymous: this server serves user ann")
     finally:
         process.close()
 

@@ -184,9 +184,11 @@ async def test_forget_one_user_leaves_no_copy_and_keeps_the_other(
             assert len(document["episodes"]) == FINISHED + 2
             assert all(e["user_id"] == ANN for e in document["episodes"])
             assert len(document["facts"]) == 1 and len(document["memory_blocks"]) == 1
-            assert sorted(document["working_memory"]) == [
-                f"{ANN}-s{n}" for n in range(FINISHED, FINISHED + LIVE)
-            ]
+            held = document["working_memory"]
+            assert sorted(held) == [f"{ANN}-s{n}" for n in range(FINISHED + LIVE)]
+            finished = sorted(s for s in held if held[s]["meta"]["state"] == "terminated")
+            assert finished == [f"{ANN}-s{n}" for n in range(FINISHED)]  # tombstones: no memory
+            assert all(set(held[s]) == {"meta"} for s in finished)
             assert BOB not in exported.stdout.replace('"bob"', "")  # nothing of bob's
             assert "keep-bob" not in exported.stdout
 

@@ -105,7 +105,7 @@ def kind_of(name: str, schema: dict[str, Any]) -> str:
         return "id"
     if field.get("format") == "date-time":
         return "time"
-    if field.get("type") in ("integer", "number"):
+    if field.get("type") in ("integer", "number", "boolean"):
         return str(field["type"])
     if field.get("type") == "string":
         return {"key": "key", "query": "query", "content": "content"}.get(name, "text")
@@ -132,6 +132,8 @@ def hostile(kind: str) -> Iterator[Any]:
         yield from ["", "_reserved", "k" * 257, distinct_words(1 << 20)]
     if kind == "integer":
         yield from [0, -1, 10**30, *NON_FINITE, 1.5, "five", [], None]
+    if kind == "boolean":
+        yield from ["true", 1, 0, "yes", [], {"a": 1}, None]
     if kind == "number":
         yield from [-1e9, 1e308, *NON_FINITE, "high", [], {}]
     if kind == "time":
@@ -165,6 +167,7 @@ def valid(name: str, kind: str) -> Any:
         "time": datetime.now(UTC).isoformat(),
         "integer": 1,
         "number": 0.5,
+        "boolean": False,
         "json": {"ok": True},
         "key": "plan",
     }.get(kind, "hello")

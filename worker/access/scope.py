@@ -98,7 +98,8 @@ class Access:
         ):  # the same answer for another user's session and none: no oracle of ids
             raise AccessError(
                 f"session {session_id} of project {self.project_id} is not user "
-                f"{self.user_id}'s (its spawn named no such user)",
+                f"{self.user_id}'s (no session, live or terminated, spawned for that "
+                "user has this id; a forgotten one keeps no user)",
                 403,
             )
         if state is None:  # never spawned (or gone): a door never creates a session

@@ -7,7 +7,7 @@ from __future__ import annotations
 import sys
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, StrictFloat, StrictInt
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, StrictBool, StrictFloat, StrictInt
 
 from schemas.inputs import IdText, When, text_rule
 from schemas.limits import (
@@ -141,8 +141,14 @@ class SessionMessagesArguments(UserArguments):
 class ForgetArguments(UserArguments):
     session_id: IdText | None = Field(
         default=None,
-        description="Forget only this session's episodes. Without it, user_id must be given, "
-        "and all of that user's episodes, facts and blocks are forgotten.",
+        description="Forget only this session's episodes (and the facts made only from them). "
+        "Without it, user_id or anonymous must be given, and all of that user's (or the "
+        "anonymous bucket's) episodes, facts and blocks are forgotten.",
+    )
+    anonymous: StrictBool = Field(
+        default=False,
+        description="true: forget the anonymous bucket (what was stored without a user), on a "
+        "server not pinned to a user; not with user_id.",
     )
     before: When | None = Field(default=None, description="Only what is older than this time.")
     since: When | None = Field(default=None, description="With before: only from this time on.")

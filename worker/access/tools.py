@@ -164,12 +164,24 @@ async def profile(access: Access, a: UserArguments) -> Any:
 
 
 async def forget(access: Access, a: ForgetArguments) -> Any:
-    if a.session_id is None and a.user_id is None:
-        from worker.access.scope import AccessError
+    from worker.access.scope import AccessError
 
+    if a.anonymous and a.user_id is not None:
         raise AccessError(
-            "forget needs a selector: user_id (everything of that user) or session_id "
-            "(that session's episodes); nothing was forgotten"
+            "anonymous: true forgets the anonymous bucket (data of no user); it cannot be "
+            f"given with user_id ({a.user_id}); nothing was forgotten"
+        )
+    if a.anonymous and access.user_id is not None:
+        raise AccessError(
+            f"anonymous: this server serves user {access.user_id} only: it may not forget the "
+            "anonymous bucket; nothing was forgotten",
+            403,
+        )
+    if a.session_id is None and a.user_id is None and not a.anonymous:
+        raise AccessError(
+            "forget needs a selector: user_id (everything of that user), anonymous: true "
+            "(everything stored without a user) or session_id (that session's episodes); "
+            "nothing was forgotten"
         )
     chosen = a.model_dump(include={"session_id", "before", "since"})  # ids and times, checked
     removed = await access.memory.forget(user_id=access.user(a.user_id), **chosen)
@@ -304,9 +316,10 @@ TOOLS: tuple[Tool, ...] = (
     ),
     Tool(
         "forget",
-        "Forget a user's memory everywhere it is kept: all of it (user_id) or one session's "
-        "episodes (session_id), optionally only what is older than 'before'. Refused without "
-        "user_id or session_id. Returns how many episodes, facts and blocks went.",
+        "Forget a user's memory everywhere it is kept: all of it (user_id), all of the "
+        "anonymous bucket's (anonymous: true), or one session's episodes (session_id), "
+        "optionally only what is older than 'before'. Refused without user_id, anonymous or "
+        "session_id. Returns how many episodes, facts and blocks went.",
         ForgetArguments,
         forget,
         False,

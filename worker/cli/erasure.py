@@ -45,6 +45,14 @@ UserOption = Annotated[
         "their results and working memory, the user's turns, facts and blocks.",
     ),
 ]
+AnonymousOption = Annotated[
+    bool,
+    typer.Option(
+        "--anonymous",
+        help="Only the anonymous bucket: the data of no user (sessions whose spawn named no "
+        "user, turns, facts and blocks stored without one). Not with --user.",
+    ),
+]
 BeforeOption = Annotated[
     str | None,
     typer.Option(
@@ -86,6 +94,14 @@ def _range(since: str | None, before: str | None) -> tuple[datetime | None, date
         raise typer.BadParameter(str(exc), param_hint="--since") from exc
 
 
+def _anonymous(anonymous: bool, user: str | None) -> None:
+    if anonymous and user is not None:
+        raise typer.BadParameter(
+            "the anonymous bucket is the data of no user: give --anonymous or --user, not both",
+            param_hint="--anonymous",
+        )
+
+
 def _narrowing(user: str | None, session: str | None) -> dict[str, str]:
     ids = {"user_id": user, "session_id": session}
     return {name: value for name, value in ids.items() if value is not None}
@@ -97,6 +113,7 @@ def forget(
     session: SessionOption = None,
     before: BeforeOption = None,
     since: SinceOption = None,
+    anonymous: AnonymousOption = False,
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Print what would be removed; remove nothing.")
     ] = False,
@@ -123,14 +140,16 @@ def forget(
     entry; later commands for a forgotten session are rejected `forgotten`. Prints a
     receipt. A whole project or user is asked for on a terminal (--yes: not asked)."""
     check_ids(project_id=project, **_narrowing(user, session))
+    _anonymous(anonymous, user)
     start, when = _range(since, before)
-    if finish_owed and (user or session or when or dry_run):
+    if finish_owed and (user or anonymous or session or when or dry_run):
         raise typer.BadParameter(
             "finishes what each owed forget recorded: give only --project",
             param_hint="--finish-owed",
         )
     if not (yes or dry_run or finish_owed or session is not None or when is not None):
         whole = f"user {user!r} of project {project!r}" if user else f"project {project!r}"
+        whole = f"the anonymous bucket of project {project!r}" if anonymous else whole
         if not sys.stdin.isatty():
             print(
                 f"memworker: error: forgetting all of {whole} needs --yes when not on a "
@@ -170,6 +189,7 @@ def forget(
                     marker_ttl_ms=ttl_ms,
                     shards=settings.shards,
                     user_id=user,
+                    anonymous_user=anonymous,
                 )
             ]
 
@@ -209,6 +229,7 @@ def export(
     user: UserOption = None,
     session: SessionOption = None,
     before: BeforeOption = None,
+    anonymous: AnonymousOption = False,
     out_file: Annotated[
         Path | None,
         typer.Option(
@@ -225,6 +246,7 @@ def export(
     would remove: episodes (with vectors), results, working memory of live sessions, stream
     entries; with --user also the user's facts, blocks and change-feed rows."""
     check_ids(project_id=project, **_narrowing(user, session))
+    _anonymous(anonymous, user)
     when = _before(before)
     if out_file is not None:
         check_out(out_file, force)
@@ -259,6 +281,7 @@ def export(
                     prefix=settings.stream_prefix,
                     progress=advance,
                     user_id=user,
+                    anonymous_user=anonymous,
                 )
         return orjson.dumps(exported.to_dict(), option=orjson.OPT_INDENT_2) + b"\n"
 

@@ -18,11 +18,15 @@ spawn naming the user published before the cutoff is rejected ``forgotten``.
 ``entry_scope`` also tells forget which stream entries carry a project: a command, a result or
 an announcement (its ``data``), or a dead letter of any of them (the original entry's fields;
 of an excerpt, or of an entry that is no whole JSON object, the fields whole in it, and an
-excerpt's ids recorded beside it).
+excerpt's ids recorded beside it). An entry whose ``data`` the worker's reader (orjson)
+refuses, a lone surrogate ``"\\ud83d"`` or a number past a double ``1e400`` in it, is read
+leniently (``lenient_body``), so a forget still finds it.
 """
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -61,7 +65,7 @@ def entry_body(fields: Mapping[Any, Any]) -> dict[str, Any]:
     try:
         body = decode_entry(fields)
     except (UnusableEntryError, ValueError):
-        return {}
+        return lenient_body(fields)
     if "source_stream" in fields or b"source_stream" in fields:  # a dead letter
         try:
             body = decode_entry(body)
@@ -73,6 +77,42 @@ def entry_body(fields: Mapping[Any, Any]) -> dict[str, Any]:
             whole = leading_fields(data) if isinstance(data, str | bytes) else {}
             return whole | recorded_ids(fields)
     return body if isinstance(body, dict) else {}
+
+
+UNKNOWN_USER = "\x00unknown"
+"""The ``user_id`` ``lenient_body`` gives an entry that may name a user it cannot read: no id
+(ids never hold a NUL), so no user's forget (nor the anonymous bucket's) takes the entry; a
+forget of its project or session does."""
+
+_NAMED_USER = re.compile(r'"user_id"\s*:\s*"([A-Za-z0-9._:-]{1,128})"')
+
+
+def lenient_body(fields: Mapping[Any, Any]) -> dict[str, Any]:
+    """The JSON object of an entry orjson refuses (``{}``: none), read as Python's ``json``
+    reads it: a lone surrogate (a Node publisher cutting an emoji), ``1e400`` or ``NaN`` are
+    read whole. JSON no reader takes whole gives its top-level fields whole before the break
+    (``codec.leading_fields``); when its ``user_id`` is not among them and the entry may name
+    one further on, it is the one ``"user_id":"…"`` the entry holds if there is exactly one,
+    else ``UNKNOWN_USER``: an entry naming another user is never taken for a user's."""
+    try:
+        raw = entry_data(fields)
+    except ValueError:  # a broken FastStream envelope
+        return {}
+    if raw is None:
+        return {}
+    source = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
+    try:
+        whole = json.loads(source)
+    except (ValueError, RecursionError):
+        whole = None
+    if whole is not None:
+        return whole if isinstance(whole, dict) else {}
+    found = leading_fields(source)
+    if found and "user_id" not in found and ("user_id" in source or "\\u" in source):
+        named = set(_NAMED_USER.findall(source))
+        one = len(named) == 1 and "\\u" not in source
+        found["user_id"] = named.pop() if one else UNKNOWN_USER
+    return found
 
 
 def user_of(body: Mapping[str, Any]) -> str | None:

@@ -25,6 +25,7 @@ from worker import codec
 from worker.db.models import Episode, LifecycleEvent
 from worker.db.vectors import VECTOR_TABLE, has_vector_table, parse_vector
 from worker.erasure.scope import ForgetScope, row_scope
+from worker.erasure.session_facts import export_session_facts
 from worker.erasure.streams import UserScope, scope_entries
 from worker.erasure.users import (
     USER_TABLES,
@@ -51,7 +52,8 @@ class ProjectExport:
     user_id: str | None = None
     """The user exported (``''``: the anonymous bucket); None: no user selector."""
     user_memory: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
-    """With a user: the user's ``facts``, ``memory_blocks`` and ``memory_changes`` rows."""
+    """With a user: the user's ``facts``, ``memory_blocks`` and ``memory_changes`` rows; with a
+    session and no user: the ``facts`` made only from the session (``session_facts``)."""
 
     def to_dict(self) -> dict[str, Any]:
         document = {
@@ -64,6 +66,8 @@ class ProjectExport:
         }
         if self.user_id is not None:
             document = {"user_id": self.user_id, **document, **self.user_memory}
+        elif self.session_id is not None:  # the facts made only from the session
+            document["facts"] = self.user_memory.get("facts", [])
         return document
 
 
@@ -168,6 +172,11 @@ async def export_project(
         )
         export.lifecycle_events = [e.to_dict() for e in events]
         tell("results", len(export.lifecycle_events))
+    if session_id is not None and user is None:
+        async with engine.connect() as conn:
+            ids = [e["id"] for e in export.episodes]
+            export.user_memory["facts"] = await export_session_facts(conn, project_id, ids)
+        tell("facts", len(export.user_memory["facts"]))
     await _attach_vectors(engine, export.episodes)
     if redis is None or prefix is None:
         return export

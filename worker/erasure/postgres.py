@@ -22,6 +22,7 @@ from worker.db.models import Episode, Erasure, LifecycleEvent
 from worker.db.vectors import VECTOR_TABLE, has_vector_table
 from worker.erasure.receipt import ForgetReceipt, Found
 from worker.erasure.scope import row_scope
+from worker.erasure.session_facts import forget_session_facts
 from worker.erasure.users import forget_user_tables, session_holders, user_sessions
 
 
@@ -70,6 +71,7 @@ async def forget_rows(
             )
             n_episodes = await _count(conn, Episode, episodes)
             n_events = await _count(conn, LifecycleEvent, events)
+            gone_ids = {str(i) for i in await conn.scalars(select(Episode.id).where(*episodes))}
         else:
             await write_record(conn, receipt)
             gone = (
@@ -82,12 +84,16 @@ async def forget_rows(
             n_episodes = len(gone)
             found.sessions.update(s for s, turn, _id in gone if turn is None)
             found.episode_ids.update(str(i) for _s, _turn, i in gone)
+            gone_ids = {str(i) for _s, _turn, i in gone}
             gone_events = await conn.scalars(
                 delete(LifecycleEvent).where(*events).returning(LifecycleEvent.session_id)
             )
             event_sessions = list(gone_events)
             n_events = len(event_sessions)
             found.sessions.update(s for s in event_sessions if s is not None)
+        if session is not None:  # the facts made only from the session's episodes
+            facts = await forget_session_facts(conn, project, gone_ids, dry_run=receipt.dry_run)
+            receipt.postgres.update(facts)
         if user is not None and session is None:  # facts, blocks, the feed's outbox: a
             # user's, of no session (a session's forget leaves them, as LoomFlow's does)
             tables = await forget_user_tables(

@@ -114,8 +114,9 @@ async def mark_seen(
 ) -> None:
     """Mark the sessions seen only in Postgres or the streams. A user's forget leaves alone a
     session id another user spawned since (an id may be spawned again once its tombstone is
-    gone): live, its ``meta`` names them; a tombstone keeps no user, the latest life the
-    streams (else Postgres) show names them (``found.holders``). Its working memory or
+    gone): live or a tombstone, its ``meta`` names them (a tombstone keeps its spawn's user
+    when it named one); otherwise the latest life the streams (else Postgres) show names them
+    (``found.holders``). Its working memory or
     tombstone, its counters and its later commands are theirs."""
     project = receipt.project_id
     seen = [
@@ -140,8 +141,8 @@ async def _live_for_another_user(redis: Redis, keys: SessionKeys, user: str) -> 
     state, owner = await redis.hmget(keys.meta, ["state", "user_id"])  # type: ignore[misc]
     if state is None or codec.text(state) == FORGOTTEN_STATE:
         return False  # gone, a tombstone (it keeps no user) or already forgotten
-    if codec.text(state) == "terminated":
-        return False  # a tombstone: its life is told by found.holders
+    if codec.text(state) == "terminated" and owner is None:
+        return False  # a tombstone of no user (or an earlier version's): found.holders tells
     return (codec.text(owner) if owner is not None else "") != user
 
 

@@ -200,7 +200,9 @@ async def live_user_sessions(
 ) -> dict[str, int]:
     """Session → shard of each session of the project (or the one session) kept in Redis whose
     ``meta`` names ``user`` (``''``: a live session whose spawn named none). A tombstone keeps
-    no user: a finished session is found through Postgres or the streams."""
+    its spawn's ``user_id`` when it named one; one without it (no user, or written by an
+    earlier version, which kept no user) is never taken for the anonymous bucket's here: a
+    finished session of no user is found through Postgres or the streams."""
     exact = working_memory_key_re(prefix, project_id, session_id)
     found: dict[str, int] = {}
     pattern = working_memory_pattern(prefix, project_id, session_id)
@@ -212,6 +214,8 @@ async def live_user_sessions(
         state, owner = await redis.hmget(key, ["state", "user_id"])  # type: ignore[misc]
         if state is None or codec.text(state) == FORGOTTEN_STATE:
             continue
+        if owner is None and codec.text(state) == "terminated":
+            continue  # whose it was: Postgres and the streams say (above)
         if (codec.text(owner) if owner is not None else "") == user:
             found[match["session"]] = int(key[len(prefix) + 2 : key.index("}", len(prefix))])
     return found

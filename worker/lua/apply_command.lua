@@ -32,7 +32,8 @@
 -- a field of its own (the dedupe field, empty value), as every record was in earlier versions
 -- (a session they wrote to still has such fields; every version reads both forms). No key
 -- and no TTL of its own. At terminate the meta hash is folded into a compact tombstone: the
--- state, last_seq and every record's digest packed into PACKED, nothing else.
+-- state, last_seq, every record's digest packed into PACKED and the spawn's user_id (when it
+-- named one), nothing else.
 -- A command for a session that does not exist (yet) leaves its record in a meta hash without
 -- 'state' (records only: no session), kept for the dedupe window. A command the worker refused
 -- before running this function (its dedupe field is ''; op 'reject') has its record at a key of
@@ -409,6 +410,10 @@ local function terminate()
   end
   update('state', 'terminated')
   update(PACKED, digests)
+  -- The spawn's user stays (only when it named one): a forget of the anonymous bucket tells
+  -- another user's tombstone from one of no user's by it, and the session's later results
+  -- still carry it.
+  if meta[12] then update('user_id', meta[12]) end
   if seq then update('last_seq', seq_text) elseif meta[2] then update('last_seq', meta[2]) end
   state = 'terminated'
   local out = finish('applied', nil, data)

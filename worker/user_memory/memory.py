@@ -413,7 +413,8 @@ class Memory:
         memworker keeps them, vectors and stream entries included, through the code
         ``memworker forget --user`` runs (``worker.erasure.forget.forget_project``: an
         erasure record keeps every replay from bringing them back); without ``session_id``
-        the user's facts and blocks too. ``user_id=None`` is the anonymous bucket. How many
+        the user's facts and blocks too (with it, the facts made only from that session).
+        ``user_id=None`` is the anonymous bucket. How many
         episodes, facts and blocks went (LoomFlow's count). Raises
         ``ForgetIncompleteError`` when something could not be removed.
 

@@ -1,0 +1,78 @@
+"""The anonymous bucket (what was stored without a user) can be forgotten at every door that
+can store into it, on real Redis and Postgres with ``memworker serve`` and the CLI: HTTP
+``forget`` with ``"anonymous": true`` and ``memworker forget --anonymous`` take the facts and
+blocks stored without a user and keep a named user's; ``anonymous`` with ``user_id`` is
+refused naming the field. Before, ``forget {}`` and ``{"user_id": null}`` were refused
+"forget needs a selector" and the CLI could only forget the whole project."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import httpx
+from redis.asyncio import Redis
+from sqlalchemy import text as sql
+
+from tests.cli_process import Memworker
+from tests.integration.results_factory import migrated_engine
+from tests.integration.test_access import AUTH, PROJECT, api
+from tests.integration.test_client_and_cli import memworker
+from worker.settings import Settings
+
+__all__ = ["api"]
+
+
+async def stored(database_url: str) -> dict[str, Any]:
+    async with migrated_engine(database_url) as engine, engine.connect() as conn:
+        facts = await conn.execute(
+            sql("SELECT coalesce(user_id, ''), object FROM facts WHERE project_id = :p"),
+            {"p": PROJECT},
+        )
+        blocks = await conn.execute(
+            sql("SELECT user_key, content FROM memory_blocks WHERE project_id = :p"),
+            {"p": PROJECT},
+        )
+        return {"facts": sorted(map(tuple, facts)), "blocks": sorted(map(tuple, blocks))}
+
+
+async def seed(http: httpx.AsyncClient) -> None:
+    for user in (None, "ann"):
+        named = {} if user is None else {"user_id": user}
+        fact = {"subject": "me", "predicate": "card", "object": f"PII-{user}", **named}
+        block = {"name": "persona", "content": f"BLOCK-{user}", **named}
+        for path, body in (("/v1/add_fact", fact), ("/v1/update_block", block)):
+            got = await http.post(path, json=body, headers=AUTH)
+            assert got.status_code == 200, got.text
+
+
+async def test_the_anonymous_bucket_is_forgotten_over_http_and_the_cli(
+    api: tuple[str, Memworker], redis: Redis, settings: Settings, database_url: str
+) -> None:
+    base, _ = api
+    kept = {"facts": [("ann", "PII-ann")], "blocks": [("ann", "BLOCK-ann")]}
+    async with httpx.AsyncClient(base_url=base, timeout=30) as http:
+        await seed(http)
+        both = await http.post(
+            "/v1/forget", json={"anonymous": True, "user_id": "ann"}, headers=AUTH
+        )
+        assert both.status_code == 400 and both.json()["error"].startswith("anonymous"), both.text
+        bad = await http.post("/v1/forget", json={"anonymous": "yes"}, headers=AUTH)
+        assert bad.status_code == 422 and "anonymous" in bad.json()["error"], bad.text
+        assert len((await stored(database_url))["facts"]) == 2, "a refused forget removed data"
+
+        done = await http.post("/v1/forget", json={"anonymous": True}, headers=AUTH)
+        assert done.status_code == 200, done.text
+        assert done.json()["forgotten"] == 2  # a fact and a block
+        assert await stored(database_url) == kept
+
+        await seed(http)
+    live = settings.model_copy(update={"database_url": database_url})
+    cli_both = await asyncio.to_thread(
+        memworker, live, "forget", "-p", PROJECT, "--anonymous", "-u", "ann", "--yes"
+    )
+    assert cli_both.returncode == 2 and "--anonymous" in cli_both.stderr, cli_both.stderr
+    ran = await asyncio.to_thread(memworker, live, "forget", "-p", PROJECT, "--anonymous", "--yes")
+    assert ran.returncode == 0, ran.stderr
+    assert "the anonymous user" in ran.stdout and "facts" in ran.stdout, ran.stdout
+    assert await stored(database_url) == kept
