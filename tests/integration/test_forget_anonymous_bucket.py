@@ -11,6 +11,7 @@ import asyncio
 from typing import Any
 
 import httpx
+import orjson
 from redis.asyncio import Redis
 from sqlalchemy import text as sql
 
@@ -76,3 +77,28 @@ async def test_the_anonymous_bucket_is_forgotten_over_http_and_the_cli(
     assert ran.returncode == 0, ran.stderr
     assert "the anonymous user" in ran.stdout and "facts" in ran.stdout, ran.stdout
     assert await stored(database_url) == kept
+
+
+async def test_forgetting_the_whole_project_takes_every_users_facts_and_blocks_export_lists_them(
+    api: tuple[str, Memworker], redis: Redis, settings: Settings, database_url: str
+) -> None:
+    """``memworker forget -p P`` is documented as the whole project going: the facts, blocks
+    and change-feed rows of every user and of none go too (they stayed before), and
+    ``memworker export -p P`` lists them first."""
+    base, _ = api
+    async with httpx.AsyncClient(base_url=base, timeout=30) as http:
+        await seed(http)
+    live = settings.model_copy(update={"database_url": database_url})
+    exported = await asyncio.to_thread(memworker, live, "export", "-p", PROJECT)
+    assert exported.returncode == 0, exported.stderr
+    document = orjson.loads(exported.stdout)
+    assert sorted(f["object"] for f in document["facts"]) == ["PII-None", "PII-ann"]
+    assert sorted(b["content"] for b in document["memory_blocks"]) == ["BLOCK-None", "BLOCK-ann"]
+    ran = await asyncio.to_thread(memworker, live, "forget", "-p", PROJECT, "--yes")
+    assert ran.returncode == 0, ran.stderr
+    assert await stored(database_url) == {"facts": [], "blocks": []}
+    async with migrated_engine(database_url) as engine, engine.connect() as conn:
+        changes = await conn.scalar(
+            sql("SELECT count(*) FROM memory_changes WHERE project_id = :p"), {"p": PROJECT}
+        )
+    assert changes == 0

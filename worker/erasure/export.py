@@ -53,7 +53,8 @@ class ProjectExport:
     """The user exported (``''``: the anonymous bucket); None: no user selector."""
     user_memory: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     """With a user: the user's ``facts``, ``memory_blocks`` and ``memory_changes`` rows; with a
-    session and no user: the ``facts`` made only from the session (``session_facts``)."""
+    session and no user: the ``facts`` made only from the session (``session_facts``); with
+    neither: those three of the whole project."""
 
     def to_dict(self) -> dict[str, Any]:
         document = {
@@ -68,6 +69,8 @@ class ProjectExport:
             document = {"user_id": self.user_id, **document, **self.user_memory}
         elif self.session_id is not None:  # the facts made only from the session
             document["facts"] = self.user_memory.get("facts", [])
+        else:  # the whole project: every user's facts, blocks and change-feed rows
+            document.update(self.user_memory)
         return document
 
 
@@ -172,6 +175,11 @@ async def export_project(
         )
         export.lifecycle_events = [e.to_dict() for e in events]
         tell("results", len(export.lifecycle_events))
+    if session_id is None and user is None:  # the whole project: every user's and none's
+        async with engine.connect() as conn:
+            export.user_memory = await export_user_tables(conn, project_id, None, before)
+        for part in USER_TABLES:
+            tell(part, len(export.user_memory[part]))
     if session_id is not None and user is None:
         async with engine.connect() as conn:
             ids = [e["id"] for e in export.episodes]

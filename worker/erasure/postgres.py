@@ -94,15 +94,15 @@ async def forget_rows(
         if session is not None:  # the facts made only from the session's episodes
             facts = await forget_session_facts(conn, project, gone_ids, dry_run=receipt.dry_run)
             receipt.postgres.update(facts)
-        if user is not None and session is None:  # facts, blocks, the feed's outbox: a
-            # user's, of no session (a session's forget leaves them, as LoomFlow's does)
+        if session is None:  # facts, blocks, the feed's outbox: a user's (no user: the whole
+            # project's), of no session (a session's forget leaves them, as LoomFlow's does)
             tables = await forget_user_tables(
                 conn, project, user, before, dry_run=receipt.dry_run, since=since
             )
     receipt.postgres.update(
         episodes=n_episodes, lifecycle_events=n_events, episode_embeddings=vectors
     )
-    if user is not None and session is None:
+    if session is None:
         receipt.postgres.update(tables)
 
 

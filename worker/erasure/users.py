@@ -140,14 +140,19 @@ async def user_sessions(
 
 
 def _user_tables_where(
-    user: str, before: datetime | None, since: datetime | None = None
+    user: str | None, before: datetime | None, since: datetime | None = None
 ) -> dict[str, str]:
+    """``user``: ``''`` the anonymous bucket; None every user of the project (a whole-project
+    forget or export)."""
     anonymous = user == ""
-    facts = "project_id = :p AND " + ("user_id IS NULL" if anonymous else "user_id = :u")
-    blocks = "project_id = :p AND user_key = :u"
-    changes = "project_id = :p AND " + (
-        "coalesce(payload->>'user_id', '') = ''" if anonymous else "payload->>'user_id' = :u"
-    )
+    if user is None:
+        facts = blocks = changes = "project_id = :p"
+    else:
+        facts = "project_id = :p AND " + ("user_id IS NULL" if anonymous else "user_id = :u")
+        blocks = "project_id = :p AND user_key = :u"
+        changes = "project_id = :p AND " + (
+            "coalesce(payload->>'user_id', '') = ''" if anonymous else "payload->>'user_id' = :u"
+        )
     if before is not None:
         facts += " AND recorded_at < :b"
         blocks += " AND updated_at < :b"
@@ -162,13 +167,14 @@ def _user_tables_where(
 async def forget_user_tables(
     conn: AsyncConnection,
     project_id: str,
-    user: str,
+    user: str | None,
     before: datetime | None,
     *,
     dry_run: bool,
     since: datetime | None = None,
 ) -> dict[str, int]:
-    """Delete (count, when ``dry_run``) the user's facts, blocks and outbox rows."""
+    """Delete (count, when ``dry_run``) the user's facts, blocks and outbox rows (``user``
+    None: every user's of the project)."""
     params = {"p": project_id, "u": user, "b": before, "a": since}
     counts = {}
     for table, where in _user_tables_where(user, before, since).items():
@@ -182,7 +188,7 @@ async def forget_user_tables(
 
 
 async def export_user_tables(
-    conn: AsyncConnection, project_id: str, user: str, before: datetime | None
+    conn: AsyncConnection, project_id: str, user: str | None, before: datetime | None
 ) -> dict[str, list[dict[str, Any]]]:
     """The rows ``forget_user_tables`` would delete, as JSON-ready objects."""
     params = {"p": project_id, "u": user, "b": before}
