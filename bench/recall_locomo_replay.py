@@ -166,17 +166,11 @@ def replay(args: argparse.Namespace) -> None:
 
 
 def _copy(turn: turn_ranking.Turn) -> turn_ranking.Turn:
-    return turn_ranking.Turn(
-        turn.id,
-        turn.session,
-        dict(turn.counts),
-        turn.length,
-        turn.cosine,
-        turn.speaker,
-        turn.before,
-        turn.after,
-        turn.second,
-    )
+    copied = turn_ranking.Turn(turn.id)
+    for name in turn_ranking.Turn.__slots__:
+        value = getattr(turn, name, None)  # a run captured before a field was added: None
+        setattr(copied, name, dict(value) if isinstance(value, dict) else value)
+    return copied
 
 
 def main() -> None:

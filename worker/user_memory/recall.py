@@ -43,7 +43,7 @@ from worker.episodes.embedding import Embedder, EmbeddingError
 from worker.episodes.text_search import TEXT_CAP
 from worker.logs import get_logger
 from worker.user_memory.models import EpisodeMatch, ScoredMatches, as_utc
-from worker.user_memory.turn_ranking import Turn, rank, speaker_of
+from worker.user_memory.turn_ranking import ECHO_TURNS, Turn, rank, speaker_of
 from worker.user_memory.turns import (
     EPISODE_COLUMNS,
     episode_from_row,
@@ -89,7 +89,7 @@ async def _words(
     by index (``_meaning`` set it), else this sets it first. ``unindexed``: the matches without a
     vector of the model ``:m`` are added to it (``_HAS_VECTOR``). One statement."""
     columns = (
-        f"e.id, e.session_id, e.turn_id, left(e.input, {HEAD}) AS head,"
+        f"e.id, e.session_id, e.turn_id, e.occurred_at, left(e.input, {HEAD}) AS head,"
         " length(e.search_vector) AS n, e.search_vector AS sv"
     )
     searched = await words_of(conn, query, "episodes")
@@ -102,7 +102,8 @@ async def _words(
         f"WITH q AS (SELECT {searched.lexemes} AS lexemes,"
         " (SELECT count(*) FROM (SELECT 1 FROM episodes e"
         f" WHERE {' AND '.join(where)} LIMIT {PARTITION_BOUND}) s) AS total)"
-        " SELECT q.lexemes, q.total, m.id, m.session_id, m.turn_id, m.head, m.n, c.words, c.tfs,"
+        " SELECT q.lexemes, q.total, m.id, m.session_id, m.turn_id, m.occurred_at, m.head, m.n,"
+        " c.words, c.tfs,"
         f" {_HAS_VECTOR.format('m.id') if unindexed is not None else 'true'} AS indexed"
         f" FROM q LEFT JOIN ({tiers}) m ON true LEFT JOIN LATERAL ({_COUNTS.format('q.lexemes')})"
         " c ON true"
@@ -122,6 +123,7 @@ async def _words(
             counts=dict(zip(row.words or (), row.tfs or (), strict=True)),
             length=int(row.n),
             speaker=speaker_of(row.head),
+            at=row.occurred_at,
         )
         if unindexed is not None and not row.indexed:
             unindexed.add(key)
@@ -200,7 +202,7 @@ async def _meaning(
     order = f"({distance}) + 0" if exact else distance
     condition = "true" if vectors != VECTOR_TABLE else f"v.{mine.replace(' AND ', ' AND v.')}"
     nearest = text(
-        f"SELECT e.id, e.session_id, e.turn_id, left(e.input, {HEAD}) AS head,"
+        f"SELECT e.id, e.session_id, e.turn_id, e.occurred_at, left(e.input, {HEAD}) AS head,"
         f" 1 - ({distance}) AS cosine FROM {vectors} v"
         " JOIN episodes e ON e.id = v.episode_id"
         f" WHERE {condition} AND {' AND '.join(where)} AND {_READ_BY_INDEX}"
@@ -211,11 +213,11 @@ async def _meaning(
     found = list(await conn.execute(nearest, params))
     if chunks and not exact:
         chunked = text(
-            f"SELECT e.id, e.session_id, e.turn_id, left(e.input, {HEAD}) AS head,"
+            f"SELECT e.id, e.session_id, e.turn_id, e.occurred_at, left(e.input, {HEAD}) AS head,"
             f" max(1 - ({distance})) AS cosine FROM {CHUNK_TABLE} v"
             " JOIN episodes e ON e.id = v.episode_id"
             f" WHERE v.{mine.replace(' AND ', ' AND v.')} AND {' AND '.join(where)}"
-            " GROUP BY e.id ORDER BY 5 DESC LIMIT :n"
+            " GROUP BY e.id ORDER BY 6 DESC LIMIT :n"
         )
         found.extend(await conn.execute(chunked, params))
     for row in found:
@@ -229,6 +231,7 @@ async def _meaning(
                 key,
                 session=row.session_id if row.turn_id is not None else None,
                 speaker=speaker_of(row.head),
+                at=row.occurred_at,
             )
         turn.cosine = max(cosine, turn.cosine or -1.0)
 
@@ -254,11 +257,24 @@ async def _context(
     sessions: Sequence[str],
     dimension: int | None,
     floor: float,
+    echo: Sequence[str] = (),
 ) -> None:
     """Every turn of ``sessions`` into ``turns``, each linked to the one before and after it
     (by time, then by when it was stored), with its length and, for a new one, its cosine
-    (at any value: a neighbour's meaning counts only through its share)."""
+    (at any value: a neighbour's meaning counts only through its share); with ``echo`` (the
+    first ranking's best turns), each turn's cosine with the query's vector plus the mean of
+    theirs (``Turn.echo``: ``turn_ranking.ECHO_WEIGHT``), in the same statement."""
     cosine = f", {_cosine_sql(dimension)} AS cosine" if dimension else ", NULL AS cosine"
+    if dimension and echo:
+        mean = (
+            f"(SELECT avg(x.embedding::vector({dimension})) FROM {VECTOR_TABLE} x"
+            " WHERE x.episode_id = ANY(CAST(:echo AS uuid[])) AND x.model = :m"
+            f" AND x.dimension = {dimension})"
+        )
+        echoed = f"({_QUERY_VECTOR} + {mean})"  # Rocchio's query: the query plus their mean
+        cosine += f", 1 - (v.embedding::vector({dimension}) <=> {echoed}) AS echo"
+    else:
+        cosine += ", NULL AS echo"
     join = (
         f" LEFT JOIN {VECTOR_TABLE} v ON v.episode_id = e.id AND v.model = :m"
         f" AND v.dimension = {dimension}"
@@ -269,7 +285,9 @@ async def _context(
     statement = text(
         f"SELECT s.session_id, array_agg(s.id::text ORDER BY {order}) AS ids,"
         f" array_agg(s.head ORDER BY {order}) AS heads, array_agg(s.n ORDER BY {order}) AS ns,"
-        f" array_agg(s.cosine ORDER BY {order}) AS cosines FROM ("
+        f" array_agg(s.cosine ORDER BY {order}) AS cosines,"
+        f" array_agg(s.occurred_at ORDER BY {order}) AS ats,"
+        f" array_agg(s.echo ORDER BY {order}) AS echoes FROM ("
         f"SELECT e.id, e.session_id, e.occurred_at, e.recorded_at, left(e.input, {HEAD}) AS head,"
         f" length(e.search_vector) AS n{cosine} FROM episodes e{join}"
         f" WHERE {' AND '.join(where)} AND e.turn_id IS NOT NULL"
@@ -279,17 +297,21 @@ async def _context(
     )
     # one row a session, its turns in order (by time, then by when each was stored): a row a
     # turn cost a driver record and a result row each, ~500 for 30 LoCoMo sessions
-    for session, ids, heads, lengths, cosines in await conn.execute(
-        statement, {**params, "sessions": list(sessions)}
+    for session, ids, heads, lengths, cosines, ats, echoes in await conn.execute(
+        statement, {**params, "sessions": list(sessions), **({"echo": list(echo)} if echo else {})}
     ):
         previous: Turn | None = None
-        for key, head, n, cos in zip(ids, heads, lengths, cosines, strict=True):
+        for key, head, n, cos, at, mean in zip(
+            ids, heads, lengths, cosines, ats, echoes, strict=True
+        ):
             turn = turns.get(key)
             if turn is None:
-                turn = turns[key] = Turn(key, speaker=speaker_of(head))
+                turn = turns[key] = Turn(key, speaker=speaker_of(head), at=at)
             turn.session = session
             if turn.cosine is None and cos is not None and float(cos) >= floor:
                 turn.cosine = float(cos)
+            if mean is not None:
+                turn.echo = float(mean)
             if not turn.counts:
                 turn.length = int(n or 0)
             if previous is not None:
@@ -384,7 +406,8 @@ async def recall_scored(
     best = sorted(first, key=lambda k: -first[k])[:CONTEXT_SESSIONS]
     sessions = sorted({s for s in (turns[k].session for k in best) if s is not None})
     if sessions:
-        await _context(conn, where, params, turns, sessions, dimension, min_similarity)
+        echo = best[:ECHO_TURNS] if dimension is not None else []
+        await _context(conn, where, params, turns, sessions, dimension, min_similarity, echo)
     scored, bm25 = rank(
         turns, query, alpha=alpha, total=total, lexemes=lexemes, floor=min_similarity
     )
