@@ -2,8 +2,8 @@
 
 Two searches, each inside the user's partition and the time range, then one ranking of the
 turns they found and of those turns' neighbours (``turn_ranking``: BM25, the cosine, the
-turn before and after in its session, the speaker the query names), weighted by LoomFlow's
-``alpha`` (0 words only, 1 meaning only, 0.5 both).
+turn before and after in its session, the speaker, month or year the query names, the echo
+of the best turns' vectors), weighted by LoomFlow's ``alpha`` (0 words only, 1 meaning only).
 
 - **Words**: Postgres full text over ``search_vector`` (English stemming; any word of the
   query matches, of at most ``MAX_QUERY_WORDS`` distinct words, common words last:
@@ -310,8 +310,8 @@ async def _context(
             turn.session = session
             if turn.cosine is None and cos is not None and float(cos) >= floor:
                 turn.cosine = float(cos)
-            if mean is not None:
-                turn.echo = float(mean)
+            if mean is not None:  # a long output's chunk nearer than its head keeps its lead
+                turn.echo = float(mean) + max(0.0, (turn.cosine or -1.0) - float(cos))
             if not turn.counts:
                 turn.length = int(n or 0)
             if previous is not None:

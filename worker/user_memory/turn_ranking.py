@@ -25,10 +25,10 @@ Measured on LoCoMo's tuning conversations (``bench/recall_locomo.py``, BENCHMARK
   about Caroline) is scaled up by ``1 + SPEAKER_BOOST``.
 - **Echo** (pseudo-relevance feedback, Rocchio's): the first ranking's best ``ECHO_TURNS``
   turns stand for what the query is about; a turn's cosine with the query's vector plus the
-  mean of theirs (read for the context sessions' turns, ``Turn.echo``) is a second meaning
-  half, scaled from the relevance floor as the first, never below the first (a long output's
-  chunk, which the echo does not read, keeps its cosine), weighted ``alpha × ECHO_WEIGHT``:
-  the query's own vector is a question's, theirs are turns'.
+  mean of theirs (read for the context sessions' turns, ``Turn.echo``; a turn whose long
+  output's chunk is nearer the query than its whole vector keeps that lead in it) is a second
+  meaning half, scaled from the relevance floor as the first, weighted ``alpha ×
+  ECHO_WEIGHT``: the query's own vector is a question's, theirs are turns'.
 - **When**: a query that names a month (``"in June"``, capitalised, in full) or a year
   (``"2023"``) scales up by ``1 + TIME_BOOST`` the turns that occurred then (``occurred_at``,
   UTC: in one of the months named, and in one of the years named; a month alone matches it
@@ -246,8 +246,7 @@ def rank(
     seconds = {k: t.second for k, t in turns.items() if t.second is not None}
     second = _from_floor(seconds, min(seconds.values(), default=0.0))
     second_weight = alpha * SECOND_WEIGHT
-    echoes = _from_floor({k: t.echo for k, t in turns.items() if t.echo is not None}, floor)
-    echo = {k: max(echoes.get(k, 0.0), meaning.get(k, 0.0)) for k in {*echoes, *meaning}}
+    echo = _from_floor({k: t.echo for k, t in turns.items() if t.echo is not None}, floor)
     fused: dict[str, float] = {}
     halves = (
         (word_weight, words),
