@@ -310,8 +310,8 @@ async def _context(
             turn.session = session
             if turn.cosine is None and cos is not None and float(cos) >= floor:
                 turn.cosine = float(cos)
-            if mean is not None:  # a long output's chunk nearer than its head keeps its lead
-                turn.echo = float(mean) + max(0.0, (turn.cosine or -1.0) - float(cos))
+            if mean is not None:
+                turn.echo = float(mean)
             if not turn.counts:
                 turn.length = int(n or 0)
             if previous is not None:

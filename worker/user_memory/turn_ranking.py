@@ -25,9 +25,9 @@ Measured on LoCoMo's tuning conversations (``bench/recall_locomo.py``, BENCHMARK
   about Caroline) is scaled up by ``1 + SPEAKER_BOOST``.
 - **Echo** (pseudo-relevance feedback, Rocchio's): the first ranking's best ``ECHO_TURNS``
   turns stand for what the query is about; a turn's cosine with the query's vector plus the
-  mean of theirs (read for the context sessions' turns, ``Turn.echo``; a turn whose long
-  output's chunk is nearer the query than its whole vector keeps that lead in it) is a second
-  meaning half, scaled from the relevance floor as the first, weighted ``alpha ×
+  mean of theirs (read for the context sessions' turns, of a turn's whole vector, not a long
+  output's chunks: ``Turn.echo``) is a second meaning half, scaled from the relevance floor
+  as the first (min-max over a few turns made it all or nothing), weighted ``alpha ×
   ECHO_WEIGHT``: the query's own vector is a question's, theirs are turns'.
 - **When**: a query that names a month (``"in June"``, capitalised, in full) or a year
   (``"2023"``) scales up by ``1 + TIME_BOOST`` the turns that occurred then (``occurred_at``,
