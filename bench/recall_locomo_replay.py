@@ -5,8 +5,8 @@
 
 ``capture`` ingests the tuning split as ``bench/recall_locomo.py`` does, embeds every turn, and
 asks each question once with the default ``recall_scored``; what the ranking saw (the turns it
-considered, each with its lexeme counts, length, cosine, speaker and neighbours; the query's
-lexemes; the partition's size) is saved to ``--out`` (a scratch file with LoCoMo's turn ids
+considered, each with its lexeme counts, length, cosine, speaker, neighbours, ``occurred_at``
+and echo; the query's lexemes; the partition's size) is saved to ``--out`` (a scratch file with LoCoMo's turn ids
 and texts: keep it out of the repository, delete it after). ``replay`` ranks those turns again
 with ``worker.user_memory.turn_ranking.rank`` (this checkout's constants) and prints R@1/5/10
 per category, so a change of constants is measured in seconds rather than a bench run.
