@@ -6,10 +6,11 @@
 ``capture`` ingests the tuning split as ``bench/recall_locomo.py`` does, embeds every turn, and
 asks each question once with the default ``recall_scored``; what the ranking saw (the turns it
 considered, each with its lexeme counts, length, cosine, speaker, neighbours, ``occurred_at``
-and echo; the query's lexemes; the partition's size) is saved to ``--out`` (a scratch file with LoCoMo's turn ids
-and texts: keep it out of the repository, delete it after). ``replay`` ranks those turns again
-with ``worker.user_memory.turn_ranking.rank`` (this checkout's constants) and prints R@1/5/10
-per category, so a change of constants is measured in seconds rather than a bench run.
+and echo; the query's lexemes; the partition's size) is saved to ``--out`` (a scratch file
+with LoCoMo's turn ids and texts: keep it out of the repository, delete it after). ``replay``
+ranks those turns again with ``worker.user_memory.turn_ranking.rank`` (this checkout's
+constants) and prints R@1/5/10 per category, so a change of constants is measured in seconds
+rather than a bench run.
 
 ``--second``: a second model's vectors of every turn and question (``embed-second``: arrays
 ``turns`` and ``queries``, rows in the pickle's order), its cosines added to the ranking as a
