@@ -5,11 +5,12 @@
 
 ``capture`` ingests the tuning split as ``bench/recall_locomo.py`` does, embeds every turn, and
 asks each question once with the default ``recall_scored``; what the ranking saw (the turns it
-considered, each with its lexeme counts, length, cosine, speaker and neighbours; the query's
-lexemes; the partition's size) is saved to ``--out`` (a scratch file with LoCoMo's turn ids
-and texts: keep it out of the repository, delete it after). ``replay`` ranks those turns again
-with ``worker.user_memory.turn_ranking.rank`` (this checkout's constants) and prints R@1/5/10
-per category, so a change of constants is measured in seconds rather than a bench run.
+considered, each with its lexeme counts, length, cosine, speaker, neighbours, ``occurred_at``
+and echo; the query's lexemes; the partition's size) is saved to ``--out`` (a scratch file
+with LoCoMo's turn ids and texts: keep it out of the repository, delete it after). ``replay``
+ranks those turns again with ``worker.user_memory.turn_ranking.rank`` (this checkout's
+constants) and prints R@1/5/10 per category, so a change of constants is measured in seconds
+rather than a bench run.
 
 ``--second``: a second model's vectors of every turn and question (``embed-second``: arrays
 ``turns`` and ``queries``, rows in the pickle's order), its cosines added to the ranking as a
@@ -166,17 +167,11 @@ def replay(args: argparse.Namespace) -> None:
 
 
 def _copy(turn: turn_ranking.Turn) -> turn_ranking.Turn:
-    return turn_ranking.Turn(
-        turn.id,
-        turn.session,
-        dict(turn.counts),
-        turn.length,
-        turn.cosine,
-        turn.speaker,
-        turn.before,
-        turn.after,
-        turn.second,
-    )
+    copied = turn_ranking.Turn(turn.id)
+    for name in turn_ranking.Turn.__slots__:
+        value = getattr(turn, name, None)  # a run captured before a field was added: None
+        setattr(copied, name, dict(value) if isinstance(value, dict) else value)
+    return copied
 
 
 def main() -> None:

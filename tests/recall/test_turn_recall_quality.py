@@ -6,7 +6,7 @@ output is searchable by meaning to its end, not only its head."""
 from __future__ import annotations
 
 import json
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 
 from redis.asyncio import Redis
@@ -167,3 +167,29 @@ async def test_in_a_two_turn_session_the_turn_a_query_names_comes_before_its_nei
                 )
                 if found and found[0].score > 0:
                     assert found[0].episode.id == named.id, (query, alpha)
+
+
+HIKES = {  # the June turn says "hike" once, the others twice: by the words alone it is last
+    datetime(2023, 4, 2, 15, tzinfo=UTC): "Ann: I went on a hike with my sister, a long hike!",
+    datetime(2023, 6, 4, 15, tzinfo=UTC): "Ann: I went on a hike with my dad this morning.",
+    datetime(2023, 8, 6, 15, tzinfo=UTC): "Ann: I went on a hike with my cousin, a great hike!",
+}
+
+
+async def test_a_question_naming_a_month_finds_the_turn_from_that_month_first(
+    vector_engine: AsyncEngine, redis: Redis, vector_settings: Settings, embedder: LocalEmbedder
+) -> None:
+    """A turn rarely says its own date: "in June" is read as when the turn occurred."""
+    inline = vector_settings.model_copy(update={"remember_embedding": "inline"})
+    async with Memory(
+        "months", settings=inline, embedder=embedder, engine=vector_engine, redis=redis
+    ) as memory:
+        ids = {}
+        for n, (at, said) in enumerate(HIKES.items()):
+            ann = Episode(session_id=f"s{n}", user_id="ann", input=said, output="", occurred_at=at)
+            ids[at.month] = await memory.remember(ann)
+        for alpha in (0.0, 0.5):
+            for month, name in ((6, "June"), (8, "August 2023")):
+                query = f"Who did Ann go on a hike with in {name}?"
+                found = await memory.recall_scored(query, user_id="ann", limit=3, alpha=alpha)
+                assert found[0].episode.id == ids[month], (query, alpha)

@@ -3,8 +3,10 @@ split for embedding (``worker.episodes.embedding.output_chunks``), without a ser
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 from worker.episodes.embedding import CHUNK_CHARS, MAX_CHUNKS, SUMMARY_CHARS, output_chunks
-from worker.user_memory.turn_ranking import Turn, lexeme_counts, rank, speaker_of
+from worker.user_memory.turn_ranking import Turn, lexeme_counts, named_times, rank, speaker_of
 
 
 def test_lexeme_counts_reads_positions_and_skips_a_lexeme_inside_another() -> None:
@@ -83,3 +85,45 @@ def test_a_second_models_cosines_lift_the_turn_it_finds_closer_and_absent_change
     assert scores["b"] > scores["a"] == plain["a"]
     words, _ = rank(turns, "the trip", alpha=0.0, total=10, lexemes=["trip"], floor=0.2)
     assert words["a"] == words["b"]  # alpha 0: words only, the second model too is left out
+
+
+def test_a_query_naming_a_month_or_a_year_reads_them_and_nothing_else() -> None:
+    none: set[int] = set()
+    assert named_times("When did Ann go camping in June?") == ({6}, none)
+    assert named_times("Where was John between August 11 and August 15 2023?") == ({8}, {2023})
+    assert named_times("May I ask what Tim did in May, 2022?") == ({5}, {2022})  # not the first
+    assert named_times("What did Ann say about 20231 or the june fair?") == (none, none)
+
+
+def test_a_turn_from_the_month_the_query_names_outranks_a_closer_match_from_another() -> None:
+    june, april = datetime(2023, 6, 3, tzinfo=UTC), datetime(2023, 4, 3, tzinfo=UTC)
+    turns = {
+        "april": Turn("april", counts={"hike": 2, "ann": 1}, length=8, at=april),
+        "june": Turn("june", counts={"hike": 1, "ann": 1}, length=8, at=june),
+        "undated": Turn("undated", counts={"hike": 2, "ann": 1}, length=8),
+    }
+
+    def ranked(query: str) -> dict[str, float]:
+        return rank(turns, query, alpha=0.0, total=30, lexemes=["hike", "ann"])[0]
+
+    plain = ranked("Who did Ann hike with?")
+    assert plain["april"] > plain["june"]
+    dated = ranked("Who did Ann hike with in June?")
+    assert max(dated, key=dated.__getitem__) == "june"
+    assert ranked("Who did Ann hike with in June 2022?") == plain  # no turn occurred then
+
+
+def test_the_echo_of_the_best_turns_lifts_a_turn_like_them() -> None:
+    """Two turns alike for the words and the query's vector: the one nearer the first ranking's
+    best turns (``Turn.echo``) comes first, and only when the meaning counts."""
+    turns = {
+        "near": Turn("near", counts={"adopt": 1}, length=8, cosine=0.5, echo=0.9),
+        "far": Turn("far", counts={"adopt": 1}, length=8, cosine=0.5, echo=0.5),
+        "closest": Turn("closest", length=8, cosine=0.8),
+    }
+
+    def ranked(alpha: float) -> dict[str, float]:
+        return rank(turns, "What did Maya adopt?", alpha=alpha, total=30, lexemes=["adopt"])[0]
+
+    assert ranked(0.5)["near"] > ranked(0.5)["far"]
+    assert ranked(0.0)["near"] == ranked(0.0)["far"]

@@ -2,8 +2,8 @@
 
 Two searches, each inside the user's partition and the time range, then one ranking of the
 turns they found and of those turns' neighbours (``turn_ranking``: BM25, the cosine, the
-turn before and after in its session, the speaker the query names), weighted by LoomFlow's
-``alpha`` (0 words only, 1 meaning only, 0.5 both).
+turn before and after in its session, the speaker, month or year the query names, the echo
+of the best turns' vectors), weighted by LoomFlow's ``alpha`` (0 words only, 1 meaning only).
 
 - **Words**: Postgres full text over ``search_vector`` (English stemming; any word of the
   query matches, of at most ``MAX_QUERY_WORDS`` distinct words, common words last:
@@ -31,7 +31,7 @@ gets some context.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable
 from datetime import datetime
 from typing import Any
 
@@ -43,7 +43,12 @@ from worker.db.query_words import words_of
 from worker.db.vectors import CHUNK_TABLE, VECTOR_TABLE, has_chunk_table, vector_literal
 from worker.episodes.text_search import TEXT_CAP
 from worker.user_memory.models import EpisodeMatch, ScoredMatches, as_utc
-from worker.user_memory.turn_ranking import Turn, rank, speaker_of
+from worker.user_memory.recall_sessions import (
+    HEAD,
+    QUERY_VECTOR,
+    read_context_sessions,
+)
+from worker.user_memory.turn_ranking import ECHO_TURNS, Turn, rank, speaker_of
 from worker.user_memory.turns import (
     EPISODE_COLUMNS,
     episode_from_row,
@@ -59,10 +64,7 @@ CANDIDATES = 50
 CONTEXT_SESSIONS = 30
 """The sessions of the best this many turns are read whole, for their turns' neighbours (read
 for the best 30 turns only, LoCoMo's R@10 fell 0.005: BENCHMARKS.md)."""
-CONTEXT_ROWS = 5_000
 PARTITION_BOUND = 100_000
-HEAD = 80
-"""Characters of a turn's input read for its speaker."""
 
 
 def _filters(user_id: str | None, time_range: tuple[datetime, datetime] | None) -> list[str]:
@@ -89,7 +91,7 @@ async def _words(
     by index (``_meaning`` set it), else this sets it first. ``unindexed``: the matches without a
     vector of the model ``:m`` are added to it (``_HAS_VECTOR``). One statement."""
     columns = (
-        f"e.id, e.session_id, e.turn_id, left(e.input, {HEAD}) AS head,"
+        f"e.id, e.session_id, e.turn_id, e.occurred_at, left(e.input, {HEAD}) AS head,"
         " length(e.search_vector) AS n, e.search_vector AS sv"
     )
     searched = await words_of(conn, query, "episodes")
@@ -102,7 +104,8 @@ async def _words(
         f"WITH q AS (SELECT {searched.lexemes} AS lexemes,"
         " (SELECT count(*) FROM (SELECT 1 FROM episodes e"
         f" WHERE {' AND '.join(where)} LIMIT {PARTITION_BOUND}) s) AS total)"
-        " SELECT q.lexemes, q.total, m.id, m.session_id, m.turn_id, m.head, m.n, c.words, c.tfs,"
+        " SELECT q.lexemes, q.total, m.id, m.session_id, m.turn_id, m.occurred_at, m.head, m.n,"
+        " c.words, c.tfs,"
         f" {_HAS_VECTOR.format('m.id') if unindexed is not None else 'true'} AS indexed"
         f" FROM q LEFT JOIN ({tiers}) m ON true LEFT JOIN LATERAL ({_COUNTS.format('q.lexemes')})"
         " c ON true"
@@ -122,6 +125,7 @@ async def _words(
             counts=dict(zip(row.words or (), row.tfs or (), strict=True)),
             length=int(row.n),
             speaker=speaker_of(row.head),
+            at=row.occurred_at,
         )
         if unindexed is not None and not row.indexed:
             unindexed.add(key)
@@ -145,19 +149,6 @@ picked out of the turn's by weight (every position weighted D, theirs A, the A k
 lexeme of ``search_vector``, ``to_tsvector``'s, has a position) before it is unnested:
 unnesting every lexeme to keep two or three made the words search ~1.7× as long
 (BENCHMARKS.md, the memory inspector)."""
-
-
-_QUERY_VECTOR = "CAST(:qv AS vector)"
-"""The query's vector: a parameter of type ``vector`` (sent in pgvector's text form), parsed
-once when the statement is bound. Cast from ``text`` inside the statement, a generic plan (which
-Postgres may keep after five runs of a prepared statement, before ``_CUSTOM_PLANS`` holds for
-the recall) parsed its 384 floats again for every row scored: the exact search of one user's
-419 turns (LoCoMo's conv-26 alone in its project) took ~85 ms instead of ~2 ms from the sixth
-recall on (BENCHMARKS.md, LoCoMo)."""
-
-
-def _cosine_sql(dimension: int) -> str:
-    return f"1 - (v.embedding::vector({dimension}) <=> {_QUERY_VECTOR})"
 
 
 _CUSTOM_PLANS = "set_config('plan_cache_mode', 'force_custom_plan', true)"
@@ -187,7 +178,7 @@ async def _meaning(
 ) -> None:
     """The nearest vectors (a long output's chunks among them) at or above the floor, their
     cosines into ``turns``; leaves the transaction reading by index (``_READ_BY_INDEX``)."""
-    distance = f"v.embedding::vector({dimension}) <=> {_QUERY_VECTOR}"
+    distance = f"v.embedding::vector({dimension}) <=> {QUERY_VECTOR}"
     mine = f"project_id = :p AND model = :m AND dimension = {dimension}"
     chunks = await _has_chunks(conn)
     vectors = VECTOR_TABLE
@@ -200,7 +191,7 @@ async def _meaning(
     order = f"({distance}) + 0" if exact else distance
     condition = "true" if vectors != VECTOR_TABLE else f"v.{mine.replace(' AND ', ' AND v.')}"
     nearest = text(
-        f"SELECT e.id, e.session_id, e.turn_id, left(e.input, {HEAD}) AS head,"
+        f"SELECT e.id, e.session_id, e.turn_id, e.occurred_at, left(e.input, {HEAD}) AS head,"
         f" 1 - ({distance}) AS cosine FROM {vectors} v"
         " JOIN episodes e ON e.id = v.episode_id"
         f" WHERE {condition} AND {' AND '.join(where)} AND {_READ_BY_INDEX}"
@@ -211,11 +202,11 @@ async def _meaning(
     found = list(await conn.execute(nearest, params))
     if chunks and not exact:
         chunked = text(
-            f"SELECT e.id, e.session_id, e.turn_id, left(e.input, {HEAD}) AS head,"
+            f"SELECT e.id, e.session_id, e.turn_id, e.occurred_at, left(e.input, {HEAD}) AS head,"
             f" max(1 - ({distance})) AS cosine FROM {CHUNK_TABLE} v"
             " JOIN episodes e ON e.id = v.episode_id"
             f" WHERE v.{mine.replace(' AND ', ' AND v.')} AND {' AND '.join(where)}"
-            " GROUP BY e.id ORDER BY 5 DESC LIMIT :n"
+            " GROUP BY e.id ORDER BY 6 DESC LIMIT :n"
         )
         found.extend(await conn.execute(chunked, params))
     for row in found:
@@ -229,6 +220,7 @@ async def _meaning(
                 key,
                 session=row.session_id if row.turn_id is not None else None,
                 speaker=speaker_of(row.head),
+                at=row.occurred_at,
             )
         turn.cosine = max(cosine, turn.cosine or -1.0)
 
@@ -244,57 +236,6 @@ async def _has_chunks(conn: AsyncConnection) -> bool:
     if key not in _CHUNKS and await has_chunk_table(conn):
         _CHUNKS.add(key)
     return key in _CHUNKS
-
-
-async def _context(
-    conn: AsyncConnection,
-    where: list[str],
-    params: dict[str, Any],
-    turns: dict[str, Turn],
-    sessions: Sequence[str],
-    dimension: int | None,
-    floor: float,
-) -> None:
-    """Every turn of ``sessions`` into ``turns``, each linked to the one before and after it
-    (by time, then by when it was stored), with its length and, for a new one, its cosine
-    (at any value: a neighbour's meaning counts only through its share)."""
-    # each turn's vector by its key (joined, all 10,000 of the model were hashed to keep ~500)
-    cosine = (
-        f", (SELECT {_cosine_sql(dimension)} FROM {VECTOR_TABLE} v WHERE v.episode_id = e.id"
-        f" AND v.model = :m AND v.dimension = {dimension}) AS cosine"
-        if dimension
-        else ", NULL AS cosine"
-    )
-    order = "s.occurred_at, s.recorded_at, s.id"
-    statement = text(
-        f"SELECT s.session_id, array_agg(s.id::text ORDER BY {order}) AS ids,"
-        f" array_agg(s.head ORDER BY {order}) AS heads, array_agg(s.n ORDER BY {order}) AS ns,"
-        f" array_agg(s.cosine ORDER BY {order}) AS cosines FROM ("
-        f"SELECT e.id, e.session_id, e.occurred_at, e.recorded_at, left(e.input, {HEAD}) AS head,"
-        f" length(e.search_vector) AS n{cosine} FROM episodes e"
-        f" WHERE {' AND '.join(where)} AND e.turn_id IS NOT NULL"
-        " AND e.session_id = ANY(CAST(:sessions AS text[]))"
-        f" ORDER BY e.session_id, e.occurred_at, e.recorded_at, e.id LIMIT {CONTEXT_ROWS}"
-        ") s GROUP BY s.session_id"
-    )
-    # one row a session, its turns in order (by time, then by when each was stored): a row a
-    # turn cost a driver record and a result row each, ~500 for 30 LoCoMo sessions
-    for session, ids, heads, lengths, cosines in await conn.execute(
-        statement, {**params, "sessions": list(sessions)}
-    ):
-        previous: Turn | None = None
-        for key, head, n, cos in zip(ids, heads, lengths, cosines, strict=True):
-            turn = turns.get(key)
-            if turn is None:
-                turn = turns[key] = Turn(key, speaker=speaker_of(head))
-            turn.session = session
-            if turn.cosine is None and cos is not None and float(cos) >= floor:
-                turn.cosine = float(cos)
-            if not turn.counts:
-                turn.length = int(n or 0)
-            if previous is not None:
-                previous.after, turn.before = key, previous.id
-            previous = turn
 
 
 async def recall_scored(
@@ -394,7 +335,10 @@ async def recall_scored(
     best = sorted(first, key=lambda k: -first[k])[:CONTEXT_SESSIONS]
     sessions = sorted({s for s in (turns[k].session for k in best) if s is not None})
     if sessions:
-        await _context(conn, where, params, turns, sessions, dimension, min_similarity)
+        echo = best[:ECHO_TURNS] if dimension is not None else []
+        await read_context_sessions(
+            conn, where, params, turns, sessions, dimension, min_similarity, echo
+        )
     scored, bm25 = rank(
         turns, query, alpha=alpha, total=total, lexemes=lexemes, floor=min_similarity
     )

@@ -1,0 +1,107 @@
+"""A recall's context: the whole sessions of its best turns, read in one statement.
+
+``recall_scored`` (``recall.py``) ranks a turn with its neighbours in its session (the turn
+before and after it, ``turn_ranking``); this reads those sessions' turns, one row a session,
+with each turn's cosine with the query (and, with an echo, with the query plus the best turns'
+mean: ``turn_ranking.ECHO_WEIGHT``), through the index on ``(project_id, user_id,
+session_id)`` (migration 0010) and each turn's vector by its key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from worker.db.vectors import VECTOR_TABLE
+from worker.user_memory.turn_ranking import Turn, speaker_of
+
+CONTEXT_ROWS = 5_000
+HEAD = 80
+"""Characters of a turn's input read for its speaker."""
+
+
+QUERY_VECTOR = "CAST(:qv AS vector)"
+"""The query's vector: a parameter of type ``vector`` (sent in pgvector's text form), parsed
+once when the statement is bound. Cast from ``text`` inside the statement, a generic plan (which
+Postgres may keep after five runs of a prepared statement, before ``recall._CUSTOM_PLANS`` holds for
+the recall) parsed its 384 floats again for every row scored: the exact search of one user's
+419 turns (LoCoMo's conv-26 alone in its project) took ~85 ms instead of ~2 ms from the sixth
+recall on (BENCHMARKS.md, LoCoMo)."""
+
+
+def cosine_sql(dimension: int) -> str:
+    return f"1 - (v.embedding::vector({dimension}) <=> {QUERY_VECTOR})"
+
+
+async def read_context_sessions(
+    conn: AsyncConnection,
+    where: list[str],
+    params: dict[str, Any],
+    turns: dict[str, Turn],
+    sessions: Sequence[str],
+    dimension: int | None,
+    floor: float,
+    echo: Sequence[str] = (),
+) -> None:
+    """Every turn of ``sessions`` into ``turns``, each linked to the one before and after it
+    (by time, then by when it was stored), with its length and, for a new one, its cosine
+    (at any value: a neighbour's meaning counts only through its share); with ``echo`` (the
+    first ranking's best turns), each turn's cosine with the query's vector plus the mean of
+    theirs (``Turn.echo``: ``turn_ranking.ECHO_WEIGHT``), in the same statement."""
+    cosine = f", {cosine_sql(dimension)} AS cosine" if dimension else ", NULL AS cosine"
+    if dimension and echo:
+        mean = (
+            f"(SELECT avg(x.embedding::vector({dimension})) FROM {VECTOR_TABLE} x"
+            " WHERE x.episode_id = ANY(CAST(:echo AS uuid[])) AND x.model = :m"
+            f" AND x.dimension = {dimension})"
+        )
+        echoed = f"({QUERY_VECTOR} + {mean})"  # Rocchio's query: the query plus their mean
+        cosine += f", 1 - (v.embedding::vector({dimension}) <=> {echoed}) AS echo"
+    else:
+        cosine += ", NULL AS echo"
+    # each turn's vector by its key (a hash join read all 10,000 of the model to keep ~500)
+    join = (
+        f" LEFT JOIN LATERAL (SELECT embedding FROM {VECTOR_TABLE} v WHERE v.episode_id = e.id"
+        f" AND v.model = :m AND v.dimension = {dimension}) v ON true"
+        if dimension
+        else ""
+    )
+    order = "s.occurred_at, s.recorded_at, s.id"
+    statement = text(
+        f"SELECT s.session_id, array_agg(s.id::text ORDER BY {order}) AS ids,"
+        f" array_agg(s.head ORDER BY {order}) AS heads, array_agg(s.n ORDER BY {order}) AS ns,"
+        f" array_agg(s.cosine ORDER BY {order}) AS cosines,"
+        f" array_agg(s.occurred_at ORDER BY {order}) AS ats,"
+        f" array_agg(s.echo ORDER BY {order}) AS echoes FROM ("
+        f"SELECT e.id, e.session_id, e.occurred_at, e.recorded_at, left(e.input, {HEAD}) AS head,"
+        f" length(e.search_vector) AS n{cosine} FROM episodes e{join}"
+        f" WHERE {' AND '.join(where)} AND e.turn_id IS NOT NULL"
+        " AND e.session_id = ANY(CAST(:sessions AS text[]))"
+        f" ORDER BY e.session_id, e.occurred_at, e.recorded_at, e.id LIMIT {CONTEXT_ROWS}"
+        ") s GROUP BY s.session_id"
+    )
+    # one row a session, its turns in order (by time, then by when each was stored): a row a
+    # turn cost a driver record and a result row each, ~500 for 30 LoCoMo sessions
+    for session, ids, heads, lengths, cosines, ats, echoes in await conn.execute(
+        statement, {**params, "sessions": list(sessions), **({"echo": list(echo)} if echo else {})}
+    ):
+        previous: Turn | None = None
+        for key, head, n, cos, at, mean in zip(
+            ids, heads, lengths, cosines, ats, echoes, strict=True
+        ):
+            turn = turns.get(key)
+            if turn is None:
+                turn = turns[key] = Turn(key, speaker=speaker_of(head), at=at)
+            turn.session = session
+            if turn.cosine is None and cos is not None and float(cos) >= floor:
+                turn.cosine = float(cos)
+            if mean is not None:
+                turn.echo = float(mean)
+            if not turn.counts:
+                turn.length = int(n or 0)
+            if previous is not None:
+                previous.after, turn.before = key, previous.id
+            previous = turn
