@@ -44,4 +44,6 @@ MAX_TTL_SECONDS = 31_536_000
 """The longest ``ttl_seconds`` (365 days): finite, positive, at most this."""
 EARLIEST_YEAR = 1
 LATEST_YEAR = 9999
-"""A time must be a real instant in 0001-01-01..9999-12-31 UTC (in any offset)."""
+"""A time must be a real instant in 0001-01-01..9999-12-31 UTC (in any offset), but not that
+range's two edge instants, which Postgres would store as infinity (``schemas.inputs.EARLIEST``,
+``LATEST``)."""

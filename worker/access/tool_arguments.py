@@ -5,12 +5,11 @@ Schema is what MCP clients and the OpenAPI document show."""
 from __future__ import annotations
 
 import sys
-from datetime import UTC, datetime
 from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, StrictFloat, StrictInt
 
-from schemas.inputs import IdText, When, text_rule
+from schemas.inputs import EARLIEST, LATEST, IdText, When, text_rule
 from schemas.limits import (
     MAX_FACT_FIELD_BYTES,
     MAX_QUERY_BYTES,
@@ -19,8 +18,8 @@ from schemas.limits import (
     MAX_TURN_TEXT_BYTES,
 )
 
-_EARLIEST = datetime(1, 1, 1, tzinfo=UTC)
-_LATEST = datetime(9999, 12, 31, 23, 59, 59, tzinfo=UTC)
+_EARLIEST = EARLIEST  # the edges the input rule takes (0001-01-01T00:00:00Z is -infinity)
+_LATEST = LATEST
 
 USER = (
     "The user whose memory this is (1-128 of A-Za-z0-9._:-). Omit it on a server pinned to a "

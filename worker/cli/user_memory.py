@@ -12,13 +12,14 @@ from __future__ import annotations
 import sys
 import warnings
 from collections.abc import Awaitable, Callable
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import orjson
 import typer
 
+from schemas.inputs import EARLIEST, LATEST
 from worker.cli.common import (
     check_ids,
     check_out,
@@ -56,8 +57,8 @@ ProjectOption = Annotated[
 ]
 JsonOption = Annotated[bool, typer.Option("--json", help="JSON instead of a table.")]
 
-_EARLIEST = datetime(1, 1, 1, tzinfo=UTC)
-_LATEST = datetime(9999, 12, 31, 23, 59, 59, tzinfo=UTC)
+_EARLIEST = EARLIEST  # the edges the input rule takes (0001-01-01T00:00:00Z is -infinity)
+_LATEST = LATEST
 
 
 def _scope(project: str | None, user: str | None) -> tuple[Settings, str]:
