@@ -6,7 +6,8 @@ Bad input is refused before anything is touched, with an error naming the field:
 
 - **ids** (project, user, session, turn, fact, block name): ``schemas.ids``' pattern, 1-128 of
   ``[A-Za-z0-9._:-]``: no glob (``*``, ``?``, ``[``, ``%``), no path (``/``, ``..``), no
-  look-alike (fullwidth) letters;
+  look-alike (fullwidth) letters; and not ``.`` or ``..`` alone (``NOT_IDS``: a path step, which
+  a browser drops from the inspector's link ``/ui/users/..``, so that user could not be reached);
 - **text**: a ``str``, with no NUL character and no lone surrogate (neither can be stored as
   UTF-8 text in Postgres), at most a field's byte size in UTF-8 (``schemas.limits``);
 - **times**: RFC 3339 text (``2026-11-20T08:00:00Z``; without an offset it is read as UTC),
@@ -35,6 +36,7 @@ from schemas.limits import MAX_ID_CHARS, MAX_RESULTS, MAX_TTL_SECONDS
 __all__ = [
     "EARLIEST",
     "LATEST",
+    "NOT_IDS",
     "IdText",
     "InvalidInputError",
     "When",
@@ -53,6 +55,8 @@ __all__ = [
 ]
 
 _ID_RE = re.compile(ID_PATTERN)
+NOT_IDS = (".", "..")
+"""The pattern's two strings that are no id: a URL's path steps (``/ui/users/..`` is ``/ui/``)."""
 
 
 class InvalidInputError(ValueError):
@@ -78,6 +82,8 @@ def id_problem(value: Any) -> str | None:
             f"must be 1-{MAX_ID_CHARS} characters of letters, digits, '.', '_', ':' or '-' "
             f"(ASCII); got {_shown(value)}"
         )
+    if value in NOT_IDS:
+        return f"must not be {value!r} alone: it is a path step, which a link drops"
     return None
 
 
@@ -275,7 +281,13 @@ IdText = Annotated[
     str,
     AfterValidator(_id),
     WithJsonSchema(
-        {"type": "string", "pattern": ID_PATTERN, "minLength": 1, "maxLength": MAX_ID_CHARS}
+        {
+            "type": "string",
+            "pattern": ID_PATTERN,
+            "minLength": 1,
+            "maxLength": MAX_ID_CHARS,
+            "not": {"enum": list(NOT_IDS)},
+        }
     ),
 ]
 """An id argument (the argument models' type; its JSON Schema carries the pattern)."""

@@ -92,7 +92,7 @@ def dumps(value: Any) -> str:
     return out
 
 
-GLOB_AND_PATH = ["*", "%", "a?b", "[ab]", "../chat-a", "a/b", "a b", "ｃｈａｔ-ａ", "é"]
+GLOB_AND_PATH = ["*", "%", "a?b", "[ab]", "../chat-a", "a/b", "a b", "ｃｈａｔ-ａ", "é", ".", ".."]
 NON_FINITE = [float("nan"), float("inf"), float("-inf")]
 WRONG = [12345, [], {"a": 1}, True]
 
