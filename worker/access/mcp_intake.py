@@ -28,6 +28,7 @@ from mcp.shared.message import SessionMessage
 from pydantic import ValidationError
 
 from worker.access.guard import App, Message, Receive, Scope, Send
+from worker.access.mcp_shapes import http_reply
 
 SERVER = "mcp"
 INVALID_PARAMS = -32602
@@ -123,7 +124,7 @@ class StdioIntake:
     async def receive(self) -> SessionMessage | Exception:
         while True:
             item: SessionMessage | Exception = await self.inner.receive()
-            reply = _reply_to(item) if isinstance(item, ValidationError) else None
+            reply = _reply_to(item) if isinstance(item, ValidationError) else _shaped(item)
             if reply is None:
                 return item
             await self.write.send(SessionMessage(reply))
@@ -150,6 +151,19 @@ class StdioIntake:
         traceback: TracebackType | None,
     ) -> None:
         await self.aclose()
+
+
+def _shaped(item: Any) -> types.JSONRPCMessage | None:
+    """The answer to a request of a shape the SDK would refuse unnamed (``mcp_shapes``)."""
+    from worker.access.mcp_shapes import INVALID_PARAMS, arguments_problem, error
+
+    request = getattr(item, "message", None)
+    if not isinstance(request, types.JSONRPCRequest):
+        return None
+    problem = arguments_problem(request.method, request.params)
+    if problem is None:
+        return None
+    return types.jsonrpc_message_adapter.validate_python(error(request.id, INVALID_PARAMS, problem))
 
 
 def _reply_to(error: ValidationError) -> types.JSONRPCMessage | None:
@@ -186,7 +200,9 @@ class HttpIntake:
             if not message.get("more_body"):
                 break
         body = b"".join(chunks)
-        reply = _http_reply(body) if _SUSPECT.search(body) else None
+        status, reply = http_reply(body) or (200, None)  # a batch, arguments not an object
+        if reply is None and _SUSPECT.search(body):
+            reply = _http_reply(body)
         if reply is None:
             await self.app(scope, _replay([{"type": "http.request", "body": body}], receive), send)
             return
@@ -194,7 +210,7 @@ class HttpIntake:
         await send(
             {
                 "type": "http.response.start",
-                "status": 200,
+                "status": status,
                 "headers": [
                     (b"content-type", b"application/json"),
                     (b"content-length", str(len(payload)).encode()),
