@@ -6,13 +6,16 @@ Bad input is refused before anything is touched, with an error naming the field:
 
 - **ids** (project, user, session, turn, fact, block name): ``schemas.ids``' pattern, 1-128 of
   ``[A-Za-z0-9._:-]``: no glob (``*``, ``?``, ``[``, ``%``), no path (``/``, ``..``), no
-  look-alike (fullwidth) letters;
+  look-alike (fullwidth) letters; and not ``.`` or ``..`` alone (``NOT_IDS``: a path step, which
+  a browser drops from the inspector's link ``/ui/users/..``, so that user could not be reached);
 - **text**: a ``str``, with no NUL character and no lone surrogate (neither can be stored as
   UTF-8 text in Postgres), at most a field's byte size in UTF-8 (``schemas.limits``);
 - **times**: RFC 3339 text (``2026-11-20T08:00:00Z``; without an offset it is read as UTC),
   never a number or numeric text taken as Unix time (``-1``, ``"5"``), naming a real instant in
   0001-01-01..9999-12-31 UTC, whatever its offset (``0001-01-01T00:00:00+14:00`` is before
-  year 1 in UTC: refused);
+  year 1 in UTC: refused), but not the range's two edge instants, ``0001-01-01T00:00:00Z``
+  and ``9999-12-31T23:59:59.999999Z`` (in any offset): the Postgres driver sends those as
+  ``-infinity`` and ``infinity``, so the times taken are ``EARLIEST``..``LATEST``;
 - **numbers**: finite (no NaN or Infinity), within the field's range; ``ttl_seconds`` in
   (0, ``MAX_TTL_SECONDS``]; ``limit`` an integer from 1.
 """
@@ -23,7 +26,7 @@ import math
 import operator
 import re
 from datetime import UTC, datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, overload
 
 from pydantic import AfterValidator, BeforeValidator, WithJsonSchema
 
@@ -31,6 +34,9 @@ from schemas.ids import ID_PATTERN
 from schemas.limits import MAX_ID_CHARS, MAX_RESULTS, MAX_TTL_SECONDS
 
 __all__ = [
+    "EARLIEST",
+    "LATEST",
+    "NOT_IDS",
     "IdText",
     "InvalidInputError",
     "When",
@@ -42,12 +48,15 @@ __all__ = [
     "id_problem",
     "json_text_problem",
     "parse_when",
+    "stored_when",
     "text_problem",
     "text_rule",
     "when_problem",
 ]
 
 _ID_RE = re.compile(ID_PATTERN)
+NOT_IDS = (".", "..")
+"""The pattern's two strings that are no id: a URL's path steps (``/ui/users/..`` is ``/ui/``)."""
 
 
 class InvalidInputError(ValueError):
@@ -73,6 +82,8 @@ def id_problem(value: Any) -> str | None:
             f"must be 1-{MAX_ID_CHARS} characters of letters, digits, '.', '_', ':' or '-' "
             f"(ASCII); got {_shown(value)}"
         )
+    if value in NOT_IDS:
+        return f"must not be {value!r} alone: it is a path step, which a link drops"
     return None
 
 
@@ -143,16 +154,48 @@ def check_text(value: Any, field: str, max_bytes: int, *, empty: bool = True) ->
     return str(value)
 
 
+EARLIEST = datetime(1, 1, 1, 0, 0, 0, 1, tzinfo=UTC)
+"""The first instant a time field takes: ``0001-01-01T00:00:00Z`` itself is ``-infinity``."""
+LATEST = datetime(9999, 12, 31, 23, 59, 59, 999998, tzinfo=UTC)
+"""The last instant a time field takes: ``9999-12-31T23:59:59.999999Z`` is ``infinity``."""
+_INFINITE = (datetime.min.replace(tzinfo=UTC), datetime.max.replace(tzinfo=UTC))
+
+
+@overload
+def stored_when(value: datetime) -> datetime: ...
+@overload
+def stored_when(value: None) -> None: ...
+def stored_when(value: datetime | None) -> datetime | None:
+    """A time read back from Postgres, aware: ``infinity``/``-infinity`` (which asyncpg reads
+    as a naive ``datetime.max``/``min``; an older version stored them from the edge instants
+    the rule now refuses) are ``LATEST``/``EARLIEST``, so they compare with every other time
+    and the models' rule takes them back."""
+    if value is None or value.tzinfo is not None:
+        return value
+    if value == datetime.max:
+        return LATEST
+    if value == datetime.min:
+        return EARLIEST
+    return value.replace(tzinfo=UTC)
+
+
 def when_problem(value: Any) -> str | None:
-    """Why ``value`` is not a storable instant, or None (a naive one is read as UTC)."""
+    """Why ``value`` is not a storable instant, or None (a naive one is read as UTC): outside
+    0001..9999 in UTC, or one of that range's two edges, which asyncpg sends to Postgres as
+    ``-infinity``/``infinity`` (read back with no zone, they broke every comparison)."""
     if not isinstance(value, datetime):
         return f"must be a time (RFC 3339), not {type(value).__name__}"
-    if value.tzinfo is None or value.utcoffset() is None:
-        return None
+    naive = value.tzinfo is None or value.utcoffset() is None
     try:
-        value.astimezone(UTC)
+        utc = value.replace(tzinfo=UTC) if naive else value.astimezone(UTC)
     except OverflowError:
         return f"{value.isoformat()} is outside 0001-01-01..9999-12-31 in UTC"
+    if utc in _INFINITE:
+        edge = "-infinity" if utc == _INFINITE[0] else "infinity"
+        return (
+            f"{value.isoformat()} is stored by Postgres as {edge}; a time must be from "
+            f"{EARLIEST.isoformat()} to {LATEST.isoformat()} in UTC"
+        )
     return None
 
 
@@ -165,7 +208,8 @@ RFC3339_EXAMPLE = "2026-11-20T08:00:00Z"
 def parse_when(value: Any) -> datetime:
     """The instant RFC 3339 text names (a ``datetime`` passes as it is, for Python callers);
     ``ValueError`` saying why not: a number, numeric text (``"5"``: not a Unix time here), a
-    date alone, an impossible date (``2026-02-30``), or a time outside 0001..9999 UTC."""
+    date alone, an impossible date (``2026-02-30``), or a time outside ``EARLIEST``..``LATEST``
+    in UTC (0001..9999 but its two edge instants, which Postgres would store as infinity)."""
     if isinstance(value, datetime):
         when = value
     elif not isinstance(value, str):
@@ -237,14 +281,21 @@ IdText = Annotated[
     str,
     AfterValidator(_id),
     WithJsonSchema(
-        {"type": "string", "pattern": ID_PATTERN, "minLength": 1, "maxLength": MAX_ID_CHARS}
+        {
+            "type": "string",
+            "pattern": ID_PATTERN,
+            "minLength": 1,
+            "maxLength": MAX_ID_CHARS,
+            "not": {"enum": list(NOT_IDS)},
+        }
     ),
 ]
 """An id argument (the argument models' type; its JSON Schema carries the pattern)."""
 
 When = Annotated[datetime, BeforeValidator(parse_when)]
 """A time argument: RFC 3339 text (or a ``datetime`` from Python) naming a real instant in
-0001..9999 UTC; never a number read as Unix time (``parse_when``)."""
+``EARLIEST``..``LATEST`` UTC (0001..9999 but its two edges); never a number read as Unix time
+(``parse_when``)."""
 
 
 def text_rule(max_bytes: int, *, empty: bool = True) -> AfterValidator:

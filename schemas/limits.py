@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
-
 SCHEMA_VERSION = 1
 """The highest command ``schema_version`` this release understands."""
 
@@ -46,8 +44,6 @@ MAX_TTL_SECONDS = 31_536_000
 """The longest ``ttl_seconds`` (365 days): finite, positive, at most this."""
 EARLIEST_YEAR = 1
 LATEST_YEAR = 9999
-"""A time must be a real instant in 0001-01-01..9999-12-31 UTC (in any offset)."""
-EARLIEST = datetime(EARLIEST_YEAR, 1, 1, tzinfo=UTC)
-"""The earliest instant a time range may hold: an open range's lower end."""
-LATEST = datetime(LATEST_YEAR, 12, 31, 23, 59, 59, tzinfo=UTC)
-"""The latest instant a time range may hold (to the second): an open range's upper end."""
+"""A time must be a real instant in 0001-01-01..9999-12-31 UTC (in any offset), but not that
+range's two edge instants, which Postgres would store as infinity (``schemas.inputs.EARLIEST``,
+``LATEST``)."""

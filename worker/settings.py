@@ -10,7 +10,7 @@ import json
 import re
 from functools import lru_cache
 from typing import Annotated, Literal, Self
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from pydantic import AliasChoices, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -41,6 +41,10 @@ _CONNECT_PARAMETERS = frozenset(
 """The query parameters of DATABASE_URL that reach a connection (``sslmode`` is read as
 ``ssl``): any other (libpq's ``sslpassword``, ``application_name``, a typo) is refused at
 start, naming it, rather than failing every connection later."""
+
+
+_SSL_MODES = ("disable", "allow", "prefer", "require", "verify-ca", "verify-full")
+"""The ``sslmode`` (or ``ssl``) values asyncpg takes in DATABASE_URL: libpq's modes."""
 
 
 def asyncpg_url(database_url: str) -> str:
@@ -323,6 +327,12 @@ class Settings(BaseSettings):
                 f"asyncpg, memworker's Postgres driver (it takes: sslmode, "
                 f"{', '.join(sorted(_CONNECT_PARAMETERS))})"
             )
+        for pair in query.split("&"):
+            name, _, mode = pair.partition("=")
+            if name == "ssl" and unquote(mode) not in _SSL_MODES:
+                raise ValueError(
+                    f"sslmode must be one of {', '.join(_SSL_MODES)}; got {unquote(mode)!r:.40}"
+                )
         return value
 
     @field_validator("api_token")

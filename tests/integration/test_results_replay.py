@@ -212,6 +212,18 @@ def test_results_may_not_be_republished_onto_the_command_stream(settings: Settin
     assert "may not be published on a lifecycle or DLQ stream" in words(done.stderr)
 
 
+def test_results_are_republished_only_on_a_named_stream_under_the_prefix(
+    settings: Settings,
+) -> None:
+    """Before, ``--publish-to ''`` published on the empty-named key, and a stream outside the
+    prefix was one no forget erases."""
+    for target in ("", "elsewhere:x", f"{settings.stream_prefix}:", settings.stream_prefix):
+        done = memworker(settings, "replay", "results", "--publish-to", target)
+        assert done.returncode == 2, (target, done.stdout, done.stderr)
+        said = words(done.stderr)
+        assert "--publish-to" in said and f"under the prefix, {settings.stream_prefix}:" in said
+
+
 async def test_junk_in_the_results_stream_is_skipped_and_not_republished(
     redis: Redis, live: Settings
 ) -> None:

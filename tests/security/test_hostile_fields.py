@@ -92,7 +92,7 @@ def dumps(value: Any) -> str:
     return out
 
 
-GLOB_AND_PATH = ["*", "%", "a?b", "[ab]", "../chat-a", "a/b", "a b", "ｃｈａｔ-ａ", "é"]
+GLOB_AND_PATH = ["*", "%", "a?b", "[ab]", "../chat-a", "a/b", "a b", "ｃｈａｔ-ａ", "é", ".", ".."]
 NON_FINITE = [float("nan"), float("inf"), float("-inf")]
 WRONG = [12345, [], {"a": 1}, True]
 
@@ -140,6 +140,8 @@ def hostile(kind: str) -> Iterator[Any]:
         yield from [
             "0001-01-01T00:00:00+14:00",
             "9999-12-31T23:59:59-14:00",
+            "9999-12-31T23:59:59.999999Z",  # asyncpg sends it as infinity
+            "0001-01-01T00:00:00Z",  # and this as -infinity
             "10000-01-01T00:00:00Z",
             "2026-13-45T00:00:00Z",
             "not a time",

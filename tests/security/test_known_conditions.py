@@ -14,6 +14,7 @@ import httpx
 
 from tests.integration.results_factory import migrated_engine
 from tests.security.processes import Recorded, clean_env, free_port
+from worker.settings import Settings
 
 
 async def test_an_incomplete_forget_is_a_503_that_says_so_not_unexpected(
@@ -54,6 +55,29 @@ def test_a_database_url_parameter_the_driver_does_not_take_is_refused_at_start()
     assert "'sslpassword'" in lines[0]
     assert "secret" not in done.stderr + done.stdout
     assert "unexpected" not in lines[0]
+
+
+def test_an_sslmode_the_driver_does_not_take_is_refused_at_start_naming_database_url() -> None:
+    """Before, ``?sslmode=bogus`` started ``serve`` and every connection failed with
+    ``unexpected InterfaceError``."""
+    for query in ("sslmode=bogus", "ssl=true", "sslmode=Require", "sslmode="):
+        url = f"postgresql://u:pw1secret@127.0.0.1:1/x?{query}"
+        done = subprocess.run(
+            [sys.executable, "-m", "worker.cli", "serve", "--port", str(free_port())],
+            env=clean_env(DATABASE_URL=url),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 1, done
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1, done.stderr
+        assert lines[0].startswith("memworker: error: invalid configuration: DATABASE_URL:"), lines
+        assert "sslmode must be one of disable, allow, prefer, require" in lines[0], lines
+        assert "secret" not in done.stderr + done.stdout
+    for mode in ("disable", "verify-full"):
+        url = f"postgresql://u@127.0.0.1:1/x?sslmode={mode}"
+        assert Settings(database_url=url).database_url.endswith(f"?ssl={mode}")
 
 
 def test_the_connection_parameters_taken_are_those_asyncpg_connect_takes() -> None:

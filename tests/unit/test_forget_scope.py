@@ -33,9 +33,12 @@ def test_a_time_every_store_holds_is_kept_exactly_in_utc() -> None:
     plus_14 = datetime(2026, 1, 1, 10, tzinfo=timezone(timedelta(hours=14)))
     assert check_before(plus_14) == datetime(2025, 12, 31, 20, tzinfo=UTC)
     assert check_before(datetime(2026, 1, 1)) == datetime(2026, 1, 1, tzinfo=UTC)  # naive: UTC
-    assert check_before(datetime(1, 1, 1, 14, tzinfo=timezone(timedelta(hours=14)))) == (
-        datetime(1, 1, 1, tzinfo=UTC)
+    assert check_before(datetime(1, 1, 1, 14, 0, 0, 1, tzinfo=timezone(timedelta(hours=14)))) == (
+        datetime(1, 1, 1, 0, 0, 0, 1, tzinfo=UTC)
     )
+    for edge in (datetime(1, 1, 1, tzinfo=UTC), datetime.max.replace(tzinfo=UTC)):  # infinity
+        with pytest.raises(InvalidForgetError, match=r"^before must be .*infinity"):
+            check_before(edge)
     assert check_before(None) is None
 
 

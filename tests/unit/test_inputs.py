@@ -75,9 +75,9 @@ def test_text_takes_any_unicode_within_its_size_and_refuses_nul_and_lone_surroga
 @pytest.mark.parametrize(
     "value",
     [
-        datetime(1, 1, 1, tzinfo=UTC),
-        datetime(9999, 12, 31, 23, 59, 59, tzinfo=UTC),
-        datetime(1, 1, 1, 14, 0, tzinfo=timezone(timedelta(hours=14))),
+        datetime(1, 1, 1, 0, 0, 0, 1, tzinfo=UTC),  # EARLIEST
+        datetime(9999, 12, 31, 23, 59, 59, 999998, tzinfo=UTC),  # LATEST
+        datetime(1, 1, 1, 14, 0, 0, 1, tzinfo=timezone(timedelta(hours=14))),
         datetime(2026, 1, 1),  # no zone: UTC
     ],
 )
@@ -91,6 +91,12 @@ def test_times_that_are_instants_in_0001_to_9999_utc_pass(value: datetime) -> No
         datetime(1, 1, 1, tzinfo=timezone(timedelta(hours=14))),  # 0000-12-31T10:00Z
         datetime(9999, 12, 31, 23, 59, 59, tzinfo=timezone(timedelta(hours=-14))),
         "2026-01-01T00:00:00Z",
+        # the range's edges: asyncpg sends them to Postgres as -infinity and infinity
+        datetime(1, 1, 1, tzinfo=UTC),
+        datetime(1, 1, 1, 14, tzinfo=timezone(timedelta(hours=14))),
+        datetime(1, 1, 1),
+        datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=UTC),
+        datetime(9999, 12, 31, 22, 59, 59, 999999, tzinfo=timezone(timedelta(hours=-1))),
     ],
 )
 def test_times_outside_are_refused_naming_the_field(value: Any) -> None:

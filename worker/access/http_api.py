@@ -33,17 +33,52 @@ RETRY_AFTER_SECONDS = 2
 nearly full or full): a client backs off at least this long before it retries."""
 
 
-def _invalid(exc: RequestValidationError) -> str:
+def _invalid(exc: RequestValidationError, request: Request) -> str:
     """The argument model's problems as one line, as ``scope.invalid_arguments`` words them
-    (the body's fields, without FastAPI's ``body`` prefix)."""
+    (the body's fields, without FastAPI's ``body`` prefix). A body that is not JSON says where
+    it stops being JSON (FastAPI's ``loc`` holds that character's index, not a field) and, when
+    that is its end, that the body ends at its ``Content-Length`` (what came after is not read)."""
     problems = []
     for error in exc.errors():
         loc = [str(p) for p in error.get("loc", ()) if p != "body"]
         message = str(error.get("msg", "invalid")).removeprefix("Value error, ")
         if error.get("type") == "json_invalid":
-            message = "the body is not JSON"
+            problems.append(_not_json(error, request))
+            continue
         problems.append(f"{'.'.join(loc) or 'body'}: {message}")
     return "invalid arguments: " + "; ".join(problems)
+
+
+def _not_json(error: Any, request: Request) -> str:
+    where = [p for p in error.get("loc", ()) if isinstance(p, int)]
+    reason = str((error.get("ctx") or {}).get("error", "")).strip()
+    line = "body: the body is not JSON"
+    if where:
+        line += f" at character {where[0]}" + (f" ({reason})" if reason else "")
+    length = request.headers.get("content-length", "")
+    if where and length.isdigit() and where[0] >= int(length) > 0:
+        line += (
+            f": it ends there, at its Content-Length of {int(length):,} bytes (bytes sent past "
+            "the Content-Length are not read)"
+        )
+    return line
+
+
+_UNREADABLE = "There was an error parsing the body"
+"""FastAPI's 400 for a body its JSON reader failed on other than by a syntax error."""
+
+
+def _unreadable(exc: HTTPException) -> str:
+    """What ``_UNREADABLE`` was: nesting past the reader's depth, or text that is not UTF-8."""
+    cause = exc.__cause__
+    if isinstance(cause, RecursionError):
+        return (
+            "invalid arguments: body: arrays and objects nested too deep to read (JSON within "
+            "JSON a thousand levels or so): nest fewer levels"
+        )
+    if isinstance(cause, UnicodeDecodeError):
+        return f"invalid arguments: body: not UTF-8 text (byte {cause.start})"
+    return f"invalid arguments: body: the body could not be read as JSON ({type(cause).__name__})"
 
 
 def _endpoint(tool: Tool) -> Callable[..., Awaitable[Response]]:
@@ -121,12 +156,14 @@ def create_app(
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> Response:
-        return JSONResponse({"error": _invalid(exc)}, status_code=422)
+        return JSONResponse({"error": _invalid(exc, request)}, status_code=422)
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> Response:
         detail = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
-        if exc.status_code == 404:
+        if exc.status_code == 400 and detail == _UNREADABLE:
+            detail = _unreadable(exc)
+        elif exc.status_code == 404:
             detail = f"no such path {request.url.path}: the tools are POST /v1/<tool>"
         elif exc.status_code == 405:
             detail = f"{request.method} {request.url.path}: use POST"

@@ -29,6 +29,7 @@ from pydantic import ValidationError
 
 from worker.access.guard import App, Message, Receive, Scope, Send
 from worker.access.mcp_screen import screened, unreadable
+from worker.access.mcp_shapes import http_reply
 
 SERVER = "mcp"
 INVALID_PARAMS = -32602
@@ -124,7 +125,7 @@ class StdioIntake:
     async def receive(self) -> SessionMessage | Exception:
         while True:
             item: SessionMessage | Exception = await self.inner.receive()
-            reply = _reply_to(item) if isinstance(item, ValidationError) else None
+            reply = _reply_to(item) if isinstance(item, ValidationError) else _shaped(item)
             if reply is None:
                 return item
             await self.write.send(SessionMessage(reply))
@@ -151,6 +152,19 @@ class StdioIntake:
         traceback: TracebackType | None,
     ) -> None:
         await self.aclose()
+
+
+def _shaped(item: Any) -> types.JSONRPCMessage | None:
+    """The answer to a request of a shape the SDK would refuse unnamed (``mcp_shapes``)."""
+    from worker.access.mcp_shapes import INVALID_PARAMS, arguments_problem, error
+
+    request = getattr(item, "message", None)
+    if not isinstance(request, types.JSONRPCRequest):
+        return None
+    problem = arguments_problem(request.method, request.params)
+    if problem is None:
+        return None
+    return types.jsonrpc_message_adapter.validate_python(error(request.id, INVALID_PARAMS, problem))
 
 
 def _reply_to(error: ValidationError) -> types.JSONRPCMessage | None:
@@ -198,6 +212,8 @@ class HttpIntake:
         status, reply = 200, None
         if (refused := screened(body, shape=False)) is not None:  # an id MCP cannot answer by
             status, reply = refused
+        elif (shaped := http_reply(body)) is not None:  # a batch, arguments not an object
+            status, reply = shaped
         elif _SUSPECT.search(body):
             reply = _http_reply(body)
         if reply is None:

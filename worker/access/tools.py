@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
-from schemas.limits import EARLIEST, LATEST, MAX_REMEMBER_BATCH
+from schemas.inputs import EARLIEST, LATEST
+from schemas.limits import MAX_REMEMBER_BATCH
 from worker.access.tool_arguments import (
     AddFactArguments,
     Arguments,

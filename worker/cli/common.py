@@ -1,5 +1,6 @@
-"""What every command group shares: the consoles, ``CliError``, settings, id checks, and the
-Redis and Postgres connections a command opens and closes."""
+"""What every command group shares: the consoles, ``CliError``, settings, id checks, stored text
+as a terminal may show it (``shown``, ``cell``, ``json_shown``), and the Redis and Postgres
+connections a command opens and closes."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import asyncio
 import contextlib
 import fcntl
 import os
+import re
 import shlex
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
@@ -27,6 +29,7 @@ from worker.settings import Settings
 if TYPE_CHECKING:
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
     from sqlalchemy.ext.asyncio import AsyncEngine
 
 T = TypeVar("T")
@@ -60,6 +63,31 @@ class _LazyConsole:
 # Off a terminal (pipes, CI logs) rich would wrap tables at 80 columns: give them room.
 out = cast("Console", _LazyConsole(width=None if sys.stdout.isatty() else 160))
 err = cast("Console", _LazyConsole(stderr=True))
+
+
+_CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+"""The C0 and C1 control characters but tab and newline: ESC (OSC 52 clipboard writes, screen
+clears, title changes), BEL, CR, the 8-bit CSI/OSC (``\\x9b``, ``\\x9d``)."""
+_C1 = re.compile("[\x7f-\x9f]")
+
+
+def shown(text: str) -> str:
+    """Stored text (a turn, a block, a fact, an entry) as the terminal shows it but never acts
+    on: every control character but tab and newline written as ``\\x1b``."""
+    return _CONTROLS.sub(lambda m: f"\\x{ord(m[0]):02x}", text)
+
+
+def cell(text: object) -> Text:
+    """A table cell of stored text: ``shown`` and never read as rich markup (``[link=…]``)."""
+    from rich.text import Text
+
+    return Text(shown(str(text)))
+
+
+def json_shown(document: str) -> str:
+    """JSON text as a terminal may show it: JSON escapes the C0 controls already (``\\u001b``);
+    DEL and the C1 ones (the 8-bit CSI ``\\u009b``) get the same escape (still the same JSON)."""
+    return _C1.sub(lambda m: f"\\u{ord(m[0]):04x}", document)
 
 
 def new_table(*columns: str, **options: Any) -> Table:

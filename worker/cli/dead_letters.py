@@ -11,8 +11,10 @@ from redis.asyncio import Redis
 
 from worker.cli.common import (
     ShardOption,
+    cell,
     chosen_shards,
     fail,
+    json_shown,
     new_table,
     out,
     run_async,
@@ -57,8 +59,10 @@ def dlq_list(
     rows = run_async(with_redis(settings, go))
     if as_json:
         print(
-            json.dumps(
-                [{"stream": s, "id": i, **f} for s, i, f in rows], indent=2, ensure_ascii=False
+            json_shown(
+                json.dumps(
+                    [{"stream": s, "id": i, **f} for s, i, f in rows], indent=2, ensure_ascii=False
+                )
             )
         )
         return
@@ -66,10 +70,10 @@ def dlq_list(
     for _stream, entry_id, f in rows:
         table.add_row(
             entry_id,
-            f.get("reason", ""),
-            f.get("source_id", ""),
-            f.get("deliveries", ""),
-            f.get("error", "")[:80],
+            cell(f.get("reason", "")),
+            cell(f.get("source_id", "")),
+            cell(f.get("deliveries", "")),
+            cell(f.get("error", "")[:80]),
         )
     out.print(table)
 
@@ -95,7 +99,7 @@ def dlq_show(
     rows = run_async(with_redis(settings, go))
     if not rows:
         fail(f"no dead letter {entry_id} in {', '.join(streams)}")
-    print(json.dumps({"id": rows[0][0], **rows[0][1]}, indent=2, ensure_ascii=False))
+    print(json_shown(json.dumps({"id": rows[0][0], **rows[0][1]}, indent=2, ensure_ascii=False)))
 
 
 @dlq_app.command("redrive")

@@ -14,7 +14,16 @@ import typer
 from redis.asyncio import Redis
 
 from schemas.inputs import json_text_problem
-from worker.cli.common import check_ids, fail, out, run_async, settings_from_env, with_redis
+from worker.cli.common import (
+    check_ids,
+    fail,
+    json_shown,
+    out,
+    run_async,
+    settings_from_env,
+    shown,
+    with_redis,
+)
 from worker.keys import StreamKeys, episodes_stream, shard_of
 
 REJECTED_EXIT_STATUS = 3
@@ -158,14 +167,16 @@ def _print_entry(stream: str, entry_id: str, fields: dict[bytes, bytes], as_json
             data = orjson.loads(data)
     if as_json:
         print(
-            json.dumps(
-                {
-                    "stream": stream,
-                    "id": entry_id,
-                    "data": data,
-                    **{k: v for k, v in decoded.items() if k != "data"},
-                },
-                ensure_ascii=False,
+            json_shown(
+                json.dumps(
+                    {
+                        "stream": stream,
+                        "id": entry_id,
+                        "data": data,
+                        **{k: v for k, v in decoded.items() if k != "data"},
+                    },
+                    ensure_ascii=False,
+                )
             ),
             flush=True,
         )
@@ -174,12 +185,18 @@ def _print_entry(stream: str, entry_id: str, fields: dict[bytes, bytes], as_json
         kind = data.get("type", "?")
         who = f"{data.get('project_id', '')}/{data.get('session_id', '')}"
         extra = data.get("reason") or data.get("episode_id") or data.get("checkpoint_id") or ""
+        kind, who, extra = _plain(kind), _plain(who), _plain(extra)
         out.print(f"[dim]{entry_id}[/dim] [bold]{kind}[/bold] {who} {extra}", highlight=False)
     else:
-        reason = decoded.get("reason", "")
-        out.print(
-            f"[dim]{entry_id}[/dim] [red]{reason}[/red] {decoded.get('error', '')}", highlight=False
-        )
+        reason, error = _plain(decoded.get("reason", "")), _plain(decoded.get("error", ""))
+        out.print(f"[dim]{entry_id}[/dim] [red]{reason}[/red] {error}", highlight=False)
+
+
+def _plain(value: object) -> str:
+    """An entry's field inside rich markup: ``shown`` and its own ``[`` never markup."""
+    from rich.markup import escape
+
+    return escape(shown(str(value)))
 
 
 def tail(

@@ -11,9 +11,11 @@ import typer
 from redis.asyncio import Redis
 
 from worker.cli.common import (
+    cell,
     check_ids,
     database_engine,
     fail,
+    json_shown,
     new_table,
     out,
     run_async,
@@ -43,7 +45,7 @@ def inspect(
     view = run_async(with_redis(settings, go))
     if not view["exists"]:
         fail(f"no session {project}/{session} (never spawned, expired, or cleaned up)")
-    print(json.dumps(view, indent=2, default=str, ensure_ascii=False))
+    print(json_shown(json.dumps(view, indent=2, default=str, ensure_ascii=False)))
 
 
 episodes_app = typer.Typer(
@@ -83,7 +85,7 @@ def episodes_list(
 
     rows = run_async(_with_episode_store(settings, go))
     if as_json:
-        print(json.dumps([r.to_dict() for r in rows], indent=2, ensure_ascii=False))
+        print(json_shown(json.dumps([r.to_dict() for r in rows], indent=2, ensure_ascii=False)))
         return
     table = new_table(
         "episode id", "session", "outcome", "finished", "task (a turn: input → output)"
@@ -91,10 +93,10 @@ def episodes_list(
     for r in rows:
         table.add_row(
             str(r.id),
-            r.session_id,
-            r.outcome,
+            cell(r.session_id),
+            cell(r.outcome),
             r.occurred_at.isoformat(timespec="seconds"),
-            what_it_was(r.to_dict())[:60],
+            cell(what_it_was(r.to_dict())[:60]),
         )
     out.print(table)
 
@@ -145,7 +147,7 @@ def episodes_show(
         fail(
             f"no episode for {which} (not terminated yet, consolidate: false, or not consolidated)"
         )
-    print(json.dumps(episode.to_dict(), indent=2, ensure_ascii=False))
+    print(json_shown(json.dumps(episode.to_dict(), indent=2, ensure_ascii=False)))
 
 
 def recall(
@@ -235,7 +237,7 @@ def recall(
 
     hits = run_async(go())
     if as_json:
-        print(json.dumps(hits, indent=2, ensure_ascii=False))
+        print(json_shown(json.dumps(hits, indent=2, ensure_ascii=False)))
         return
     table = new_table(
         "score",
@@ -251,10 +253,10 @@ def recall(
             f"{hit['score']:.3f}",
             "-" if hit["similarity"] is None else f"{hit['similarity']:.3f}",
             hit["occurred_at"][:19],
-            hit["outcome"],
-            hit["session_id"],
-            what_it_was(hit),
-            "; ".join(str(lesson) for lesson in hit["lessons_learned"]),
+            cell(hit["outcome"]),
+            cell(hit["session_id"]),
+            cell(what_it_was(hit)),
+            cell("; ".join(str(lesson) for lesson in hit["lessons_learned"])),
         )
     out.print(table)
 

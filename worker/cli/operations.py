@@ -266,6 +266,13 @@ def replay(
             validate_id(project, "project_id")
         except InvalidIdError as exc:
             raise typer.BadParameter(str(exc), param_hint="--project") from exc
+    under = f"{settings.stream_prefix}:"
+    if publish_to is not None and (not publish_to.startswith(under) or publish_to == under):
+        raise typer.BadParameter(
+            f"must name a stream under the prefix, {under}NAME (a forget erases there); "
+            f"got {publish_to!r:.80}",
+            param_hint="--publish-to",
+        )
     if publish_to is not None and publish_to in {
         getattr(StreamKeys(settings.stream_prefix, s), kind)
         for s in range(settings.shards)

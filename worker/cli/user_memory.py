@@ -19,15 +19,18 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 import orjson
 import typer
 
-from schemas.limits import EARLIEST, LATEST
+from schemas.inputs import EARLIEST, LATEST
 from worker.cli.common import (
+    cell,
     check_ids,
     check_out,
     fail,
+    json_shown,
     new_table,
     out,
     run_async,
     settings_from_env,
+    shown,
     write_private,
 )
 from worker.logs import configure_logging
@@ -112,7 +115,7 @@ def _instant(raw: str | None, hint: str) -> datetime | None:
 
 
 def _print_json(value: Any) -> None:
-    sys.stdout.write(orjson.dumps(value, option=orjson.OPT_INDENT_2).decode() + "\n")
+    sys.stdout.write(json_shown(orjson.dumps(value, option=orjson.OPT_INDENT_2).decode()) + "\n")
 
 
 def _when(value: datetime | None) -> str:
@@ -191,10 +194,10 @@ def blocks(
     for b in found:
         table.add_row(
             str(b.pinned_order),
-            b.name,
+            cell(b.name),
             f"{len(b.content.encode()):,}",
             _when(b.updated_at),
-            b.content,
+            cell(b.content),
         )
     out.print(table, markup=False)
 
@@ -240,9 +243,9 @@ def recall(
             _score(m.bm25_score),
             _score(m.vector_score),
             _when(e.occurred_at),
-            e.session_id,
-            e.input,
-            e.output,
+            cell(e.session_id),
+            cell(e.input),
+            cell(e.output),
         )
     out.print(table, markup=False)
 
@@ -300,7 +303,7 @@ def facts(
     found = _with_memory(settings, project_id, go)
     if add is not None and not as_json:
         [fact] = found
-        out.print(f"fact {fact.id}: {fact.format()}", highlight=False, markup=False)
+        out.print(shown(f"fact {fact.id}: {fact.format()}"), highlight=False, markup=False)
         return
     if as_json:
         if add is not None:
@@ -311,13 +314,13 @@ def facts(
     table = new_table("subject", "predicate", "object", "confidence", "valid from", "until", "id")
     for f in found:
         table.add_row(
-            f.subject,
-            f.predicate,
-            f.object,
+            cell(f.subject),
+            cell(f.predicate),
+            cell(f.object),
             f"{f.confidence:.2f}",
             _when(f.valid_from),
             _when(f.valid_until),
-            f.id,
+            cell(f.id),
         )
     out.print(table, markup=False)
 
@@ -362,6 +365,7 @@ def export(
     exported = _with_memory(settings, project_id, go)
     document = orjson.dumps(exported.model_dump(mode="json"), option=orjson.OPT_INDENT_2) + b"\n"
     if out_file is None:
+        document = json_shown(document.decode()).encode()
         sys.stdout.buffer.write(document)
         sys.stdout.flush()
         return

@@ -3,11 +3,12 @@ touched, and the rows it selects (``row_scope``, ``user_key``): ``worker.erasure
 
 A selector is a project, narrowed by a session, a user (``''``: the anonymous bucket, data of
 no user) and a time (``before``: only what occurred before it; with ``since`` too, only what
-occurred in ``[since, before)``: a range needs both bounds). Every part is checked first:
-an id that breaks the id rule (``InvalidIdError``), a user named twice, a time Postgres and the
-streams cannot hold (before year 1 in UTC, as ``0001-01-01T00:00:00+14:00`` is, or not a time
-at all, a ``since`` not earlier than ``before`` or without it: ``InvalidForgetError``) is
-refused with a ``ValueError`` naming the field, and nothing is touched.
+occurred in ``[since, before)``: a range needs both bounds). Every part is checked first: an id
+that breaks the id rule (``InvalidIdError``), a user named twice, a time Postgres and the
+streams cannot hold (before year 1 in UTC, as ``0001-01-01T00:00:00+14:00`` is, one of the edge
+instants Postgres stores as infinity, or not a time at all, a ``since`` not earlier than
+``before`` or without it: ``InvalidForgetError``) is refused with a ``ValueError`` naming the
+field, and nothing is touched.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from datetime import UTC, datetime
 
 from sqlalchemy import ColumnElement
 
+from schemas.inputs import when_problem
 from worker.db.models import Episode, LifecycleEvent
 from worker.erasure.users import episode_user, event_user
 from worker.ids import validate_id
@@ -41,6 +43,8 @@ def check_before(before: datetime | None, name: str = "before") -> datetime | No
         raise InvalidForgetError(
             f"{name} must be a time between years 1 and 9999 in UTC; got {before.isoformat()}"
         ) from None
+    if (problem := when_problem(utc)) is not None:  # the input rule's edges (infinity)
+        raise InvalidForgetError(f"{name} must be a time Postgres holds as given: {problem}")
     return utc
 
 

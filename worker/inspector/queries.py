@@ -11,6 +11,8 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from schemas.inputs import stored_when
+
 USERS_SHOWN = 100
 """Users listed on the project's page at most (the search narrows them)."""
 FACTS_SHOWN = 200
@@ -30,6 +32,7 @@ class Counts:
     last_active: datetime | None = None
 
     def seen(self, when: datetime | None) -> None:
+        when = stored_when(when)  # an infinity an older version stored compares too
         if when is not None and (self.last_active is None or when > self.last_active):
             self.last_active = when
 

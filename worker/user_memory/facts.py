@@ -50,6 +50,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from schemas.inputs import stored_when
 from worker.db.query_words import words_of
 from worker.db.vectors import vector_literal
 from worker.episodes.changes import change_event, owe
@@ -115,9 +116,9 @@ def fact_from_row(row: Row[Any]) -> Fact:
         predicate=row.predicate,
         object=row.object,
         confidence=row.confidence,
-        valid_from=row.valid_from,
-        valid_until=row.valid_until,
-        recorded_at=row.recorded_at,
+        valid_from=stored_when(row.valid_from),
+        valid_until=stored_when(row.valid_until),
+        recorded_at=stored_when(row.recorded_at),
         sources=list(row.sources or []),
     )
 

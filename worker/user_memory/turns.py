@@ -35,6 +35,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from schemas.inputs import stored_when
 from worker.db.models import EPISODE_NAMESPACE, TURN_OUTCOME
 from worker.user_memory.models import Episode, Message, ToolCall, as_utc, check_user_id
 
@@ -113,7 +114,7 @@ def episode_from_row(row: Row[Any]) -> Episode:
             id=row.turn_id,
             session_id=row.session_id,
             user_id=row.user_id,
-            occurred_at=row.occurred_at,
+            occurred_at=stored_when(row.occurred_at),
             input=row.input or "",
             output=row.output or "",
             tool_calls=[ToolCall.model_validate(c) for c in row.tool_calls or []],
@@ -129,7 +130,7 @@ def episode_from_row(row: Row[Any]) -> Episode:
         id=str(row.id),
         session_id=row.session_id,
         user_id=row.user_id,
-        occurred_at=row.occurred_at,
+        occurred_at=stored_when(row.occurred_at),
         input=row.task_description or "",
         output=output,
         agent_type_id=row.agent_type_id,
