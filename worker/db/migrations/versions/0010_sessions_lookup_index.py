@@ -5,11 +5,11 @@ Revises: 0009
 Create Date: 2026-11-27
 
 Recall reads the whole sessions of its best turns
-(``worker.user_memory.recall_sessions.read_context_sessions``), and the inspector a session's messages, by ``project_id = … AND user_id = … AND session_id =
-ANY(…)``: no index served that, so each read went through all of the user's turns (10,000
-turns: ~20 ms of the recall page, BENCHMARKS.md, the memory inspector). Partial, ``WHERE
-turn_id IS NOT NULL``: only turns are read this way, so the session episodes the consolidator
-writes cost it nothing. Downgrade drops the index (nothing is lost).
+(``worker.user_memory.recall_sessions.read_context_sessions``), and the inspector a session's
+messages, by ``project_id = … AND user_id = … AND session_id = ANY(…)``: no index served that,
+so each read went through all of the user's turns (10,000 turns: ~20 ms of the recall page,
+BENCHMARKS.md, the memory inspector). Partial, ``WHERE turn_id IS NOT NULL``: only turns are
+read this way, so the session episodes the consolidator writes cost it nothing. Downgrade drops the index (nothing is lost).
 """
 
 from __future__ import annotations
