@@ -9,7 +9,8 @@ Recall reads the whole sessions of its best turns
 messages, by ``project_id = … AND user_id = … AND session_id = ANY(…)``: no index served that,
 so each read went through all of the user's turns (10,000 turns: ~20 ms of the recall page,
 BENCHMARKS.md, the memory inspector). Partial, ``WHERE turn_id IS NOT NULL``: only turns are
-read this way, so the session episodes the consolidator writes cost it nothing. Downgrade drops the index (nothing is lost).
+read this way, so the session episodes the consolidator writes cost it nothing. Downgrade
+drops the index (nothing is lost).
 """
 
 from __future__ import annotations
