@@ -3,7 +3,7 @@
 is not an object (before: ``-32602`` with an empty ``data`` and a message naming nothing) is
 answered ``-32602`` naming ``params.arguments``; a JSON-RPC batch, a JSON array, over HTTP
 (before: 400 with a pydantic error's text) is one JSON-RPC error saying batches are not
-supported. The server keeps serving."""
+supported, over stdio too (before: a -32600 naming pydantic's model). The server keeps serving."""
 
 from __future__ import annotations
 
@@ -36,6 +36,15 @@ async def test_mcp_stdio_names_arguments_that_are_not_an_object(stdio: Stdio) ->
     for n, arguments in enumerate(NOT_OBJECTS, start=1):
         await stdio.send(call(n, arguments))
         names_arguments(await stdio.answer(n))
+    await stdio.send('{"jsonrpc": "2.0", "id": 9, "method": "tools/list"}')
+    assert len((await stdio.answer(9))["result"]["tools"]) > 5
+
+
+async def test_mcp_stdio_answers_a_batch_saying_batches_are_not_supported(stdio: Stdio) -> None:
+    batch = [json.loads(call(n, "{}")) for n in (1, 2)]
+    await stdio.send(json.dumps(batch))
+    error = (await stdio.answer(None))["error"]
+    assert error["code"] == -32600 and "batch" in error["message"], error
     await stdio.send('{"jsonrpc": "2.0", "id": 9, "method": "tools/list"}')
     assert len((await stdio.answer(9))["result"]["tools"]) > 5
 

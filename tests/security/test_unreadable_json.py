@@ -83,7 +83,7 @@ class Stdio:
         self.proc.stdin.write(line.encode() + b"\n")
         await self.proc.stdin.drain()
 
-    async def answer(self, request_id: int) -> dict[str, Any]:
+    async def answer(self, request_id: int | None) -> dict[str, Any]:
         assert self.proc.stdout is not None
         while True:
             raw = await asyncio.wait_for(self.proc.stdout.readline(), timeout=60)

@@ -4,7 +4,9 @@ HTTP the ``Guard`` already refused a body over them, 413) and, for a request, an
 answer by: a string or an integer. The SDK reads a message whose ``id`` is anything else
 (``{"a": 1}``, ``1e400``, ``true``, ``1.5``, ``null``) as a notification and answers nothing
 (``--http``: 202, no body); here it is refused ``-32600 Invalid Request`` naming ``id``, with
-``id`` null (``--http``: 400). A message the SDK cannot read at all gets, over stdio, the
+``id`` null (``--http``: 400). A JSON-RPC batch (a JSON array: MCP has none since 2025-06-18)
+is refused ``-32600`` saying so, over stdio as over ``--http`` (the SDK's stdio transport
+read one and answered nothing). A message the SDK cannot read at all gets, over stdio, the
 JSON-RPC error ``-32700`` (or ``-32600``) with ``id`` null, as ``--http`` gets it from the SDK,
 instead of silence.
 
@@ -28,6 +30,7 @@ import pydantic_core
 from mcp.shared.message import SessionMessage
 
 from worker.access.body_shape import shape_problem
+from worker.access.mcp_shapes import BATCH_REFUSED
 
 PARSE_ERROR = -32700
 INVALID_REQUEST = -32600
@@ -78,6 +81,8 @@ def screened(raw: bytes | bytearray, *, shape: bool) -> tuple[int, dict[str, Any
         message = pydantic_core.from_json(raw)
     except ValueError:
         return None
+    if isinstance(message, list):  # the SDK reads a batch over stdio and answers nothing
+        return 400, error(INVALID_REQUEST, BATCH_REFUSED)
     if (problem := id_problem(message)) is not None:
         return 400, error(INVALID_REQUEST, problem)
     return None
