@@ -23,7 +23,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from worker.connections import client_for
 from worker.credentials import mask
 from worker.errors import ActionableError, one_line
-from worker.ids import InvalidIdError, validate_id
+from worker.ids import InvalidIdError, validate_id, validate_write_id
 from worker.settings import Settings
 
 if TYPE_CHECKING:
@@ -187,10 +187,20 @@ def chosen_shards(settings: Settings, shard: int | None) -> list[int]:
 
 
 def check_ids(**ids: str) -> None:
-    """Usage error (exit status 2) for any id a key may not carry, e.g. ``project_id="a b"``."""
+    """Usage error (exit status 2) for any id a key may not carry, e.g. ``project_id="a b"``
+    (a reader's or a forget's: ``..``, which an older version stored, is taken)."""
     for name, value in ids.items():
         try:
             validate_id(value, name)
+        except InvalidIdError as exc:
+            raise typer.BadParameter(str(exc)) from exc
+
+
+def check_write_ids(**ids: str) -> None:
+    """``check_ids`` for the ids a write names: not ``.`` or ``..`` alone either."""
+    for name, value in ids.items():
+        try:
+            validate_write_id(value, name)
         except InvalidIdError as exc:
             raise typer.BadParameter(str(exc)) from exc
 
