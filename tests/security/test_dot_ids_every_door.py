@@ -12,6 +12,7 @@ import asyncio
 import subprocess
 import sys
 
+import orjson
 import pytest
 from redis.asyncio import Redis
 from sqlalchemy import text
@@ -201,3 +202,45 @@ async def test_python_memory_writes_refuse_dot_ids_and_legacy_data_is_still_forg
         await memory.forget(user_id="..")
         assert await memory.working(user_id="..") == []
     assert await _rows(database_url) == []
+
+
+async def test_a_refused_spawn_carries_its_own_user_id_when_it_is_one(
+    redis: Redis, settings: Settings
+) -> None:
+    """A spawn rejected ``invalid_event`` or ``limit_exceeded`` before it is applied still says
+    whose it was (its ``user_id``, when a valid one; never ``..`` or ``a b``), once, also when
+    the session exists with another user."""
+    tight = settings.model_copy(update={"max_keys_per_session": 2})
+    await publish(redis, tight, command("spawn", "bob-spawn", session="s1", user_id="bob"), 0)
+    for event_id, fields in (
+        ("ttl", {"ttl_seconds": 10**9}),  # invalid_event: over its bound
+        ("reserved", {"initial_state": {"_x": 1}}),  # invalid_event: a reserved key
+        ("many", {"initial_state": {"a": 1, "b": 2, "c": 3}}),  # limit_exceeded
+        ("again", {"session_id": "s1", "ttl_seconds": 0}),  # s1 is bob's: ann's all the same
+    ):
+        body = {**command("spawn", event_id, session="s2", user_id="ann"), **fields}
+        await publish(redis, tight, body, shard=0)
+    for event_id, user in (("dots", ".."), ("space", "a b")):
+        body = command("spawn", event_id, session="s3", user_id=user, ttl_seconds=0)
+        await publish(redis, tight, body, shard=0)
+    results_stream = StreamKeys(tight.stream_prefix, 0).results
+    async with running_worker(tight):
+        await stream_len_at_least(redis, results_stream, 7)
+    raw = {}
+    for _id, fields in await redis.xrange(results_stream):
+        data = fields[b"data"]
+        assert data.count(b'"user_id"') <= 1, data
+        result = orjson.loads(data)
+        raw[result["causation_id"]] = result
+    assert raw["bob-spawn"]["user_id"] == "bob"
+    for event_id, reason in (
+        ("ttl", "invalid_event"),
+        ("reserved", "invalid_event"),
+        ("many", "limit_exceeded"),
+        ("again", "invalid_event"),
+    ):
+        assert raw[event_id]["reason"] == reason, raw[event_id]
+        assert raw[event_id]["user_id"] == "ann", raw[event_id]
+    for event_id in ("dots", "space"):
+        assert raw[event_id]["reason"] == "invalid_event", raw[event_id]
+        assert "user_id" not in raw[event_id], raw[event_id]

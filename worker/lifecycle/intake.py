@@ -54,6 +54,14 @@ class Refused:
     detail: str
     traceparent: str | None
 
+    @property
+    def spawn_user(self) -> str:
+        """The ``user_id`` a refused spawn's result carries: its own, when it is an id a write
+        may name ('' otherwise, and for other commands; the apply function leaves it out when
+        a forget took that user after the spawn was published)."""
+        user = self.raw.get("user_id")
+        return str(user) if self.raw.get("type") == "spawn" and is_valid_write_id(user) else ""
+
 
 @dataclass(frozen=True, slots=True)
 class Unusable:
