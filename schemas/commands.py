@@ -16,7 +16,7 @@ from pydantic import (
     field_validator,
 )
 
-from schemas.ids import Id
+from schemas.ids import Id, WriteId
 from schemas.inputs import When, json_text_problem
 from schemas.limits import MAX_CORRELATION_ID_CHARS, MAX_TASK_DESCRIPTION_CHARS
 from schemas.limits import MAX_SESSION_TTL_SECONDS as MAX_SESSION_TTL_SECONDS
@@ -62,8 +62,8 @@ class CommandBase(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True)
 
     event_id: Id = Field(description="Idempotency key: a second command with it has no effect.")
-    project_id: Id = Field(description="The tenant; nothing crosses projects.")
-    session_id: Id
+    project_id: WriteId = Field(description="The tenant; nothing crosses projects.")
+    session_id: WriteId
     agent_instance_id: Id
     agent_type_id: Id | None = None
     seq: Annotated[StrictInt, Field(ge=1, le=MAX_SAFE_INT)] | None = Field(
@@ -88,7 +88,7 @@ class SpawnCommand(CommandBase):
     """Create the session and load its initial working memory."""
 
     type: Literal["spawn"] = "spawn"
-    user_id: Id | None = Field(
+    user_id: WriteId | None = Field(
         default=None,
         description="The user the session works for: its episode belongs to that user "
         "(EpisodeStore.recall(user_id=...)), and every result of the session carries it.",

@@ -30,7 +30,7 @@ from typing import Annotated, Any, overload
 
 from pydantic import AfterValidator, BeforeValidator, WithJsonSchema
 
-from schemas.ids import ID_PATTERN
+from schemas.ids import ID_PATTERN, NOT_IDS, path_step_problem
 from schemas.limits import MAX_ID_CHARS, MAX_RESULTS, MAX_TTL_SECONDS
 
 __all__ = [
@@ -55,8 +55,6 @@ __all__ = [
 ]
 
 _ID_RE = re.compile(ID_PATTERN)
-NOT_IDS = (".", "..")
-"""The pattern's two strings that are no id: a URL's path steps (``/ui/users/..`` is ``/ui/``)."""
 
 
 class InvalidInputError(ValueError):
@@ -82,9 +80,7 @@ def id_problem(value: Any) -> str | None:
             f"must be 1-{MAX_ID_CHARS} characters of letters, digits, '.', '_', ':' or '-' "
             f"(ASCII); got {_shown(value)}"
         )
-    if value in NOT_IDS:
-        return f"must not be {value!r} alone: it is a path step, which a link drops"
-    return None
+    return path_step_problem(value)
 
 
 def check_id(value: Any, field: str) -> str:

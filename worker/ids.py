@@ -1,6 +1,9 @@
 """Ids: the one rule every project, session and event id follows, and name-derived uuid5 ids.
 
-The rule is the contract's (``schemas.ids``): 1-128 characters of ``[A-Za-z0-9._:-]``.
+The rule is the contract's (``schemas.ids``): 1-128 characters of ``[A-Za-z0-9._:-]``. An id
+a write names (a command's project, session and user, a turn's, a block's) follows the write
+rule besides (``validate_write_id``): not ``.`` or ``..`` alone. Readers and forget selectors
+keep ``validate_id``, so what an older version stored under those stays readable and erasable.
 """
 
 from __future__ import annotations
@@ -9,7 +12,7 @@ import hashlib
 import re
 import uuid
 
-from schemas.ids import ID_PATTERN
+from schemas.ids import ID_PATTERN, NOT_IDS, path_step_problem
 from schemas.inputs import InvalidInputError
 
 __all__ = [
@@ -18,9 +21,12 @@ __all__ = [
     "InvalidIdError",
     "id_text",
     "is_valid_id",
+    "is_valid_write_id",
     "uuid5_from_sha1",
     "uuid5_text",
     "validate_id",
+    "validate_write_id",
+    "write_id_text",
 ]
 
 ID_CHARS = r"[A-Za-z0-9._:-]{1,128}"
@@ -47,13 +53,31 @@ def validate_id(value: str, field: str = "id") -> str:
     return value
 
 
+def validate_write_id(value: str, field: str = "id") -> str:
+    """``validate_id``, and not ``.`` or ``..`` alone: the rule of an id a write names."""
+    validate_id(value, field)
+    if (problem := path_step_problem(value)) is not None:
+        raise InvalidIdError(field, problem)
+    return value
+
+
 def id_text(value: str | uuid.UUID, field: str = "id") -> str:
     """An id given as a string or a ``uuid.UUID`` (its canonical text), validated."""
     return validate_id(str(value) if isinstance(value, uuid.UUID) else value, field)
 
 
+def write_id_text(value: str | uuid.UUID, field: str = "id") -> str:
+    """``id_text`` by the write rule (``validate_write_id``)."""
+    return validate_write_id(str(value) if isinstance(value, uuid.UUID) else value, field)
+
+
 def is_valid_id(value: object) -> bool:
     return isinstance(value, str) and _ID_RE.fullmatch(value) is not None
+
+
+def is_valid_write_id(value: object) -> bool:
+    """``is_valid_id`` by the write rule: not ``.`` or ``..`` alone either."""
+    return is_valid_id(value) and value not in NOT_IDS
 
 
 def uuid5_text(namespace: uuid.UUID, name: str) -> str:

@@ -15,7 +15,7 @@ from urllib.parse import unquote, urlsplit
 from pydantic import AliasChoices, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from schemas.ids import Id
+from schemas.ids import WriteId
 from schemas.limits import MAX_SESSION_TTL_SECONDS
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -127,7 +127,7 @@ class Settings(BaseSettings):
     dedupe_ttl_seconds: int = Field(default=3_600, ge=1)
     """How long an ``event_id`` is remembered: a finished session's records are kept in its
     tombstone for the longer of this and the tombstone window; a live session keeps them."""
-    default_project: Id = "default"
+    default_project: WriteId = "default"
     """The project of ``WorkingMemory.for_session`` when none is given."""
     memory_fallback: bool = False
     """``WorkingMemory.for_session`` opens in process memory when Redis cannot be reached."""
@@ -269,7 +269,7 @@ class Settings(BaseSettings):
     oldest idle one is closed, and a new one is refused 503 when none is idle."""
     mcp_session_idle_seconds: float = Field(default=900.0, gt=0)
     """A ``memworker mcp --http`` session with no request for this long is closed."""
-    api_user: Id | None = None
+    api_user: WriteId | None = None
     """Pin ``memworker mcp`` and ``memworker serve`` to this user: every call reaches this
     user's memory only (a call naming another is refused). Unset: each call names its user."""
     api_max_request_bytes: int = Field(default=2_097_152, ge=1024)

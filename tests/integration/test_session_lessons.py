@@ -84,3 +84,32 @@ async def test_with_lesson_facts_off_the_consolidator_extracts_nothing(
     await consolidator.tick()
     async with engine.connect() as conn:
         assert (await conn.execute(text("SELECT count(*) FROM facts"))).scalar_one() == 0
+
+
+async def test_a_session_an_older_version_stored_under_a_dot_id_holds_up_no_lessons(
+    redis: Redis, settings: Settings, engine: AsyncEngine
+) -> None:
+    """A session spawned for user ``..`` (or in project ``.``) before the stream door refused
+    them: no facts from its lessons (no write names such an id), and it is marked all the same.
+    Before, its facts were refused and the whole pass with them, every time: no session's
+    lessons became facts again."""
+    results = [
+        terminated("p", "s-old", 1, user_id="..", lessons=["an old lesson"]),
+        terminated(".", "s-old", 2, user_id="alice", lessons=["an old lesson"]),
+        terminated("p", "s-new", 3, user_id="alice", lessons=["check the units first"]),
+    ]
+    await publish(redis, settings, results)
+    consolidator = Consolidator(settings, redis, engine)
+    await consolidator.run_once()
+
+    assert await consolidator.lessons_once() == 3
+    async with Memory("p", settings=settings, engine=engine, redis=redis) as memory:
+        alice = await memory.facts.query(subject="agent_type:researcher", user_id="alice")
+        assert [f.object for f in alice] == ["check the units first"]
+    async with engine.connect() as conn:
+        facts = await conn.execute(text("SELECT project_id, user_id FROM facts"))
+        assert facts.all() == [("p", "alice")]
+        left = await conn.execute(
+            text("SELECT count(*) FROM episodes WHERE consolidated_at IS NULL")
+        )
+        assert left.scalar_one() == 0

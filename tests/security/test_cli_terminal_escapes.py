@@ -4,7 +4,9 @@ printed by ``memworker memory recall|blocks|facts``, ``memworker recall`` and ``
 (tables) and their ``--json``, the real CLI in a subprocess on real Redis and Postgres. Before,
 the tables wrote ``ESC ] 52 ; c ; …  BEL`` raw; now every control character is shown escaped
 (``\\x1b``), the JSON ones as JSON escapes (``\\u001b``, ``\\u009b``), and the JSON still reads
-back as exactly what was stored."""
+back as exactly what was stored. So is every Unicode bidi control (``\\u202e``, the
+right-to-left override, which reordered a table's text; the other embeddings, overrides,
+isolates and marks): ``\\u202e`` in tables and JSON alike."""
 
 from __future__ import annotations
 
@@ -26,8 +28,10 @@ from worker.user_memory.models import Episode, Fact
 HOSTILE = (
     "ferry \x1b]52;c;cm0gLXJmIH4=\x07 clip \x1b[2J clear \x1b]0;owned\x07 title "
     "\x9b31m csi [link=https://evil.example]click[/link] \u009d8;;x\u009c end"
+    " bidi \u202eevil.exe\u202c \u2066iso\u2069 \u202a\u202b\u202d \u200e\u200f\u061c\u2067\u2068"
 )
-CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+BIDI = "\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069"
+CONTROLS = re.compile(f"[\x00-\x08\x0b-\x1f\x7f-\x9f{BIDI}]")
 
 
 def strings(value: Any) -> list[str]:
@@ -79,8 +83,23 @@ async def test_stored_text_is_printed_escaped_in_tables_and_json(
         assert "\\x1b]52;c;" in shown, (args, shown)
         if args[0] != "episodes":  # its column holds the first 60 characters
             assert "\\x9b31m" in shown and "[link=https://evil.example]" in shown, (args, shown)
+            assert "\\u202eevil.exe\\u202c" in shown, (args, shown)
     for args in tables:
         shown = await asyncio.to_thread(cli, settings, *args, "--json")
         assert not CONTROLS.search(shown), (args, shown)
         found: Any = json.loads(shown)
         assert HOSTILE in strings(found), (args, shown)
+
+
+def test_every_bidi_control_is_escaped_by_shown_cell_and_json_shown() -> None:
+    from worker.cli.common import cell, json_shown, shown
+
+    bidi = [0x061C, 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A)]
+    for code in bidi:
+        stored = f"id-{chr(code)}x"
+        assert shown(stored) == f"id-\\u{code:04x}x"
+        assert cell(stored).plain == f"id-\\u{code:04x}x"
+        document = json.dumps({"id": stored}, ensure_ascii=False)
+        assert json_shown(document) == f'{{"id": "id-\\u{code:04x}x"}}'
+        assert json.loads(json_shown(document)) == {"id": stored}
+    assert shown("a\u200db\u00e9") == "a\u200db\u00e9"  # other text is left as it is

@@ -21,7 +21,7 @@ from worker.connections import AnyRedis, client_for
 from worker.db.engine import create_database_engine
 from worker.erasure.forget import ForgetIncompleteError
 from worker.errors import ActionableError, one_line
-from worker.ids import validate_id
+from worker.ids import validate_id, validate_write_id
 from worker.keys import SessionKeys
 from worker.memory import (
     LimitExceededError,
@@ -59,8 +59,9 @@ class Access:
 
     def __init__(self, settings: Settings, project_id: str, user_id: str | None = None) -> None:
         self.settings = settings
-        self.project_id = validate_id(project_id, "project_id")
-        self.user_id = None if user_id is None else validate_id(user_id, "user_id")
+        # Calls write under them: the write rule ("..", which a link drops, is refused).
+        self.project_id = validate_write_id(project_id, "project_id")
+        self.user_id = None if user_id is None else validate_write_id(user_id, "user_id")
         self.engine = create_database_engine(settings.database_url)
         self.redis: AnyRedis = client_for(settings)
         self.memory = Memory(

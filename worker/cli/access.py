@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from worker.cli.common import CliError, check_ids, run_async, settings_from_env
+from worker.cli.common import CliError, check_write_ids, run_async, settings_from_env
 from worker.logs import configure_logging
 
 if TYPE_CHECKING:
@@ -62,7 +62,8 @@ def _scope(
     settings = settings_from_env()
     project_id = settings.default_project if project is None else project
     user_id = settings.api_user if user is None else user
-    check_ids(project_id=project_id, **({"user_id": user_id} if user_id is not None else {}))
+    # The server writes under them (remember, blocks, facts): the write rule, not "..".
+    check_write_ids(project_id=project_id, **({"user_id": user_id} if user_id is not None else {}))
     if logging_now:
         configure_logging(settings.log_level, settings.log_json)
     return settings, project_id, user_id

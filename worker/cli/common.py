@@ -23,7 +23,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from worker.connections import client_for
 from worker.credentials import mask
 from worker.errors import ActionableError, one_line
-from worker.ids import InvalidIdError, validate_id
+from worker.ids import InvalidIdError, validate_id, validate_write_id
 from worker.settings import Settings
 
 if TYPE_CHECKING:
@@ -65,16 +65,27 @@ out = cast("Console", _LazyConsole(width=None if sys.stdout.isatty() else 160))
 err = cast("Console", _LazyConsole(stderr=True))
 
 
-_CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+_BIDI = "\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069"
+"""The Unicode bidi controls: the marks (ALM, LRM, RLM), the embeddings and overrides (LRE, RLE,
+PDF, LRO, RLO: ``\\u202e`` shows what follows it right to left), the isolates (LRI, RLI, FSI,
+PDI). A stored id or text holding one would reorder what an operator reads in a table."""
+_CONTROLS = re.compile(f"[\x00-\x08\x0b-\x1f\x7f-\x9f{_BIDI}]")
 """The C0 and C1 control characters but tab and newline: ESC (OSC 52 clipboard writes, screen
-clears, title changes), BEL, CR, the 8-bit CSI/OSC (``\\x9b``, ``\\x9d``)."""
-_C1 = re.compile("[\x7f-\x9f]")
+clears, title changes), BEL, CR, the 8-bit CSI/OSC (``\\x9b``, ``\\x9d``); and the bidi
+controls (``_BIDI``)."""
+_JSON_UNESCAPED = re.compile(f"[\x7f-\x9f{_BIDI}]")
+
+
+def _escaped(match: re.Match[str]) -> str:
+    code = ord(match[0])
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
 
 
 def shown(text: str) -> str:
     """Stored text (a turn, a block, a fact, an entry) as the terminal shows it but never acts
-    on: every control character but tab and newline written as ``\\x1b``."""
-    return _CONTROLS.sub(lambda m: f"\\x{ord(m[0]):02x}", text)
+    on: every control character but tab and newline written as ``\\x1b``, every bidi control
+    as ``\\u202e``."""
+    return _CONTROLS.sub(_escaped, text)
 
 
 def cell(text: object) -> Text:
@@ -86,8 +97,9 @@ def cell(text: object) -> Text:
 
 def json_shown(document: str) -> str:
     """JSON text as a terminal may show it: JSON escapes the C0 controls already (``\\u001b``);
-    DEL and the C1 ones (the 8-bit CSI ``\\u009b``) get the same escape (still the same JSON)."""
-    return _C1.sub(lambda m: f"\\u{ord(m[0]):04x}", document)
+    DEL, the C1 ones (the 8-bit CSI ``\\u009b``) and the bidi controls (``\\u202e``) get the
+    same escape (still the same JSON: they are only ever inside its strings)."""
+    return _JSON_UNESCAPED.sub(lambda m: f"\\u{ord(m[0]):04x}", document)
 
 
 def new_table(*columns: str, **options: Any) -> Table:
@@ -187,10 +199,20 @@ def chosen_shards(settings: Settings, shard: int | None) -> list[int]:
 
 
 def check_ids(**ids: str) -> None:
-    """Usage error (exit status 2) for any id a key may not carry, e.g. ``project_id="a b"``."""
+    """Usage error (exit status 2) for any id a key may not carry, e.g. ``project_id="a b"``
+    (a reader's or a forget's: ``..``, which an older version stored, is taken)."""
     for name, value in ids.items():
         try:
             validate_id(value, name)
+        except InvalidIdError as exc:
+            raise typer.BadParameter(str(exc)) from exc
+
+
+def check_write_ids(**ids: str) -> None:
+    """``check_ids`` for the ids a write names: not ``.`` or ``..`` alone either."""
+    for name, value in ids.items():
+        try:
+            validate_write_id(value, name)
         except InvalidIdError as exc:
             raise typer.BadParameter(str(exc)) from exc
 

@@ -16,6 +16,7 @@ from redis.asyncio import Redis
 from schemas.inputs import json_text_problem
 from worker.cli.common import (
     check_ids,
+    check_write_ids,
     fail,
     json_shown,
     out,
@@ -130,12 +131,10 @@ def publish(
         if command_type != "spawn":
             raise typer.BadParameter("only a spawn names the user", param_hint="--user")
         body["user_id"] = user
-    check_ids(
-        project_id=project,
-        session_id=session,
-        agent_instance_id=agent,
-        **({"user_id": user} if user is not None else {}),
-    )
+    check_write_ids(project_id=project, session_id=session)
+    check_ids(agent_instance_id=agent)
+    if user is not None:
+        check_write_ids(user_id=user)
     settings = settings_from_env()
 
     async def go(redis: Redis) -> Any:

@@ -24,6 +24,7 @@ from worker.cli.common import (
     cell,
     check_ids,
     check_out,
+    check_write_ids,
     fail,
     json_shown,
     new_table,
@@ -75,6 +76,13 @@ def _scope(project: str | None, user: str | None) -> tuple[Settings, str]:
         )
     configure_logging(settings.log_level, settings.log_json)
     return settings, project_id
+
+
+def _writing(project_id: str, user: str | None) -> None:
+    """A write names its project and user by the write rule (usage error): not ``.`` or ``..``
+    alone, which a link drops (reading and exporting what an older version stored under them
+    still works)."""
+    check_write_ids(project_id=project_id, **({"user_id": user} if user is not None else {}))
 
 
 def _with_memory(settings: Settings, project: str, use: Callable[[Memory], Awaitable[T]]) -> T:
@@ -161,6 +169,8 @@ def blocks(
         # As the shell's $(…) reads it: a line's end is not part of the text (echo, heredocs).
         content = sys.stdin.read().removesuffix("\n").removesuffix("\r")
     settings, project_id = _scope(project, user)
+    if name is not None:
+        _writing(project_id, user)
 
     async def go(memory: Memory) -> list[Any]:
         if name is not None and content is not None:
@@ -282,6 +292,8 @@ def facts(
             "SUBJECT, PREDICATE and OBJECT must not be empty", param_hint="--add"
         )
     settings, project_id = _scope(project, user)
+    if add is not None:
+        _writing(project_id, user)
 
     async def go(memory: Memory) -> list[Any]:
         if add is not None:

@@ -32,7 +32,7 @@ from schemas.inputs import InvalidInputError, json_text_problem
 from worker.db.batch import insert_batch, mark_announced
 from worker.db.models import episode_id_for
 from worker.episodes.announcements import Announcement
-from worker.ids import validate_id
+from worker.ids import validate_write_id
 from worker.keys import episodes_stream
 
 REMEMBERED_SESSION_PREFIX = "remember:"
@@ -89,8 +89,8 @@ async def remember(
 ) -> Remembered:
     """Store (once) and announce an episode; idempotent on ``(project_id, memory_id)`` for the
     same content, ``RememberConflictError`` for other content."""
-    validate_id(project_id, "project_id")
-    validate_id(memory_id, "memory_id")
+    validate_write_id(project_id, "project_id")
+    validate_write_id(memory_id, "memory_id")
     if outcome not in get_args(Outcome):
         raise ValueError(f"outcome must be one of {', '.join(get_args(Outcome))}, not {outcome!r}")
     if not 0.0 <= importance <= 1.0:

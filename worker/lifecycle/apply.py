@@ -449,7 +449,8 @@ class CommandApplier:
             keys.append(streams.dedupe(project_id or _PLACEHOLDER, event_id))
             argv[5] = b""
             argv[0] = "reject"
-            argv += [intake.reason, intake.detail, ""]
+            user = intake.spawn_user if session_known else ""  # next to last, as a spawn's
+            argv += [intake.reason, intake.detail, user, ""]
         else:
             cmd = intake.command
             argv[0] = cmd.type

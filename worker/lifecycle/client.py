@@ -23,7 +23,7 @@ from schemas.words import COMMAND_TYPES
 from worker.codec import json_bytes
 from worker.connections import client_for
 from worker.consumers.groups import ensure_group
-from worker.ids import ID_PATTERN, validate_id
+from worker.ids import ID_PATTERN, validate_id, validate_write_id
 from worker.keys import SessionKeys, StreamKeys, episodes_stream, tag
 from worker.lifecycle.replication import NotReplicatedError, write_and_wait
 from worker.redis_conditions import RedisConditionError, ServerCondition, conditions_raised
@@ -119,8 +119,10 @@ class LifecycleClient:
         kind = body.get("type")
         if body.get("type") not in COMMAND_TYPES:
             raise ValueError(f"type must be one of {', '.join(COMMAND_TYPES)}")
-        project_id = validate_id(body.get("project_id", ""), "project_id")
-        session_id = validate_id(body.get("session_id", ""), "session_id")
+        project_id = validate_write_id(body.get("project_id", ""), "project_id")
+        session_id = validate_write_id(body.get("session_id", ""), "session_id")
+        if kind == "spawn" and body.get("user_id") is not None:
+            validate_write_id(body["user_id"], "user_id")
         event_id = body.setdefault("event_id", str(uuid.uuid4()))
         validate_id(event_id, "event_id")
         if traceparent is not None and len(traceparent.encode()) > MAX_TRACEPARENT_BYTES:

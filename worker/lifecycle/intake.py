@@ -30,7 +30,7 @@ from schemas.commands import (
 from schemas.inputs import json_text_problem
 from schemas.limits import SCHEMA_VERSION
 from worker.codec import entry_data
-from worker.ids import is_valid_id
+from worker.ids import is_valid_id, is_valid_write_id
 from worker.keys import shard_of
 from worker.settings import Settings
 
@@ -54,6 +54,14 @@ class Refused:
     detail: str
     traceparent: str | None
 
+    @property
+    def spawn_user(self) -> str:
+        """The ``user_id`` a refused spawn's result carries: its own, when it is an id a write
+        may name ('' otherwise, and for other commands; the apply function leaves it out when
+        a forget took that user after the spawn was published)."""
+        user = self.raw.get("user_id")
+        return str(user) if self.raw.get("type") == "spawn" and is_valid_write_id(user) else ""
+
 
 @dataclass(frozen=True, slots=True)
 class Unusable:
@@ -74,11 +82,13 @@ def fits_in_result(value: Any) -> bool:
 
 
 def copied_fields(raw: Mapping[str, Any], *, keep_metadata: bool) -> dict[str, Any]:
-    """Fields a rejection copies from a command that failed validation, where usable."""
+    """Fields a rejection copies from a command that failed validation, where usable (a
+    project or session id by the write rule: ``..`` names no session, as ``a b`` does not)."""
     out: dict[str, Any] = {}
     for name in ("project_id", "session_id", "agent_instance_id", "agent_type_id"):
         value = raw.get(name)
-        out[name] = value if is_valid_id(value) else None
+        rule = is_valid_write_id if name in ("project_id", "session_id") else is_valid_id
+        out[name] = value if rule(value) else None
     seq = raw.get("seq")
     usable_seq = isinstance(seq, int) and not isinstance(seq, bool) and 1 <= seq <= MAX_SAFE_INT
     out["seq"] = seq if usable_seq else None

@@ -523,7 +523,13 @@ local function apply_one()
 
   -- The session's user (its spawn named one; right after life in meta) is on every result
   -- of the session: the spawn's from its own prefix, the others' from here. An id: no escaping.
+  -- A spawn refused before this function names its own (its next to last argument, as a
+  -- spawn's; '' when it named no usable one), unless a forget took that user after it was
+  -- published (as spawn_user_forgotten answers an applied spawn's).
   local user_id = meta[life_at + 1]
+  if op == 'reject' and args[o + tonumber(args[o]) - 1] ~= '' then
+    user_id = not spawn_user_forgotten() and args[o + tonumber(args[o]) - 1] or nil
+  end
   if user_id and op ~= 'spawn' then prefix = prefix .. ',"user_id":"' .. user_id .. '"' end
   -- A terminate that names no agent type reports the one its spawn named (an id: no escaping;
   -- the prefix's first "agent_type_id" is the command's own, before any metadata).
@@ -582,7 +588,7 @@ local function apply_one()
     return {'wait', '1'}
   end
 
-  if op == 'reject' then
+  if op == 'reject' then  -- its own: reason, detail, a refused spawn's user_id, life
     advance_seq()
     return reject(args[o + 7], args[o + 8])
   end

@@ -28,7 +28,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from schemas.inputs import InvalidInputError, check_ttl, text_problem
 from worker.codec import json_bytes
 from worker.connections import AnyRedis, client_for
-from worker.ids import InvalidIdError, id_text, validate_id
+from worker.ids import InvalidIdError, id_text, validate_id, write_id_text
 from worker.keys import SessionKeys
 from worker.logs import get_logger
 from worker.memory.backend import JsonMember, MemoryBackend
@@ -471,8 +471,8 @@ def _count(value: int, name: str) -> int:
 def _scope(settings: Settings, project_id: AnyId | None, session_id: AnyId) -> tuple[str, str]:
     """The (project, session) ids as text; no project is the configured default project."""
     if project_id is None:
-        return settings.default_project, id_text(session_id, "session_id")
-    return id_text(project_id, "project_id"), id_text(session_id, "session_id")
+        return settings.default_project, write_id_text(session_id, "session_id")
+    return write_id_text(project_id, "project_id"), write_id_text(session_id, "session_id")
 
 
 async def _unreachable(client: AnyRedis) -> str | None:

@@ -23,6 +23,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from schemas.inputs import InvalidInputError, check_id, check_text
 from worker.episodes.changes import change_event, owe
+from worker.ids import validate_write_id
 from worker.user_memory.models import MemoryBlock, check_user_id
 
 _LOCK = text(
@@ -72,7 +73,11 @@ async def write_block(
     append: bool,
     max_bytes: int,
 ) -> None:
-    """Replace (or append to) a block, creating it in the next slot; one ``block.updated``."""
+    """Replace (or append to) a block, creating it in the next slot; one ``block.updated``.
+    Its project and user by the write rule (``validate_write_id``)."""
+    validate_write_id(project_id, "project_id")
+    if user_id is not None:
+        validate_write_id(user_id, "user_id")
     check_id(name, "name")
     if not isinstance(content, str):
         raise InvalidInputError("content", f"must be text, not {type(content).__name__}")

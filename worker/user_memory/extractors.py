@@ -22,6 +22,7 @@ from typing import Any, Protocol
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from worker.ids import is_valid_write_id
 from worker.user_memory.facts import FactStore
 from worker.user_memory.models import Episode, Fact
 from worker.user_memory.turns import EPISODE_COLUMNS, SessionEpisode, episode_from_row
@@ -139,6 +140,12 @@ async def extract_session_lessons(engine: AsyncEngine, batch: int = 500) -> tupl
             return 0, set()
         by_project: dict[str, list[Fact]] = {}
         for row in rows:
+            # A session an older version stored under a project or user "..": no facts (no
+            # write names them), marked all the same, so it never holds up the others.
+            if not is_valid_write_id(row.project_id) or not (
+                row.user_id is None or is_valid_write_id(row.user_id)
+            ):
+                continue
             facts = extractor.facts_of(episode_from_row(row))
             if facts:
                 by_project.setdefault(row.project_id, []).extend(facts)

@@ -54,6 +54,7 @@ from schemas.inputs import stored_when
 from worker.db.query_words import words_of
 from worker.db.vectors import vector_literal
 from worker.episodes.changes import change_event, owe
+from worker.ids import validate_write_id
 from worker.user_memory.fact_embedding import embed_texts, model_name, triple_text
 from worker.user_memory.fact_ranking import FUSED_CANDIDATES, by_cosine, cosines, rank_facts
 from worker.user_memory.fact_ranking import cosine as cosine  # where it was first
@@ -152,6 +153,7 @@ class FactStore:
 
     async def append_many(self, facts: Iterable[Fact | Any]) -> list[str]:
         """``append`` for each, in one transaction; their ids in order."""
+        validate_write_id(self.project_id, "project_id")  # a store of ".." still forgets
         ids: list[str] = []
         batch = [check_fact(as_fact(f)) for f in facts]
         if not batch:

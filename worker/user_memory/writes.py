@@ -47,6 +47,7 @@ from schemas.limits import MAX_REMEMBER_BATCH
 from worker.db.outages import is_connection_error
 from worker.episodes.announcements import Announcement
 from worker.episodes.changes import OwedPublisher, change_event
+from worker.ids import validate_write_id
 from worker.user_memory import turns
 from worker.user_memory.indexing import TurnVectors
 from worker.user_memory.inputs import check_episode
@@ -242,12 +243,14 @@ class TurnWriter:
         self.vectors = vectors
 
     async def remember(self, episode: Episode | Any) -> str:
+        validate_write_id(self.project_id, "project_id")  # a Memory of ".." still forgets
         episode = check_episode(as_episode(episode))
         stored = await self.writes.insert(self.project_id, episode)
         await self._after([episode], [stored])
         return episode.id
 
     async def remember_many(self, episodes: Iterable[Episode | Any]) -> list[str]:
+        validate_write_id(self.project_id, "project_id")
         batch = checked_batch(episodes)
         unique = distinct(batch)
         if unique:
