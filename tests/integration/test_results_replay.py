@@ -236,14 +236,14 @@ async def test_results_are_republished_only_on_a_stream_of_their_own(
     """memworker's own keys (a session's ``meta``, ``P:erased``, the change feed, the results
     streams, a shard's counters …) and any key that is not a stream are refused, naming
     ``--publish-to``, and left as they were; a new stream, or one that is a stream, is taken.
-    Before, each was written to: a result appended to a session's ``meta`` key's name, the
-    erasure record, or the consolidator's own input."""
+    Before, the streams among them were written to (the consolidator's own input, the change
+    feed, ``P:episodes``) and the others failed half-way (``WRONGTYPE``, exit status 1)."""
     async with running_worker(live):
         await run_sessions(redis, live, "pa", 1)
     p = live.stream_prefix
     meta = SessionKeys.for_session(p, live.shards, "pa", "s0").meta
-    await redis.hset(meta, "state", "running")
-    await redis.hset(f"{p}:erased", "pa", "1")
+    await redis.hset(meta, "state", "running")  # type: ignore[misc]
+    await redis.hset(f"{p}:erased", "pa", "1")  # type: ignore[misc]
     await redis.set(f"{p}:notes", "an operator's string")
     own = [
         meta,

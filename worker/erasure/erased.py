@@ -20,7 +20,8 @@ an announcement (its ``data``), or a dead letter of any of them (the original en
 of an excerpt, or of an entry that is no whole JSON object, the fields whole in it, and an
 excerpt's ids recorded beside it). An entry whose ``data`` the worker's reader (orjson)
 refuses, a lone surrogate ``"\\ud83d"`` or a number past a double ``1e400`` in it, is read
-leniently (``lenient_body``), so a forget still finds it.
+leniently (``lenient_body``), so a forget still finds it; one with no ``data`` at all, published
+as bare fields, by those fields (``bare_fields``; its dead letter: ``bare_letter``).
 """
 
 from __future__ import annotations
