@@ -140,14 +140,20 @@ def entry_ids(fields: Mapping[Any, Any], scan_bytes: int) -> dict[str, str]:
     ``RECORDED_IDS`` whole among the top-level fields of the entry's JSON (``entry_data``; the
     last of a name given twice, as a parser takes it) within its first ``scan_bytes``, when it
     is text, cut to ``RECORDED_ID_CHARS``. At most ``len(RECORDED_IDS)`` fields of bounded size
-    whatever the entry holds; nested objects' fields are never taken."""
+    whatever the entry holds; nested objects' fields are never taken. An entry with no JSON
+    body (bare fields, no ``data``) records its own top-level fields of those names."""
     try:
         raw = entry_data(fields)
     except ValueError:  # a broken FastStream envelope
         return {}
     if raw is None:
-        return {}
-    found = leading_fields(raw[:scan_bytes], only=RECORDED_IDS)
+        found: dict[str, Any] = {}
+        for name in RECORDED_IDS:
+            value = fields.get(name.encode(), fields.get(name))
+            if value is not None:
+                found[name] = text(value[: 4 * RECORDED_ID_CHARS])
+    else:
+        found = leading_fields(raw[:scan_bytes], only=RECORDED_IDS)
     return {
         f"{RECORDED_ID_PREFIX}{name}": value[:RECORDED_ID_CHARS]
         for name, value in found.items()

@@ -120,6 +120,33 @@ def erased_users_key(prefix: str, shard: int) -> str:
     return f"{prefix}:{tag(shard)}:erased_users"
 
 
+OWN_FAMILIES = (
+    LIFECYCLE,
+    RESULTS,
+    DLQ,
+    "admission",
+    EPISODES,
+    CHANGES,
+    "erased",
+    "erased_ranges",
+    "erasure",
+)
+"""The first names under the prefix of memworker's own keys (``P:NAME`` or ``P:NAME:…``);
+and every ``P:{i}:…``, a shard's keys (sessions, dedupe records, ``seq`` counters, forgotten
+users). A name no other writer may take: ``memworker replay --publish-to`` refuses them."""
+
+
+def own_key_family(prefix: str, key: str) -> str | None:
+    """The family of memworker's own keys ``key`` is of (``OWN_FAMILIES``, or ``{i}``), None
+    when it is none (or not under ``prefix:``)."""
+    if not key.startswith(f"{prefix}:"):
+        return None
+    head = key[len(prefix) + 1 :].split(":", 1)[0]
+    if head.startswith("{"):
+        return "{i}"
+    return head if head in OWN_FAMILIES else None
+
+
 FORGOTTEN_STATE = "forgotten"
 """The ``meta`` state of a forgotten session's marker: every later command is rejected
 ``forgotten`` (``lua/apply_command.lua``) and its working memory refuses writes."""

@@ -18,7 +18,13 @@ from worker.consolidation.consolidator import Consolidator
 from worker.db.engine import create_database_engine
 from worker.db.migrate import migrate
 from worker.db.models import Episode, LifecycleEvent
-from worker.keys import StreamKeys, episodes_stream
+from worker.keys import (
+    SessionKeys,
+    StreamKeys,
+    changes_dlq,
+    changes_stream,
+    episodes_stream,
+)
 from worker.lifecycle.client import LifecycleClient
 from worker.settings import Settings
 
@@ -222,6 +228,47 @@ def test_results_are_republished_only_on_a_named_stream_under_the_prefix(
         assert done.returncode == 2, (target, done.stdout, done.stderr)
         said = words(done.stderr)
         assert "--publish-to" in said and f"under the prefix, {settings.stream_prefix}:" in said
+
+
+async def test_results_are_republished_only_on_a_stream_of_their_own(
+    redis: Redis, live: Settings
+) -> None:
+    """memworker's own keys (a session's ``meta``, ``P:erased``, the change feed, the results
+    streams, a shard's counters …) and any key that is not a stream are refused, naming
+    ``--publish-to``, and left as they were; a new stream, or one that is a stream, is taken.
+    Before, the streams among them were written to (the consolidator's own input, the change
+    feed, ``P:episodes``) and the others failed half-way (``WRONGTYPE``, exit status 1)."""
+    async with running_worker(live):
+        await run_sessions(redis, live, "pa", 1)
+    p = live.stream_prefix
+    meta = SessionKeys.for_session(p, live.shards, "pa", "s0").meta
+    await redis.hset(meta, "state", "running")  # type: ignore[misc]
+    await redis.hset(f"{p}:erased", "pa", "1")  # type: ignore[misc]
+    await redis.set(f"{p}:notes", "an operator's string")
+    own = [
+        meta,
+        f"{p}:erased",
+        f"{p}:erased_ranges",
+        f"{p}:erasure:owed",
+        changes_stream(p, "pa", live.shards),
+        changes_dlq(p),
+        StreamKeys(p, 0).results,
+        StreamKeys(p, 0).admission,
+        episodes_stream(p),
+        f"{p}:{{0}}:seq:pa/s0",
+    ]
+    for target in [*own, f"{p}:notes"]:
+        before = await redis.type(target), await redis.dump(target)
+        done = await asyncio.to_thread(memworker, live, "replay", "results", "--publish-to", target)
+        assert done.returncode == 2, (target, done.stdout, done.stderr)
+        said = words(done.stderr)
+        assert "--publish-to" in said and ("own keys" in said or "not a stream" in said), said
+        assert (await redis.type(target), await redis.dump(target)) == before, target
+    await redis.xadd(f"{p}:replayed:old", {"data": b"{}"})
+    for target in (f"{p}:replayed:new", f"{p}:replayed:old"):
+        assert (await replay(live, "--publish-to", target))["published"] == 4, target
+    assert await redis.xlen(f"{p}:replayed:new") == 4
+    assert await redis.xlen(f"{p}:replayed:old") == 5
 
 
 async def test_junk_in_the_results_stream_is_skipped_and_not_republished(

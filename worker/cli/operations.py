@@ -25,7 +25,7 @@ from worker.cli.common import (
     with_redis,
 )
 from worker.ids import InvalidIdError, validate_id
-from worker.keys import StreamKeys
+from worker.keys import StreamKeys, own_key_family
 from worker.settings import Settings
 
 
@@ -281,11 +281,27 @@ def replay(
         raise typer.BadParameter(
             "results may not be published on a lifecycle or DLQ stream", param_hint="--publish-to"
         )
+    if publish_to is not None and (family := own_key_family(settings.stream_prefix, publish_to)):
+        raise typer.BadParameter(
+            f"{publish_to!r:.80} is one of memworker's own keys ({under}{family}…): "
+            f"name a stream of its own, e.g. {under}replayed:NAME",
+            param_hint="--publish-to",
+        )
     selected = ResultRange(start, end, project=project, **bounds)
 
     async def go(redis: Redis) -> dict[str, int]:
         from worker.lifecycle.replay import count_range
 
+        if publish_to is not None:  # a new stream, or one that is a stream already
+            from worker.codec import text
+
+            kind = text(await redis.type(publish_to))
+            if kind not in ("none", "stream"):
+                raise typer.BadParameter(
+                    f"{publish_to!r:.80} holds a Redis {kind}, not a stream: name a new "
+                    "stream or a stream",
+                    param_hint="--publish-to",
+                )
         total = 0
         if source == "postgres":
             from worker.consolidation.replay import count_archived

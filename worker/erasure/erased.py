@@ -20,7 +20,8 @@ an announcement (its ``data``), or a dead letter of any of them (the original en
 of an excerpt, or of an entry that is no whole JSON object, the fields whole in it, and an
 excerpt's ids recorded beside it). An entry whose ``data`` the worker's reader (orjson)
 refuses, a lone surrogate ``"\\ud83d"`` or a number past a double ``1e400`` in it, is read
-leniently (``lenient_body``), so a forget still finds it.
+leniently (``lenient_body``), so a forget still finds it; one with no ``data`` at all, published
+as bare fields, by those fields (``bare_fields``; its dead letter: ``bare_letter``).
 """
 
 from __future__ import annotations
@@ -73,10 +74,37 @@ def entry_body(fields: Mapping[Any, Any]) -> dict[str, Any]:
             try:
                 data = entry_data(body)
             except ValueError:  # a broken FastStream envelope
-                data = None
+                return recorded_ids(fields)
+            if data is None:  # the original had no JSON body: its fields are its ids
+                return bare_letter(body, fields)
             whole = leading_fields(data) if isinstance(data, str | bytes) else {}
             return whole | recorded_ids(fields)
     return body if isinstance(body, dict) else {}
+
+
+def bare_fields(fields: Mapping[Any, Any]) -> dict[str, Any]:
+    """An entry with no JSON body (no ``data``, no ``__data__``: an orchestrator publishing
+    bare fields, ``project_id projA user_id zoe …``) read as its top-level fields, as text:
+    the worker dead-letters it ``unparseable``, and it is still its project's, session's and
+    user's data."""
+    return {text(name): text(value) for name, value in fields.items()}
+
+
+def bare_letter(original: Mapping[str, Any], letter: Mapping[Any, Any]) -> dict[str, Any]:
+    """``bare_fields`` of the entry a dead letter kept (``original``: its fields). Kept whole,
+    they are the entry's. Kept as an excerpt (``truncated``), the ids recorded beside it
+    (``codec.entry_ids``: every id field of a bare entry, wherever it was) say whose it is;
+    a letter without them (written before they were recorded) gives the excerpt's fields
+    but its last (it may be cut), and ``UNKNOWN_USER`` when no ``user_id`` is among them: the
+    cut may have taken another user's name."""
+    if text(letter.get("truncated", letter.get(b"truncated", b""))) != "true":
+        return bare_fields(original)
+    recorded = recorded_ids(letter)
+    if recorded:
+        return recorded
+    kept = dict(list(bare_fields(original).items())[:-1])
+    kept.setdefault("user_id", UNKNOWN_USER)
+    return kept
 
 
 UNKNOWN_USER = "\x00unknown"
@@ -93,13 +121,14 @@ def lenient_body(fields: Mapping[Any, Any]) -> dict[str, Any]:
     read whole. JSON no reader takes whole gives its top-level fields whole before the break
     (``codec.leading_fields``); when its ``user_id`` is not among them and the entry may name
     one further on, it is the one ``"user_id":"…"`` the entry holds if there is exactly one,
-    else ``UNKNOWN_USER``: an entry naming another user is never taken for a user's."""
+    else ``UNKNOWN_USER``: an entry naming another user is never taken for a user's. An entry
+    with no JSON body at all gives its bare top-level fields (``bare_fields``)."""
     try:
         raw = entry_data(fields)
     except ValueError:  # a broken FastStream envelope
         return {}
     if raw is None:
-        return {}
+        return bare_fields(fields)
     source = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
     try:
         whole = json.loads(source)

@@ -239,6 +239,7 @@ async def _scrub_streams(
         if receipt.user_id is None
         else UserScope(receipt.user_id, set(found.sessions), set(found.episode_ids)),
         None if receipt.since is None else _ms(receipt.since),
+        found.fact_ids,
     )
     receipt.streams.update(scrubbed.removed)
     found.sessions.update(scrubbed.sessions)

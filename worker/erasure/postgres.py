@@ -92,8 +92,11 @@ async def forget_rows(
             n_events = len(event_sessions)
             found.sessions.update(s for s in event_sessions if s is not None)
         if session is not None:  # the facts made only from the session's episodes
-            facts = await forget_session_facts(conn, project, gone_ids, dry_run=receipt.dry_run)
+            facts, fact_ids = await forget_session_facts(
+                conn, project, gone_ids, dry_run=receipt.dry_run
+            )
             receipt.postgres.update(facts)
+            found.fact_ids.update(fact_ids)  # their change-feed entries go in the stream step
         if session is None:  # facts, blocks, the feed's outbox: a user's (no user: the whole
             # project's), of no session (a session's forget leaves them, as LoomFlow's does)
             tables = await forget_user_tables(

@@ -81,14 +81,17 @@ class ForgetReceipt:
 
 @dataclass(slots=True)
 class Found:
-    """Sessions of the scope seen anywhere, those marked, the ids of deleted results and
-    episodes (their dedupe records and announcements go too), and who holds each session id
-    now (``holders``)."""
+    """Sessions of the scope seen anywhere, those marked, the ids of deleted results, episodes
+    and facts (their dedupe records, announcements and change-feed events go too), and who
+    holds each session id now (``holders``)."""
 
     sessions: set[str] = field(default_factory=set)
     marked: set[str] = field(default_factory=set)
     result_ids: set[str] = field(default_factory=set)
     episode_ids: set[str] = field(default_factory=set)
+    fact_ids: set[str] = field(default_factory=set)
+    """A session's forget: the facts made only from it, deleted (their change-feed entries go
+    too: ``worker.erasure.session_facts``)."""
     holders: dict[str, str] = field(default_factory=dict)
     """A user's forget: the user of each of its session ids' latest life (``''``: none), as
     the streams (else Postgres) show it; a session id another user spawned since is theirs."""

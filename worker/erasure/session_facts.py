@@ -7,6 +7,11 @@ all). A fact that came from elsewhere too is kept, and only the forgotten episod
 its sources: it still says what its other sources say. A fact with no sources is nobody's
 session's: a session's forget leaves it (a user's forget takes the user's facts whatever their
 sources: ``worker.erasure.users``).
+
+The change feed's events of a deleted fact (``fact.added``, ``fact.superseded``: ids only) go
+with it: the outbox rows not yet published (``memory_changes``) here, the entries on
+``P:changes:{i}`` (and its DLQ) in the forget's stream step (``worker.erasure.streams``, by the
+fact ids this returns), as a user's forget takes the user's.
 """
 
 from __future__ import annotations
@@ -31,25 +36,52 @@ _DROP_THEM = (
 )
 
 
+FACT_EVENTS = ("fact.added", "fact.superseded")
+"""The change feed's events that name a fact (``fact_id``): they go with it."""
+_FACT_CHANGES = (
+    "project_id = :p AND payload->>'type' = ANY(CAST(:kinds AS text[]))"
+    " AND payload->>'fact_id' = ANY(CAST(:facts AS text[]))"
+)
+
+
 async def forget_session_facts(
     conn: AsyncConnection, project_id: str, episode_ids: Collection[str], *, dry_run: bool
-) -> dict[str, int]:
-    """Delete (count, when ``dry_run``) the facts made only from ``episode_ids`` (``facts``),
-    and drop those ids from the sources of facts that came from elsewhere too
-    (``fact_sources``: how many facts were kept so)."""
+) -> tuple[dict[str, int], set[str]]:
+    """Delete (count, when ``dry_run``) the facts made only from ``episode_ids`` (``facts``)
+    and their change-feed events still owed (``memory_changes``), and drop those ids from the
+    sources of facts that came from elsewhere too (``fact_sources``: how many facts were kept
+    so). With the counts, the ids of the facts deleted (would be, when ``dry_run``)."""
     if not episode_ids:
-        return {"facts": 0, "fact_sources": 0}
-    params = {"p": project_id, "ids": sorted(episode_ids)}
+        return {"facts": 0, "fact_sources": 0, "memory_changes": 0}, set()
+    params: dict[str, Any] = {"p": project_id, "ids": sorted(episode_ids)}
     if dry_run:
-        counts = {}
-        for name, where in (("facts", _ONLY_THEM), ("fact_sources", _ALSO_OTHERS)):
-            found = await conn.execute(text(f"SELECT count(*) FROM facts WHERE {where}"), params)
-            counts[name] = int(found.scalar_one())
-        return counts
-    gone = await conn.execute(text(f"DELETE FROM facts WHERE {_ONLY_THEM} RETURNING 1"), params)
-    n_gone = len(gone.all())
+        found = await conn.execute(text(f"SELECT id::text FROM facts WHERE {_ONLY_THEM}"), params)
+        gone = {r[0] for r in found}
+        kept = await conn.execute(text(f"SELECT count(*) FROM facts WHERE {_ALSO_OTHERS}"), params)
+        n_kept = int(kept.scalar_one())
+        changes = await _fact_changes(conn, project_id, gone, dry_run=True)
+        return {"facts": len(gone), "fact_sources": n_kept, "memory_changes": changes}, gone
+    deleted = await conn.execute(
+        text(f"DELETE FROM facts WHERE {_ONLY_THEM} RETURNING id::text"), params
+    )
+    gone = {r[0] for r in deleted}
     kept = await conn.execute(text(_DROP_THEM), params)
-    return {"facts": n_gone, "fact_sources": len(kept.all())}
+    changes = await _fact_changes(conn, project_id, gone, dry_run=False)
+    return {"facts": len(gone), "fact_sources": len(kept.all()), "memory_changes": changes}, gone
+
+
+async def _fact_changes(
+    conn: AsyncConnection, project_id: str, fact_ids: Collection[str], *, dry_run: bool
+) -> int:
+    """Delete (count, when ``dry_run``) the outbox rows of the facts' events."""
+    if not fact_ids:
+        return 0
+    params = {"p": project_id, "kinds": list(FACT_EVENTS), "facts": sorted(fact_ids)}
+    if dry_run:
+        statement = f"SELECT count(*) FROM memory_changes WHERE {_FACT_CHANGES}"
+        return int((await conn.execute(text(statement), params)).scalar_one())
+    statement = f"DELETE FROM memory_changes WHERE {_FACT_CHANGES} RETURNING 1"
+    return len((await conn.execute(text(statement), params)).all())
 
 
 async def export_session_facts(

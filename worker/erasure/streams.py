@@ -3,11 +3,13 @@
 
 Every stream under the prefix is read: commands, results, ``P:episodes``, every DLQ, and any
 stream a replay published to. An entry is the scope's when its ``data`` (a dead letter: its
-original entry's) names the project (and session), and, with ``before``, when its stream id is
-older. Stream entries cannot be edited: each is acknowledged in every group of its stream and
-deleted, in one MULTI, so no group keeps it pending; trimming (``MINID``) and replay ranges
-(``XRANGE``) step over the gaps. ``memory.forgotten`` events and ``forgotten`` rejections name
-the project with ids only, and are kept.
+original entry's; an entry without one: its bare fields) names the project (and session), and,
+with ``before``, when its stream id is older; a session's forget also takes the change feed's
+events of the facts it deleted (``fact_ids``). Stream entries cannot be edited: each is
+acknowledged in every group of its stream and deleted, in one MULTI, so no group keeps it
+pending; trimming (``MINID``) and replay ranges (``XRANGE``) step over the gaps.
+``memory.forgotten`` events and ``forgotten`` rejections name the project with ids only, and
+are kept.
 
 With a user (``worker.erasure.users``), an entry is the scope's when it is that user's
 data: it names the user (a spawn, every result of the user's sessions, the change feed's
@@ -30,6 +32,7 @@ from redis.asyncio import Redis
 
 from worker import codec
 from worker.erasure.erased import entry_body, entry_ms, entry_scope, user_of
+from worker.erasure.session_facts import FACT_EVENTS
 from worker.keys import escape_glob
 
 SCAN_COUNT = 1_000
@@ -202,9 +205,14 @@ def _covers(
     user: UserScope | None = None,
     since_ms: int | None = None,
     stream: str = "",
+    fact_ids: Collection[str] = (),
 ) -> bool:
     """Whether a forget of the scope deletes this entry: the scope's, and (when ``cutoff_ms``)
-    added before the cutoff (``at_ms``: ``AddedAt``), and (when ``since_ms``) not before that."""
+    added before the cutoff (``at_ms``: ``AddedAt``), and (when ``since_ms``) not before that;
+    or a change-feed event of one of ``fact_ids`` (facts the forget deleted) added before the
+    cutoff."""
+    if fact_ids and _of_facts(project_id, fact_ids, cutoff_ms, at_ms, fields):
+        return True
     if not _older(project_id, session_id, cutoff_ms, at_ms, fields):
         return False
     if since_ms is not None and at_ms < since_ms:
@@ -215,6 +223,32 @@ def _covers(
         if not user.owns(body, entry_scope(fields)[1], position):
             return False
     return not _kept(fields)
+
+
+def _of_facts(
+    project_id: str,
+    fact_ids: Collection[str],
+    cutoff_ms: int | None,
+    at_ms: int,
+    fields: dict[Any, Any],
+) -> bool:
+    """A change-feed event (``fact.added``, ``fact.superseded``; a dead letter of one) of one
+    of ``fact_ids`` in the project, added before the cutoff: a session's forget deleted the
+    fact (``worker.erasure.session_facts``); its events name no session."""
+    if cutoff_ms is not None and at_ms >= cutoff_ms:
+        return False
+    if project_id.encode() not in b"".join(
+        v if isinstance(v, bytes) else str(v).encode() for v in fields.values()
+    ):
+        return False  # cheap: most entries are another project's (the feed's ids are plain)
+    body = entry_body(fields)
+    fact = body.get("fact_id")
+    return (
+        body.get("project_id") == project_id
+        and body.get("type") in FACT_EVENTS
+        and isinstance(fact, str)
+        and fact in fact_ids
+    )
 
 
 def _older(
@@ -376,10 +410,12 @@ async def scrub_streams(
     dry_run: bool = False,
     user: UserScope | None = None,
     since_ms: int | None = None,
+    fact_ids: Collection[str] = (),
 ) -> Scrubbed:
     """Delete (XACK in every group, then XDEL, in one MULTI) every entry of every stream under
     the prefix that carries the scope and was added before ``cutoff_ms`` (the forget's
-    cutoff: what comes later is a new session's, or a ``forgotten`` rejection)."""
+    cutoff: what comes later is a new session's, or a ``forgotten`` rejection), and the
+    change-feed events of ``fact_ids`` (the facts a session's forget deleted)."""
     out = Scrubbed()
     now_ms = await redis_now_ms(redis)
     if user is not None:
@@ -408,6 +444,7 @@ async def scrub_streams(
                     user,
                     since_ms,
                     stream,
+                    fact_ids,
                 ):
                     doomed.append(codec.text(entry_id))
                     met = entry_scope(fields)[1]
