@@ -198,6 +198,9 @@ async def test_forgetting_a_user_keeps_every_entry_and_row_of_the_next_life_of_a
             # s1's second life and s2's: an episode per life of a session id
             assert sorted(e.session_id for e in bob if e.turn_id is None) == ["s1", "s2"]
             assert not await EpisodeStore(engine).list_episodes(REUSED, user_id="ann")
+            # bob's s1 tombstone (1 s) expires; a forgotten marker would live 600 s
+            meta = SessionKeys.for_session(prefix, settings.shards, REUSED, "s1").meta
+            await wait_until(lambda m=meta: _gone(redis, m), timeout=10)
             kind = await _publish(redis, settings, "spawn", "s1", user_id="carol")
             assert kind == "agent.spawned"
     finally:
