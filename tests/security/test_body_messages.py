@@ -26,7 +26,7 @@ async def _raw(base: str, head: str, body: bytes) -> tuple[int, str]:
     try:
         writer.write(head.encode() + b"\r\n\r\n" + body)
         await writer.drain()
-        answer = await asyncio.wait_for(reader.read(65536), timeout=60)
+        answer = await asyncio.wait_for(reader.read(), timeout=60)  # to EOF: Connection: close
     finally:
         writer.close()
     status_line, _, rest = answer.decode().partition("\r\n")
