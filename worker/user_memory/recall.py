@@ -48,7 +48,13 @@ from worker.user_memory.recall_sessions import (
     QUERY_VECTOR,
     read_context_sessions,
 )
-from worker.user_memory.turn_ranking import ECHO_TURNS, Turn, rank, speaker_of
+from worker.user_memory.turn_ranking import (
+    ECHO_TURNS,
+    Turn,
+    rank,
+    speaker_of,
+    tsvector_counts,
+)
 from worker.user_memory.turns import (
     EPISODE_COLUMNS,
     episode_from_row,
@@ -105,17 +111,16 @@ async def _words(
         " (SELECT count(*) FROM (SELECT 1 FROM episodes e"
         f" WHERE {' AND '.join(where)} LIMIT {PARTITION_BOUND}) s) AS total)"
         " SELECT q.lexemes, q.total, m.id::text, m.session_id, m.turn_id IS NOT NULL,"
-        " m.occurred_at, m.head, m.n, c.words, c.tfs,"
+        f" m.occurred_at, m.head, m.n, {_COUNTS.format('q.lexemes')} AS counts,"
         f" {_HAS_VECTOR.format('m.id') if unindexed is not None else 'true'} AS indexed"
-        f" FROM q LEFT JOIN ({tiers}) m ON true LEFT JOIN LATERAL ({_COUNTS.format('q.lexemes')})"
-        " c ON true"
+        f" FROM q LEFT JOIN ({tiers}) m ON true"
     )
     if not by_index:
         await conn.execute(text(_BY_INDEX_PLANNED))  # for the rest of the recall's transaction
     lexemes: list[str] = []
     total = 0
     # the rows unpacked as tuples, the id as text from Postgres: a recall reads thousands
-    for found, size, key, session, is_turn, at, head, n, words, tfs, indexed in await conn.execute(
+    for found, size, key, session, is_turn, at, head, n, counts, indexed in await conn.execute(
         text(statement), {**params, **searched.params, "q": query}
     ):
         lexemes, total = found or [], int(size)
@@ -124,7 +129,7 @@ async def _words(
         turns[key] = Turn(
             key,
             session if is_turn else None,
-            dict(zip(words or (), tfs or (), strict=True)),
+            tsvector_counts(counts),
             int(n),
             speaker=speaker_of(head),
             at=at,
@@ -140,17 +145,14 @@ matches and with the rows returned, not by a statement of its own (a round trip,
 match's id sent back to the server)."""
 
 
-_COUNTS = (
-    "SELECT array_agg(u.lexeme) AS words,"
-    " array_agg(coalesce(array_length(u.positions, 1), 1)) AS tfs"
-    " FROM unnest(ts_filter(setweight(setweight(m.sv, 'D'), 'A', {}), '{{a}}')) u"
-)
-"""A turn's counts of the query's lexemes (positions; a lexeme without positions counts one),
-read in Postgres: the turn's whole ``search_vector`` is not sent. The query's lexemes are
-picked out of the turn's by weight (every position weighted D, theirs A, the A kept; every
-lexeme of ``search_vector``, ``to_tsvector``'s, has a position) before it is unnested:
-unnesting every lexeme to keep two or three made the words search ~1.7× as long
-(BENCHMARKS.md, the memory inspector)."""
+_COUNTS = "ts_filter(setweight(setweight(m.sv, 'D'), 'A', {}), '{{a}}')"
+"""A turn's query lexemes with their positions, picked out in Postgres (the turn's whole
+``search_vector`` is not sent): by weight (every position weighted D, theirs A, the A kept;
+every lexeme of ``search_vector``, ``to_tsvector``'s, has a position). Sent as that small
+``tsvector``'s text and counted here (``turn_ranking.tsvector_counts``: the lexemes and their
+positions in ``unnest``'s order): unnesting it and aggregating the counts in Postgres, a
+sub-select for each match, was ~30 % of the words search at 1,848 matches; unnesting every
+lexeme to keep two or three made it ~1.7× as long (BENCHMARKS.md, the memory inspector)."""
 
 
 _CUSTOM_PLANS = "set_config('plan_cache_mode', 'force_custom_plan', true)"

@@ -113,6 +113,31 @@ def lexeme_counts(tsvector: str, wanted: set[str]) -> dict[str, int]:
     return counts
 
 
+def tsvector_counts(tsvector: str | None) -> dict[str, int]:
+    """Every lexeme of a ``tsvector``'s text (Postgres' output: ``'word':1,5B 'it''s':3``, a
+    quote and a backslash doubled) and its count of positions (one without positions counts
+    one), in the text's order: ``unnest``'s, so a BM25 sums its terms in the same order."""
+    counts: dict[str, int] = {}
+    if not tsvector:
+        return counts
+    at, end = 0, len(tsvector)
+    while at < end:
+        close = tsvector.find("'", at + 1)
+        while tsvector.startswith("'", close + 1):  # a doubled quote, inside the lexeme
+            close = tsvector.find("'", close + 2)
+        lexeme = tsvector[at + 1 : close]
+        if "'" in lexeme or "\\" in lexeme:
+            lexeme = lexeme.replace("''", "'").replace("\\\\", "\\")
+        if tsvector.startswith(":", close + 1):
+            stop = tsvector.find(" ", close + 2)
+            stop = end if stop < 0 else stop
+            counts[lexeme] = tsvector.count(",", close + 2, stop) + 1
+        else:
+            counts[lexeme], stop = 1, close + 1
+        at = stop + 1
+    return counts
+
+
 @dataclass(slots=True)
 class Turn:
     """One turn considered: where it sits, its words' counts and its cosine (slots: a recall
