@@ -252,7 +252,7 @@ def rank(
     wide = 3 * average
     # ``bm25`` inlined, its arithmetic in the same order (every score bitwise the same): a
     # recall scores thousands of turns twice, and the calls were a third of the ranking's time
-    weight, saturation = idf.get, K1 + 1
+    idf_for, saturation = idf.get, K1 + 1
     by_own, by_wide = average or 1.0, wide or 1.0
     find = turns.get
     for key, turn in turns.items():
@@ -260,7 +260,7 @@ def rank(
         if counts:
             norm, score = K1 * (1 - B + B * length / by_own), 0.0
             for lexeme, tf in counts.items():
-                score += weight(lexeme, 0.0) * tf * saturation / (tf + norm)
+                score += idf_for(lexeme, 0.0) * tf * saturation / (tf + norm)
             own[key] = score
         summed = counts
         for side in (turn.before, turn.after):
@@ -274,7 +274,7 @@ def rank(
         if summed:
             norm, score = K1 * (1 - B + B * length / by_wide), 0.0
             for lexeme, tf in summed.items():
-                score += weight(lexeme, 0.0) * tf * saturation / (tf + norm)
+                score += idf_for(lexeme, 0.0) * tf * saturation / (tf + norm)
             window[key] = score
     words = _scaled(own)
     for key, value in _scaled(window).items():
