@@ -211,7 +211,7 @@ async def recall_breakdown(database_url: str, redis_url: str, prefix: str, round
         ("_meaning", "turns: the vector search"),
         ("_words", "turns: the words search (one statement)"),
         ("rank", "turns: ranking (twice)"),
-        ("_context", "turns: the best turns' sessions read"),
+        ("read_context_sessions", "turns: the best turns' sessions read"),
         ("_unindexed", "turns: which have no vector"),
     ):
         timed.wrap(turn_recall, name, label)

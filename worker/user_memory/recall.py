@@ -48,7 +48,13 @@ from worker.user_memory.recall_sessions import (
     QUERY_VECTOR,
     read_context_sessions,
 )
-from worker.user_memory.turn_ranking import ECHO_TURNS, Turn, rank, speaker_of
+from worker.user_memory.turn_ranking import (
+    ECHO_TURNS,
+    Turn,
+    rank,
+    speaker_of,
+    tsvector_counts,
+)
 from worker.user_memory.turns import (
     EPISODE_COLUMNS,
     episode_from_row,
@@ -104,30 +110,31 @@ async def _words(
         f"WITH q AS (SELECT {searched.lexemes} AS lexemes,"
         " (SELECT count(*) FROM (SELECT 1 FROM episodes e"
         f" WHERE {' AND '.join(where)} LIMIT {PARTITION_BOUND}) s) AS total)"
-        " SELECT q.lexemes, q.total, m.id, m.session_id, m.turn_id, m.occurred_at, m.head, m.n,"
-        " c.words, c.tfs,"
+        " SELECT q.lexemes, q.total, m.id::text, m.session_id, m.turn_id IS NOT NULL,"
+        f" m.occurred_at, m.head, m.n, {_COUNTS.format('q.lexemes')} AS counts,"
         f" {_HAS_VECTOR.format('m.id') if unindexed is not None else 'true'} AS indexed"
-        f" FROM q LEFT JOIN ({tiers}) m ON true LEFT JOIN LATERAL ({_COUNTS.format('q.lexemes')})"
-        " c ON true"
+        f" FROM q LEFT JOIN ({tiers}) m ON true"
     )
     if not by_index:
         await conn.execute(text(_BY_INDEX_PLANNED))  # for the rest of the recall's transaction
     lexemes: list[str] = []
     total = 0
-    for row in await conn.execute(text(statement), {**params, **searched.params, "q": query}):
-        lexemes, total = row.lexemes or [], int(row.total)
-        if row.id is None:
+    # the rows unpacked as tuples, the id as text from Postgres: a recall reads thousands
+    for found, size, key, session, is_turn, at, head, n, counts, indexed in await conn.execute(
+        text(statement), {**params, **searched.params, "q": query}
+    ):
+        lexemes, total = found or [], int(size)
+        if key is None:
             break
-        key = str(row.id)
         turns[key] = Turn(
             key,
-            session=row.session_id if row.turn_id is not None else None,
-            counts=dict(zip(row.words or (), row.tfs or (), strict=True)),
-            length=int(row.n),
-            speaker=speaker_of(row.head),
-            at=row.occurred_at,
+            session if is_turn else None,
+            tsvector_counts(counts),
+            int(n),
+            speaker=speaker_of(head),
+            at=at,
         )
-        if unindexed is not None and not row.indexed:
+        if unindexed is not None and not indexed:
             unindexed.add(key)
     return sorted(set(lexemes)), total
 
@@ -138,17 +145,14 @@ matches and with the rows returned, not by a statement of its own (a round trip,
 match's id sent back to the server)."""
 
 
-_COUNTS = (
-    "SELECT array_agg(u.lexeme) AS words,"
-    " array_agg(coalesce(array_length(u.positions, 1), 1)) AS tfs"
-    " FROM unnest(ts_filter(setweight(setweight(m.sv, 'D'), 'A', {}), '{{a}}')) u"
-)
-"""A turn's counts of the query's lexemes (positions; a lexeme without positions counts one),
-read in Postgres: the turn's whole ``search_vector`` is not sent. The query's lexemes are
-picked out of the turn's by weight (every position weighted D, theirs A, the A kept; every
-lexeme of ``search_vector``, ``to_tsvector``'s, has a position) before it is unnested:
-unnesting every lexeme to keep two or three made the words search ~1.7× as long
-(BENCHMARKS.md, the memory inspector)."""
+_COUNTS = "ts_filter(setweight(setweight(m.sv, 'D'), 'A', {}), '{{a}}')"
+"""A turn's query lexemes with their positions, picked out in Postgres (the turn's whole
+``search_vector`` is not sent): by weight (every position weighted D, theirs A, the A kept;
+every lexeme of ``search_vector``, ``to_tsvector``'s, has a position). Sent as that small
+``tsvector``'s text and counted here (``turn_ranking.tsvector_counts``: the lexemes and their
+positions in ``unnest``'s order): unnesting it and aggregating the counts in Postgres, a
+sub-select for each match, was ~30 % of the words search at 1,848 matches; unnesting every
+lexeme to keep two or three made it ~1.7× as long (BENCHMARKS.md, the memory inspector)."""
 
 
 _CUSTOM_PLANS = "set_config('plan_cache_mode', 'force_custom_plan', true)"
@@ -187,16 +191,25 @@ async def _meaning(
             f"(SELECT episode_id, embedding FROM {VECTOR_TABLE} WHERE {mine}"
             f" UNION ALL SELECT episode_id, embedding FROM {CHUNK_TABLE} WHERE {mine})"
         )
-    # a small partition is ordered by an expression the HNSW index cannot serve: exactly
-    order = f"({distance}) + 0" if exact else distance
     condition = "true" if vectors != VECTOR_TABLE else f"v.{mine.replace(' AND ', ' AND v.')}"
-    nearest = text(
-        f"SELECT e.id, e.session_id, e.turn_id, e.occurred_at, left(e.input, {HEAD}) AS head,"
-        f" 1 - ({distance}) AS cosine FROM {vectors} v"
-        " JOIN episodes e ON e.id = v.episode_id"
+    joined = (
+        f" FROM {vectors} v JOIN episodes e ON e.id = v.episode_id"
         f" WHERE {condition} AND {' AND '.join(where)} AND {_READ_BY_INDEX}"
-        f" ORDER BY {order} LIMIT :n"
     )
+    if exact:  # ordered by an expression the HNSW index cannot serve: exactly
+        # each distance taken once (a sub-select Postgres does not fold: OFFSET 0), the cosine
+        # and the head only of the nearest: the same join, sort and rows (BENCHMARKS.md)
+        nearest = text(
+            f"SELECT id, session_id, turn_id, occurred_at, left(input, {HEAD}) AS head,"
+            " 1 - d AS cosine FROM (SELECT * FROM (SELECT e.id, e.session_id, e.turn_id,"
+            f" e.occurred_at, e.input, {distance} AS d{joined} OFFSET 0) x"
+            " ORDER BY d + 0 LIMIT :n) y"
+        )
+    else:
+        nearest = text(
+            f"SELECT e.id, e.session_id, e.turn_id, e.occurred_at, left(e.input, {HEAD}) AS head,"
+            f" 1 - ({distance}) AS cosine{joined} ORDER BY {distance} LIMIT :n"
+        )
     if not exact:
         await conn.execute(text(f"SET LOCAL hnsw.ef_search = {min(1000, max(40, params['n']))}"))
     found = list(await conn.execute(nearest, params))

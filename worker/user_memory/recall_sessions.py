@@ -62,10 +62,11 @@ async def read_context_sessions(
         cosine += f", 1 - (v.embedding::vector({dimension}) <=> {echoed}) AS echo"
     else:
         cosine += ", NULL AS echo"
-    # each turn's vector by its key (a hash join read all 10,000 of the model to keep ~500)
+    # each turn's vector by its key (a hash join read all 10,000 of the model to keep ~500;
+    # OFFSET 0: Postgres would fold the lateral sub-select into that hash join again)
     join = (
         f" LEFT JOIN LATERAL (SELECT embedding FROM {VECTOR_TABLE} v WHERE v.episode_id = e.id"
-        f" AND v.model = :m AND v.dimension = {dimension}) v ON true"
+        f" AND v.model = :m AND v.dimension = {dimension} OFFSET 0) v ON true"
         if dimension
         else ""
     )
