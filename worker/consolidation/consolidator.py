@@ -454,7 +454,7 @@ class Consolidator(GroupService):
                         p.event[3],
                         p.event[8],
                         _user_of(p),
-                        written_at(p.entry, p.event[8]),
+                        written_at(p.entry.entry_id, p.event[8]),
                     )
                     for p in prepared
                 ],

@@ -199,7 +199,7 @@ def _scope_of(
         session if isinstance(session, str) else None,
         at,
         user if isinstance(user, str) else None,
-        written_at(entry, at),
+        written_at(entry.entry_id, at),
     )
 
 

@@ -26,8 +26,6 @@ from datetime import UTC, datetime
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from worker.consumers.entries import StreamEntry
-
 PROJECT_LOCK = "hashtextextended(CAST(:project AS text), 0)"
 """The advisory lock key of one project (bound as ``:project``)."""
 
@@ -103,11 +101,11 @@ Item = (
 user_id, or None: data of no user); no ``written_at``: its ``occurred_at``."""
 
 
-def written_at(entry: StreamEntry, occurred_at: datetime) -> datetime:
+def written_at(entry_id: str, occurred_at: datetime) -> datetime:
     """When a stream entry was written: its stream id's time, or ``occurred_at`` when earlier
     (an entry published again, by a redrive, keeps the time it had)."""
     try:
-        ms = int(entry.entry_id.partition("-")[0])
+        ms = int(entry_id.partition("-")[0])
     except ValueError:
         return occurred_at
     return min(datetime.fromtimestamp(ms / 1000, UTC), occurred_at)
