@@ -67,7 +67,13 @@ from worker.consumers.retention import ConsumedMarks, trim_dead_letters, trim_st
 from worker.consumers.service import GroupService
 from worker.db.batch import insert_batch
 from worker.db.engine import create_database_engine
-from worker.db.erasures import covered, erasure_cutoffs, erasure_ranges, lock_projects
+from worker.db.erasures import (
+    covered,
+    erasure_cutoffs,
+    erasure_ranges,
+    lock_projects,
+    written_at,
+)
 from worker.db.outages import first_line, is_connection_error, is_data_error, storage_error
 from worker.episodes.announcements import Announcement, Announcer
 from worker.episodes.changes import publish_all_owed, publish_owed
@@ -441,7 +447,17 @@ class Consolidator(GroupService):
             # a forget runs wholly before this transaction or wholly after it.
             await lock_projects(conn, (p.event[2] for p in prepared if p.event[2] is not None))
             erased = await covered(
-                conn, [(p.event[2], p.event[3], p.event[8], _user_of(p)) for p in prepared]
+                conn,
+                [
+                    (
+                        p.event[2],
+                        p.event[3],
+                        p.event[8],
+                        _user_of(p),
+                        written_at(p.entry.entry_id, p.event[8]),
+                    )
+                    for p in prepared
+                ],
             )
             for p, gone in zip(prepared, erased, strict=True):
                 if gone:

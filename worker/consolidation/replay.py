@@ -49,7 +49,7 @@ from worker.codec import UnusableEntryError, decode_entry, text
 from worker.consolidation.consolidator import Consolidator
 from worker.consumers.loop import StreamEntry
 from worker.db.engine import create_database_engine
-from worker.db.erasures import covered
+from worker.db.erasures import covered, written_at
 from worker.db.models import Episode, LifecycleEvent
 from worker.keys import StreamKeys, shard_of
 from worker.settings import Settings
@@ -183,8 +183,8 @@ class ResultReplayer:
 
 def _scope_of(
     entry: StreamEntry,
-) -> tuple[str | None, str | None, datetime, str | None] | None:
-    """``(project, session, occurred_at, user)`` of a result (None for junk: skipped as
+) -> tuple[str | None, str | None, datetime, str | None, datetime] | None:
+    """``(project, session, occurred_at, user, written_at)`` of a result (None for junk: skipped as
     before)."""
     try:
         result = decode_entry(entry.fields)
@@ -193,11 +193,13 @@ def _scope_of(
         return None
     project, session = result.get("project_id"), result.get("session_id")
     user = result.get("user_id")
+    at = occurred if occurred.tzinfo else occurred.replace(tzinfo=UTC)
     return (
         project if isinstance(project, str) else None,
         session if isinstance(session, str) else None,
-        occurred if occurred.tzinfo else occurred.replace(tzinfo=UTC),
+        at,
         user if isinstance(user, str) else None,
+        written_at(entry.entry_id, at),
     )
 
 

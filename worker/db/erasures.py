@@ -1,19 +1,27 @@
 """What the ``erasures`` table covers, in SQL: the consolidator's and the indexer's check.
 
 A row (``worker.db.models.Erasure``) covers the data of its project (and session, when it names
-one; and user, when it names one: ``''`` is the anonymous bucket, data of no user) that
-occurred before its ``cutoff`` (and, a range's row, at or after its ``since``: never
-widened to all that is older). ``memworker forget`` holds the project's advisory
-lock exclusive while it writes the row and deletes the rows it covers; a writer of the
-project's rows holds it shared (``lock_projects``) and checks the table in the same
-transaction, so a row is either written before the forget (and deleted by it) or checked after
-it (and skipped): never stored after a forget that covers it.
+one; and user, when it names one: ``''`` is the anonymous bucket, data of no user) that was
+written before the forget took effect (``written_before``) and, when the forget named a time of
+the data, occurred before its ``before`` (and, a range's row, at or after its ``since``): what
+the user writes after a forget is kept, whatever time it says it occurred at, and what was
+written before a whole forget goes, even dated in the future. A row's written time is its
+``recorded_at`` (the INSERT's Postgres clock); a stream entry's, its stream id's time, or its
+``occurred_at`` when earlier (an entry published again keeps what it was). A row of before
+migration 0011 (``written_before`` null) keeps its rule: what occurred before its ``cutoff``
+(and at or after its ``since``). ``memworker forget`` holds the project's advisory lock
+exclusive while it writes the row and deletes the rows it covers, and takes ``written_before``
+once it holds it (the later of Postgres's clock and Redis's); a writer of the project's rows
+holds it shared (``lock_projects``), checks the table in the same transaction and stamps its
+rows when it inserts them, so a row is either written before the forget (``recorded_at``
+earlier than ``written_before``: deleted by it) or checked and stamped after it (kept unless
+its stream entry was published before the forget): never stored after a forget that covers it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -26,9 +34,12 @@ NOT_ERASED = """NOT EXISTS (
     WHERE r.project_id = e.project_id
       AND (r.session_id IS NULL OR r.session_id = e.session_id)
       AND (r.user_id IS NULL OR r.user_id = coalesce(e.user_id, ''))
-      AND e.occurred_at < r.cutoff
+      AND CASE WHEN r.written_before IS NULL THEN e.occurred_at < r.cutoff
+          ELSE e.recorded_at < r.written_before
+              AND (r.before IS NULL OR e.occurred_at < r.before) END
       AND (r.since IS NULL OR e.occurred_at >= r.since))"""
-"""SQL: the episode ``e`` is not covered by any erasure."""
+"""SQL: the episode ``e`` is not covered by any erasure (written before one that took effect,
+in its range of ``occurred_at``; a row of before 0011: by ``occurred_at < cutoff``)."""
 
 
 async def lock_project(conn: AsyncConnection, project_id: str) -> None:
@@ -81,51 +92,78 @@ async def erasure_ranges(conn: AsyncConnection) -> list[tuple[Scope, datetime, d
     return [((r[0], r[1], r[2]), r[3], r[4]) for r in rows]
 
 
-Item = tuple[str | None, str | None, datetime] | tuple[str | None, str | None, datetime, str | None]
-"""``(project_id, session_id, occurred_at[, user_id])`` of a piece of data (no user_id, or
-None: data of no user)."""
+Item = (
+    tuple[str | None, str | None, datetime]
+    | tuple[str | None, str | None, datetime, str | None]
+    | tuple[str | None, str | None, datetime, str | None, datetime]
+)
+"""``(project_id, session_id, occurred_at[, user_id[, written_at]])`` of a piece of data (no
+user_id, or None: data of no user); no ``written_at``: its ``occurred_at``."""
+
+
+def written_at(entry_id: str, occurred_at: datetime) -> datetime:
+    """When a stream entry was written: its stream id's time, or ``occurred_at`` when earlier
+    (an entry published again, by a redrive, keeps the time it had)."""
+    try:
+        ms = int(entry_id.partition("-")[0])
+    except ValueError:
+        return occurred_at
+    return min(datetime.fromtimestamp(ms / 1000, UTC), occurred_at)
+
+
+class _Covers:
+    """The erasures of one scope, as ``covered`` weighs them."""
+
+    __slots__ = ("legacy", "rules")
+
+    def __init__(self) -> None:
+        self.legacy: list[tuple[datetime | None, datetime]] = []  # (since, cutoff)
+        self.rules: list[tuple[datetime | None, datetime | None, datetime]] = []
+        # (since, before, written_before)
+
+    def cover(self, at: datetime, written: datetime) -> bool:
+        return any(a is None or a <= at for a, c in self.legacy if at < c) or any(
+            written < w and (b is None or at < b) and (a is None or a <= at)
+            for a, b, w in self.rules
+        )
 
 
 async def covered(conn: AsyncConnection, items: Sequence[Item]) -> list[bool]:
-    """For each ``(project_id, session_id, occurred_at[, user_id])``: does an erasure cover
-    it? A project's erasure covers all of it; a session's, the session; a user's, the data of
-    that user (``''``: of no user) in the project (or its session)."""
+    """For each ``(project_id, session_id, occurred_at[, user_id[, written_at]])``: does an
+    erasure cover it (module doc)? A project's erasure covers all of it; a session's, the
+    session; a user's, the data of that user (``''``: of no user) in the project (or its
+    session)."""
     projects = sorted({item[0] for item in items if item[0] is not None})
     if not projects:
         return [False] * len(items)
     rows = await conn.execute(
         text(
-            "SELECT project_id, session_id, user_id, max(cutoff) FROM erasures"
-            " WHERE project_id = ANY(:p) AND since IS NULL GROUP BY 1, 2, 3"
+            "SELECT project_id, session_id, user_id, since, before, cutoff, written_before"
+            " FROM erasures WHERE project_id = ANY(:p)"
         ),
         {"p": projects},
     )
-    cutoffs: dict[Scope, datetime] = {(r[0], r[1], r[2]): r[3] for r in rows}
-    ranges: dict[Scope, list[tuple[datetime, datetime]]] = {}
-    for r in await conn.execute(
-        text(
-            "SELECT project_id, session_id, user_id, since, cutoff FROM erasures"
-            " WHERE project_id = ANY(:p) AND since IS NOT NULL"
-        ),
-        {"p": projects},
-    ):
-        ranges.setdefault((r[0], r[1], r[2]), []).append((r[3], r[4]))
-    if not cutoffs and not ranges:
+    scopes_of: dict[Scope, _Covers] = {}
+    for r in rows:
+        rule = scopes_of.setdefault((r[0], r[1], r[2]), _Covers())
+        if r[6] is None:
+            rule.legacy.append((r[3], r[5]))
+        else:
+            rule.rules.append((r[3], r[4], r[6]))
+    if not scopes_of:
         return [False] * len(items)
     out = []
     for item in items:
         project, session, at = item[0], item[1], item[2]
         user = (item[3] if len(item) > 3 else None) or ""
+        written = item[4] if len(item) > 4 else at
         if project is None:
             out.append(False)
             continue
         scopes: list[Scope] = [(project, None, None), (project, None, user)]
         if session:
             scopes += [(project, session, None), (project, session, user)]
-        out.append(
-            any((c := cutoffs.get(s)) is not None and at < c for s in scopes)
-            or any(a <= at < c for s in scopes for a, c in ranges.get(s, ()))
-        )
+        out.append(any(c.cover(at, written) for s in scopes if (c := scopes_of.get(s))))
     return out
 
 

@@ -126,7 +126,7 @@ class LifecycleEvent(Base):
     command: Mapped[str | None]
     seq: Mapped[int | None]
     occurred_at: Mapped[datetime]
-    recorded_at: Mapped[datetime] = mapped_column(server_default=func.now())
+    recorded_at: Mapped[datetime] = mapped_column(server_default=func.clock_timestamp())
     payload: Mapped[dict[str, Any]]
 
     __table_args__ = (Index(None, "project_id", "session_id", "occurred_at"),)
@@ -178,7 +178,11 @@ class Episode(Base):
     duration_seconds: Mapped[float | None]
     started_at: Mapped[datetime | None]
     occurred_at: Mapped[datetime]
-    recorded_at: Mapped[datetime] = mapped_column(server_default=func.now())
+    recorded_at: Mapped[datetime] = mapped_column(
+        server_default=func.clock_timestamp(),
+        doc="When the row was written (the INSERT's clock, after the writer's project lock):"
+        " what a forget covers (``worker.db.erasures``).",
+    )
     announced_at: Mapped[datetime | None] = mapped_column(
         doc="When episode.recorded was published; null while it is owed (an outbox flag)."
     )
@@ -271,13 +275,15 @@ class Episode(Base):
 class Erasure(Base):
     """One ``forget`` (``worker.erasure.forget``): ids and times only, never content.
 
-        What it covers: the project's (or its one session's; of its ``user_id`` only, when it names
-        one: ``''`` for the data of no user) data that occurred before ``cutoff``
-        (when the forget ran, or its ``--before`` if earlier), and at or after ``since`` when it is
-    set (a range, ``--since``). The consolidator, every replay and
-        the indexer skip what a row covers, so no replay brings it back. Kept for good: one small
-        row per forget; delete a row only to let its data be stored again. A row covers what it
-        names from the moment it is written; ``completed_at`` says when the forget was done.
+    What it covers: the project's (or its one session's; of its ``user_id`` only, when it names
+    one: ``''`` for the data of no user) data written before ``written_before`` (when the
+    forget took effect) that occurred before ``before`` (when given) and at or after ``since``
+    (when given: a range, ``--since``); a row of before migration 0011 (``written_before``
+    null) covers the data that occurred before ``cutoff`` (when the forget ran, or its
+    ``--before`` if earlier) and at or after ``since``. The consolidator, every replay and the
+    indexer skip what a row covers, so no replay brings it back. Kept for good: one small row
+    per forget; delete a row only to let its data be stored again. A row covers what it names
+    from the moment it is written; ``completed_at`` says when the forget was done.
     """
 
     __tablename__ = "erasures"
@@ -295,6 +301,10 @@ class Erasure(Base):
     )
     since: Mapped[datetime | None] = mapped_column(
         doc="A range's start (included): the row covers only what occurred in [since, cutoff)."
+    )
+    written_before: Mapped[datetime | None] = mapped_column(
+        doc="When the forget took effect: it covers rows written (``recorded_at``) before it;"
+        " null (a row of before migration 0011): it covers by ``occurred_at < cutoff``."
     )
 
     __table_args__ = (

@@ -139,10 +139,12 @@ async def forget_everywhere(
         with contextlib.suppress(Exception):  # unreachable: its own steps will say so
             seconds, micros = await redis.time()
             redis_now = datetime.fromtimestamp(seconds + micros / 1e6, UTC)
-    await _step(receipt, "postgres", forget_rows(engine, receipt, found, redis_now, fixed))
+    written = owed.written_before if owed is not None else None
+    await _step(receipt, "postgres", forget_rows(engine, receipt, found, redis_now, fixed, written))
     if receipt.cutoff is None:  # Postgres did not decide it: never later than asked
         now = fixed or redis_now or datetime.now(UTC)
         receipt.cutoff = now if scope.before is None else min(now, scope.before)
+        receipt.written_before = written if owed is not None else now
     if live:
         assert redis is not None and prefix is not None
         await _clear_redis(redis, prefix, receipt, found, marker_ttl_ms, shards)

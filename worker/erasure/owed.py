@@ -9,7 +9,8 @@ when Postgres cannot take it (unreachable), a field of the hash ``P:erasure:owed
 (``worker.keys.owed_forgets_key``; ids and times only). A row covers what it names from the
 moment it is written (the consolidator, the replays and the indexer skip that data), so an
 owed forget already keeps what it covers from coming back; finishing it removes what is left.
-A forget that completes settles every owed one of the same scope whose cutoff it reaches.
+A forget that completes settles every owed one of the same scope it reaches (written before
+its instant, and a ``before`` within its own).
 """
 
 from __future__ import annotations
@@ -48,6 +49,9 @@ class Owed:
     recorded_at: datetime
     where: str = "postgres"
     since: datetime | None = None
+    written_before: datetime | None = None
+    """When the forget took effect (None: recorded before migration 0011: it covers by
+    ``cutoff``)."""
 
     def to_json(self) -> bytes:
         return orjson.dumps(
@@ -59,13 +63,14 @@ class Owed:
                 "since": self.since.isoformat() if self.since else None,
                 "cutoff": self.cutoff.isoformat(),
                 "recorded_at": self.recorded_at.isoformat(),
+                "written_before": self.written_before.isoformat() if self.written_before else None,
             }
         )
 
     @classmethod
     def from_json(cls, erasure_id: str, raw: bytes | str) -> Owed:
         body: dict[str, Any] = orjson.loads(raw)
-        before, since = body.get("before"), body.get("since")
+        before, since, written = body.get("before"), body.get("since"), body.get("written_before")
         return cls(
             erasure_id,
             body["project_id"],
@@ -76,6 +81,7 @@ class Owed:
             datetime.fromisoformat(body["recorded_at"]),
             "redis",
             datetime.fromisoformat(since) if since else None,
+            datetime.fromisoformat(written) if written else None,
         )
 
 
@@ -103,6 +109,7 @@ async def record_owed(
             datetime.now(UTC),
             "redis",
             receipt.since,
+            receipt.written_before,
         )
         try:
             await redis.hset(owed_forgets_key(prefix), receipt.erasure_id, owed.to_json())  # type: ignore[misc, arg-type]
@@ -140,6 +147,7 @@ async def load_owed(
                 Erasure.cutoff,
                 Erasure.forgotten_at,
                 Erasure.since,
+                Erasure.written_before,
             ).where(
                 Erasure.completed_at.is_(None),
                 Erasure.forgotten_at <= limit,
@@ -156,6 +164,7 @@ async def load_owed(
                 row.cutoff,
                 row.forgotten_at,
                 since=row.since,
+                written_before=row.written_before,
             )
     return sorted(found.values(), key=lambda o: (o.recorded_at, o.erasure_id))
 
@@ -175,9 +184,19 @@ async def settle_redis(redis: Redis, prefix: str, receipt: ForgetReceipt) -> int
             receipt.session_id,
             receipt.user_id,
         ) and owed.since == receipt.since
-        if owed.erasure_id == receipt.erasure_id or (same and owed.cutoff <= receipt.cutoff):
+        if owed.erasure_id == receipt.erasure_id or (same and _reached(owed, receipt)):
             done.append(name)
     return int(await redis.hdel(key, *done)) if done else 0  # type: ignore[misc]
+
+
+def _reached(owed: Owed, receipt: ForgetReceipt) -> bool:
+    """Did the complete forget ``receipt`` remove all ``owed`` (of the same scope) owes?"""
+    assert receipt.cutoff is not None
+    if owed.written_before is None or receipt.written_before is None:
+        return owed.written_before is None and owed.cutoff <= receipt.cutoff
+    if receipt.before is not None and (owed.before is None or owed.before > receipt.before):
+        return False
+    return owed.written_before <= receipt.written_before
 
 
 def new_erasure_id() -> str:

@@ -2,9 +2,13 @@
 rows it covers, in one transaction under the project's advisory lock (the consolidator holds
 it shared while it writes), and the record made complete once every place is cleared.
 
-The cutoff is decided here, once the lock is held: the later of Postgres's clock and Redis's
-(stream ids), or ``before`` when earlier; a forget still owed (``worker.erasure.owed``) keeps
-the cutoff it was given, and then removes only what occurred before it.
+The instant the forget takes effect (``written_before``) is decided here, once the lock is held:
+the later of Postgres's clock and Redis's (stream ids); the cutoff is that, or ``before`` when
+earlier. It removes the rows written before that instant (``recorded_at``) whose ``occurred_at``
+is in its range (``before``, ``since``: none, all of them). A forget still owed
+(``worker.erasure.owed``) keeps the instant and cutoff it was given, so finishing it never
+removes what was written after it; one owed since before migration 0011 (no instant) removes
+what occurred before its cutoff, as it did.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from __future__ import annotations
 import uuid
 from datetime import datetime
 
-from sqlalchemy import ColumnElement, column, delete, func, select, table, update
+from sqlalchemy import ColumnElement, and_, column, delete, func, or_, select, table, update
 from sqlalchemy.dialects.postgresql import UUID as PG_UUID
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -32,30 +36,48 @@ async def forget_rows(
     found: Found,
     redis_now: datetime | None,
     fixed_cutoff: datetime | None = None,
+    fixed_written: datetime | None = None,
 ) -> None:
-    """Write the erasure record (not yet complete) and delete the rows it covers; with
-    ``fixed_cutoff`` (an owed forget finished), only rows that occurred before it."""
+    """Write the erasure record (not yet complete) and delete the rows it covers: written
+    before the forget took effect and, when it names a time of the data, in it. With
+    ``fixed_cutoff`` and ``fixed_written`` (an owed forget finished), those it was recorded
+    with; ``fixed_cutoff`` alone (owed since before migration 0011), rows that occurred
+    before it."""
     project, session, user = receipt.project_id, receipt.session_id, receipt.user_id
     before, since = receipt.before, receipt.since
+    tables_before = before  # facts and blocks: those recorded before it
     if fixed_cutoff is not None:
-        before = fixed_cutoff if before is None else min(before, fixed_cutoff)
+        tables_before = fixed_cutoff if before is None else min(before, fixed_cutoff)
+        if fixed_written is None:
+            before = tables_before
     async with engine.begin() as conn:
         await lock_project(conn, project)
-        if user is not None:  # the user's sessions: their results go, their keys are marked
-            found.sessions.update(await user_sessions(conn, project, session, before, user, since))
-            found.holders.update(await session_holders(conn, project, found.sessions))
-        episodes = row_scope(Episode, project, session, before, user, since=since)
-        events = row_scope(
-            LifecycleEvent, project, session, before, user, found.sessions, since=since
-        )
         if fixed_cutoff is None:
             # After the lock: every row a writer committed before it is older than the cutoff.
             now: datetime = (await conn.execute(select(func.clock_timestamp()))).scalar_one()
             if redis_now is not None:
                 now = max(now, redis_now)
             receipt.cutoff = min(now, receipt.before) if receipt.before is not None else now
+            receipt.written_before = now
         else:
-            receipt.cutoff = fixed_cutoff
+            receipt.cutoff, receipt.written_before = fixed_cutoff, fixed_written
+        written = receipt.written_before
+        if user is not None:  # the user's sessions: their results go, their keys are marked
+            found.sessions.update(await user_sessions(conn, project, session, before, user, since))
+            found.holders.update(await session_holders(conn, project, found.sessions))
+        episodes = row_scope(
+            Episode, project, session, before, user, since=since, written_before=written
+        )
+        events = row_scope(
+            LifecycleEvent,
+            project,
+            session,
+            before,
+            user,
+            found.sessions,
+            since=since,
+            written_before=written,
+        )
         vectors = await _count_vectors(conn, episodes)
         if receipt.dry_run:
             found.sessions.update(
@@ -100,7 +122,7 @@ async def forget_rows(
         if session is None:  # facts, blocks, the feed's outbox: a user's (no user: the whole
             # project's), of no session (a session's forget leaves them, as LoomFlow's does)
             tables = await forget_user_tables(
-                conn, project, user, before, dry_run=receipt.dry_run, since=since
+                conn, project, user, tables_before, dry_run=receipt.dry_run, since=since
             )
     receipt.postgres.update(
         episodes=n_episodes, lifecycle_events=n_events, episode_embeddings=vectors
@@ -122,6 +144,7 @@ async def write_record(conn: AsyncConnection, receipt: ForgetReceipt) -> None:
             before=receipt.before,
             since=receipt.since,
             cutoff=receipt.cutoff,
+            written_before=receipt.written_before,
             user_id=receipt.user_id,
             completed_at=None,
         )
@@ -152,12 +175,26 @@ async def store_counts(engine: AsyncEngine, receipt: ForgetReceipt) -> int:
                 Erasure.session_id.is_not_distinct_from(receipt.session_id),
                 Erasure.user_id.is_not_distinct_from(receipt.user_id),
                 Erasure.since.is_not_distinct_from(receipt.since),
-                Erasure.cutoff <= receipt.cutoff,
+                _reached(receipt),
             )
             .values(completed_at=func.now())
             .returning(Erasure.id)
         )
         return len(settled.all())
+
+
+def _reached(receipt: ForgetReceipt) -> ColumnElement[bool]:
+    """An owed erasure of the same scope this complete one removed all of: written-before
+    instant and ``before`` (none: all time) within its own; one of before migration 0011, by
+    its cutoff."""
+    assert receipt.cutoff is not None
+    old = and_(Erasure.written_before.is_(None), Erasure.cutoff <= receipt.cutoff)
+    if receipt.written_before is None:
+        return old
+    within = Erasure.written_before <= receipt.written_before
+    if receipt.before is not None:
+        within = and_(within, Erasure.before <= receipt.before)
+    return or_(old, within)
 
 
 async def _count(

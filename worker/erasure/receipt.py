@@ -26,6 +26,9 @@ class ForgetReceipt:
     errors: list[str] = field(default_factory=list)
     since: datetime | None = None
     """The range's start (included) when the forget was of ``[since, before)``."""
+    written_before: datetime | None = None
+    """When the forget took effect: it covers what was written before it (None: a forget
+    recorded before migration 0011, still owed: it covers by ``cutoff``)."""
     owed: str | None = None
     """Where the record of this forget, still owed, is kept (``postgres`` or ``redis``:
     ``worker.erasure.owed``); None: complete, or not recorded."""

@@ -104,10 +104,14 @@ def row_scope(
     user: str | None = None,
     sessions: Collection[str] = (),
     since: datetime | None = None,
+    written_before: datetime | None = None,
 ) -> list[ColumnElement[bool]]:
     """The rows a forget removes (and an export returns); with ``user``, that user's only
-    (results: of the user's ``sessions`` too)."""
+    (results: of the user's ``sessions`` too); with ``written_before``, only rows written
+    (``recorded_at``) before it: what was written after a forget is never its to remove."""
     conditions = [model.project_id == project_id]
+    if written_before is not None:
+        conditions.append(model.recorded_at < written_before)
     if session_id is not None:
         conditions.append(model.session_id == session_id)
     if before is not None:
