@@ -16,7 +16,8 @@ A user's erasure is also a field ``project@user`` of each shard's ``P:{i}:erased
 spawn naming the user published before the cutoff is rejected ``forgotten``.
 
 ``entry_scope`` also tells forget which stream entries carry a project: a command, a result or
-an announcement (its ``data``), or a dead letter of any of them (the original entry's fields;
+an announcement (its ``data``), or a dead letter of any of them (an entry of a DLQ stream,
+``worker.keys.is_dlq_stream``, never one whose fields look like one: the original entry's fields;
 of an excerpt, or of an entry that is no whole JSON object, the fields whole in it, and an
 excerpt's ids recorded beside it). An entry whose ``data`` the worker's reader (orjson)
 refuses, a lone surrogate ``"\\ud83d"`` or a number past a double ``1e400`` in it, is read

@@ -2,14 +2,14 @@
 (``scrub_streams``, for forget: ``worker.erasure.forget``).
 
 Every stream under the prefix is read: commands, results, ``P:episodes``, every DLQ, and any
-stream a replay published to. An entry is the scope's when its ``data`` (a dead letter: its
-original entry's; an entry without one: its bare fields) names the project (and session), and,
-with ``before``, when its stream id is older; a session's forget also takes the change feed's
-events of the facts it deleted (``fact_ids``). Stream entries cannot be edited: each is
-acknowledged in every group of its stream and deleted, in one MULTI, so no group keeps it
-pending; trimming (``MINID``) and replay ranges (``XRANGE``) step over the gaps.
-``memory.forgotten`` events and ``forgotten`` rejections name the project with ids only, and
-are kept.
+stream a replay published to. An entry is the scope's when its ``data`` (a dead letter, an
+entry of a DLQ stream: its original entry's; an entry without one: its bare fields) names the
+project (and session), and, with ``before``, when its stream id is older; a session's forget
+also takes the change feed's events of the facts it deleted (``fact_ids``). Stream entries
+cannot be edited: each is acknowledged in every group of its stream and deleted, in one MULTI,
+so no group keeps it pending; trimming (``MINID``) and replay ranges (``XRANGE``) step over
+the gaps. ``memory.forgotten`` events and ``forgotten`` rejections name the project with ids
+only, and are kept.
 
 With a user (``worker.erasure.users``), an entry is the scope's when it is that user's
 data: it names the user (a spawn, every result of the user's sessions, the change feed's
