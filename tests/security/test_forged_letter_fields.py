@@ -3,8 +3,10 @@
 and replay read it by its ``data`` and date it by its own stream id, on real Redis and
 Postgres. Only an entry of a DLQ stream is a dead letter. Before, ``source_id abc`` made every
 forget of every project and ``replay lifecycle`` crash (``int('abc')``), ``source_stream``
-hid the command from every forget and export (read as a dead letter of nothing), and
-``source_id 1-0`` made a time-range forget judge it by that fake time."""
+made the command read as a dead letter (with ``truncated true`` and ``original_project_id``
+beside it, or a ``data`` inside its JSON, it named another project or none: hidden from every
+forget and export), and ``source_id 1-0`` made a time-range forget judge it by that fake
+time."""
 
 from __future__ import annotations
 
