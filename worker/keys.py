@@ -94,6 +94,21 @@ def all_changes_streams(prefix: str, shards: int) -> list[str]:
     return [f"{prefix}:{CHANGES}:{tag(i)}" for i in range(shards)]
 
 
+_SHARD_TAG = re.compile(r"\{[0-9]+\}")
+
+
+def is_dlq_stream(prefix: str, stream: str) -> bool:
+    """Whether ``stream`` is one of the DLQs under ``prefix`` (``P:dlq:{i}``,
+    ``P:dlq:episodes``, ``P:dlq:changes``): only their entries are dead letters, written by
+    the worker, whose ``source_stream``, ``source_id`` and ``original_*`` fields say what they
+    kept. On any other stream such fields are a publisher's, next to its ``data``, and mean
+    nothing: the entry is read by its ``data`` and dated by its own id."""
+    rest = stream.removeprefix(f"{prefix}:{DLQ}:")
+    if rest == stream:
+        return False
+    return rest in (EPISODES, CHANGES) or _SHARD_TAG.fullmatch(rest) is not None
+
+
 def erased_key(prefix: str) -> str:
     """The hash of erasures (``worker.erasure.erased``): ``project``, ``project/session``
     (``@user``) → the cutoff (ms) of its latest ``forget``. Ids and times only; kept for good."""

@@ -21,7 +21,7 @@ from worker.consolidation.consolidator import Consolidator
 from worker.db.engine import create_database_engine
 from worker.episodes.store import EpisodeStore
 from worker.erasure.erased import entry_body
-from worker.keys import SessionKeys
+from worker.keys import SessionKeys, is_dlq_stream
 from worker.lifecycle.client import LifecycleClient
 from worker.memory import WorkingMemory
 from worker.settings import Settings
@@ -84,7 +84,8 @@ async def _all_entries(redis: Redis, prefix: str) -> dict[tuple[str, str], dict[
     async for raw in redis.scan_iter(match=f"{prefix}:*", _type="stream"):
         name = raw.decode()
         for entry_id, fields in await redis.xrange(name):
-            found[(name, entry_id.decode())] = entry_body(fields)
+            letter = is_dlq_stream(prefix, name)
+            found[(name, entry_id.decode())] = entry_body(fields, dead_letter=letter)
     return found
 
 

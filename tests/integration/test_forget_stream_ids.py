@@ -16,7 +16,7 @@ from tests.helpers import running_worker
 from tests.integration.test_client_and_cli import memworker
 from tests.integration.test_forget import live
 from worker.erasure.erased import entry_scope
-from worker.keys import StreamKeys, shard_of
+from worker.keys import StreamKeys, is_dlq_stream, shard_of
 from worker.lifecycle.client import LifecycleClient
 from worker.settings import Settings
 
@@ -32,7 +32,8 @@ async def _of_project(redis: Redis, prefix: str, project: str) -> list[tuple[str
             data = fields.get(b"data", b"")
             if b"memory.forgotten" in data or b'"reason":"forgotten"' in data:
                 continue
-            if entry_scope(fields)[0] == project:
+            letter = is_dlq_stream(prefix, raw.decode())
+            if entry_scope(fields, dead_letter=letter)[0] == project:
                 found.append((raw.decode(), entry_id.decode()))
     return found
 

@@ -158,7 +158,11 @@ def publish(
         raise typer.Exit(REJECTED_EXIT_STATUS)
 
 
-def _print_entry(stream: str, entry_id: str, fields: dict[bytes, bytes], as_json: bool) -> None:
+def _print_entry(
+    stream: str, entry_id: str, fields: dict[bytes, bytes], as_json: bool, letter: bool
+) -> None:
+    """One entry as ``tail`` shows it; ``letter``: a dead letter (its stream is a DLQ: a
+    command's own ``source_stream`` field never makes it one)."""
     decoded = {k.decode(): v.decode("utf-8", "replace") for k, v in fields.items()}
     data: Any = decoded.get("data")
     if data is not None:
@@ -180,7 +184,7 @@ def _print_entry(stream: str, entry_id: str, fields: dict[bytes, bytes], as_json
             flush=True,
         )
         return
-    if isinstance(data, dict) and "source_stream" not in decoded:
+    if isinstance(data, dict) and not letter:
         kind = data.get("type", "?")
         who = f"{data.get('project_id', '')}/{data.get('session_id', '')}"
         extra = data.get("reason") or data.get("episode_id") or data.get("checkpoint_id") or ""
@@ -226,7 +230,7 @@ def tail(
                 name = stream.decode()
                 for entry_id, fields in entries:
                     positions[name] = entry_id.decode()
-                    _print_entry(name, entry_id.decode(), fields, as_json)
+                    _print_entry(name, entry_id.decode(), fields, as_json, what == "dlq")
                     seen += 1
                     if count is not None and seen >= count:
                         return

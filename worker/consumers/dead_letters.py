@@ -31,7 +31,9 @@ it was over (the worker never parses a ``data`` over 4 x ``MEMWORKER_MAX_EVENT_B
 class ErasureCheck(Protocol):
     """What a redrive asks of the erasure record (``worker.erasure.erased.ErasedIndex``)."""
 
-    def covers_entry(self, entry_id: str | bytes, fields: Mapping[Any, Any]) -> bool: ...
+    def covers_entry(
+        self, entry_id: str | bytes, fields: Mapping[Any, Any], *, dead_letter: bool
+    ) -> bool: ...
 
 
 def entry_fields_json(fields: Mapping[Any, Any]) -> str:
@@ -171,7 +173,9 @@ async def redrive(
     """Publish dead letters' original entries back to their source streams, then drop them.
 
     Each entry is re-added and deleted in one MULTI/EXEC, so a redrive is never lost or
-    doubled. Without ``entry_ids`` every dead letter of the stream is redriven. A dead letter
+    doubled. ``stream`` is a DLQ (``worker.keys.is_dlq_stream``): only there do an entry's
+    ``source_stream`` and ``source_id`` say where it came from. Without ``entry_ids`` every
+    dead letter of the stream is redriven. A dead letter
     a ``memworker forget`` covered (``erased``, ``worker.erasure.erased``) is dropped, never
     republished. A truncated one (an excerpt of an entry over the bound: ``dead_letter``) is
     left in place: its entry is not kept whole, and it would be refused again.
@@ -185,7 +189,7 @@ async def redrive(
             rows += await redis.xrange(stream, min=entry_id, max=entry_id)
     moved = 0
     for entry_id, fields in rows:
-        if erased is not None and erased.covers_entry(entry_id, fields):
+        if erased is not None and erased.covers_entry(entry_id, fields, dead_letter=True):
             await redis.xdel(stream, entry_id)
             continue
         if fields.get(b"truncated") == b"true":

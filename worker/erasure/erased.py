@@ -16,7 +16,8 @@ A user's erasure is also a field ``project@user`` of each shard's ``P:{i}:erased
 spawn naming the user published before the cutoff is rejected ``forgotten``.
 
 ``entry_scope`` also tells forget which stream entries carry a project: a command, a result or
-an announcement (its ``data``), or a dead letter of any of them (the original entry's fields;
+an announcement (its ``data``), or a dead letter of any of them (an entry of a DLQ stream,
+``worker.keys.is_dlq_stream``, never one whose fields look like one: the original entry's fields;
 of an excerpt, or of an entry that is no whole JSON object, the fields whole in it, and an
 excerpt's ids recorded beside it). An entry whose ``data`` the worker's reader (orjson)
 refuses, a lone surrogate ``"\\ud83d"`` or a number past a double ``1e400`` in it, is read
@@ -45,10 +46,10 @@ from worker.codec import (
 from worker.keys import erased_key, erased_ranges_key, erased_users_key
 
 
-def entry_scope(fields: Mapping[Any, Any]) -> tuple[str | None, str | None]:
+def entry_scope(fields: Mapping[Any, Any], *, dead_letter: bool) -> tuple[str | None, str | None]:
     """``(project_id, session_id)`` an entry carries (None when it carries none); a dead
-    letter's are its original entry's."""
-    body = entry_body(fields)
+    letter's (``dead_letter``: an entry of a DLQ stream) are its original entry's."""
+    body = entry_body(fields, dead_letter=dead_letter)
     project, session = body.get("project_id"), body.get("session_id")
     return (
         project if isinstance(project, str) else None,
@@ -56,10 +57,13 @@ def entry_scope(fields: Mapping[Any, Any]) -> tuple[str | None, str | None]:
     )
 
 
-def entry_body(fields: Mapping[Any, Any]) -> dict[str, Any]:
+def entry_body(fields: Mapping[Any, Any], *, dead_letter: bool) -> dict[str, Any]:
     """The JSON object an entry carries (a dead letter: its original entry's); ``{}``: none.
-    A dead letter whose original ``data`` is no whole JSON object (an excerpt of an entry too
-    large to keep whole, or a broken one) gives the top-level fields that are whole in it
+    Whether it is a dead letter is its stream's to say (``dead_letter``: the entry is on a
+    DLQ, ``worker.keys.is_dlq_stream``), never its fields': a command carrying a
+    ``source_stream`` of its own beside its ``data`` is read by its ``data``. A dead letter
+    whose original ``data`` is no whole JSON object (an excerpt of an entry too large to keep
+    whole, or a broken one) gives the top-level fields that are whole in it
     (``codec.leading_fields``) and, over them, the ids recorded beside an excerpt from the
     whole entry (``codec.recorded_ids``: ``original_project_id`` …): those say whose it is
     wherever in the entry they were."""
@@ -67,7 +71,7 @@ def entry_body(fields: Mapping[Any, Any]) -> dict[str, Any]:
         body = decode_entry(fields)
     except (UnusableEntryError, ValueError):
         return lenient_body(fields)
-    if "source_stream" in fields or b"source_stream" in fields:  # a dead letter
+    if dead_letter:
         try:
             body = decode_entry(body)
         except (UnusableEntryError, ValueError):
@@ -162,9 +166,34 @@ def scope_field(project_id: str, session_id: str | None, user_id: str | None) ->
     return field_ if user_id is None else f"{field_}@{user_id}"
 
 
+_STREAM_ID = re.compile(r"([0-9]{1,20})(?:-([0-9]{1,20}))?")
+
+
+def stream_id_parts(value: str | bytes) -> tuple[int, int] | None:
+    """``(ms, seq)`` of a stream id (``1700000000000-0``; the ms alone: seq 0); None when
+    ``value`` is no stream id."""
+    match = _STREAM_ID.fullmatch(text(value))
+    return None if match is None else (int(match[1]), int(match[2] or 0))
+
+
 def entry_ms(entry_id: str | bytes) -> int:
-    """The millisecond a stream id says its entry was added."""
-    return int(text(entry_id).partition("-")[0])
+    """The millisecond a stream id says its entry was added (0 for no stream id)."""
+    return (stream_id_parts(entry_id) or (0, 0))[0]
+
+
+def letter_source_id(fields: Mapping[Any, Any]) -> tuple[int, int] | None:
+    """``(ms, seq)`` of the entry a dead letter kept (its ``source_id``); None when it has
+    none or it is no stream id (the letter is then dated by its own id). Only for an entry of
+    a DLQ stream: on any other stream a ``source_id`` is a publisher's field, meaningless."""
+    source = fields.get("source_id", fields.get(b"source_id"))
+    return stream_id_parts(source) if source else None
+
+
+def added_ms(entry_id: str | bytes, fields: Mapping[Any, Any], *, dead_letter: bool) -> int:
+    """The millisecond an entry was added: its id's; a dead letter's, its source entry's
+    (``letter_source_id``), or its own id's when that says nothing."""
+    source = letter_source_id(fields) if dead_letter else None
+    return source[0] if source is not None else entry_ms(entry_id)
 
 
 @dataclass(slots=True)
@@ -195,14 +224,16 @@ class ErasedIndex:
                 return True
         return False
 
-    def covers_entry(self, entry_id: str | bytes, fields: Mapping[Any, Any]) -> bool:
-        """True when a forget covered this stream entry (a dead letter: by its source id)."""
+    def covers_entry(
+        self, entry_id: str | bytes, fields: Mapping[Any, Any], *, dead_letter: bool
+    ) -> bool:
+        """True when a forget covered this stream entry (``dead_letter``: an entry of a DLQ
+        stream, dated by its source id; any other by its own id, whatever fields it carries)."""
         if not self.cutoffs and not self.ranges:
             return False
-        body = entry_body(fields)
+        body = entry_body(fields, dead_letter=dead_letter)
         project, session = body.get("project_id"), body.get("session_id")
-        source = fields.get("source_id", fields.get(b"source_id"))
-        at = entry_ms(source) if source else entry_ms(entry_id)
+        at = added_ms(entry_id, fields, dead_letter=dead_letter)
         return self.covers(
             project if isinstance(project, str) else None,
             session if isinstance(session, str) else None,

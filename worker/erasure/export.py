@@ -24,9 +24,10 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 from worker import codec
 from worker.db.models import Episode, LifecycleEvent
 from worker.db.vectors import VECTOR_TABLE, has_vector_table, parse_vector
+from worker.erasure.lives import UserScope
 from worker.erasure.scope import ForgetScope, row_scope
 from worker.erasure.session_facts import export_session_facts
-from worker.erasure.streams import UserScope, scope_entries
+from worker.erasure.streams import scope_entries
 from worker.erasure.users import (
     USER_TABLES,
     export_user_tables,

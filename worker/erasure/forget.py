@@ -62,6 +62,7 @@ from redis.asyncio import Redis
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from worker.erasure.erased import record_erased
+from worker.erasure.lives import UserScope
 from worker.erasure.owed import (
     OWED_GRACE_S,
     Owed,
@@ -74,7 +75,7 @@ from worker.erasure.postgres import forget_rows, store_counts
 from worker.erasure.receipt import ForgetReceipt, Found
 from worker.erasure.scope import ForgetScope
 from worker.erasure.sessions import forget_counters, mark_live, mark_seen, shard_count
-from worker.erasure.streams import FORGOTTEN_EVENT, UserScope, scrub_streams
+from worker.erasure.streams import FORGOTTEN_EVENT, scrub_streams
 from worker.errors import ActionableError, one_line
 from worker.keys import episodes_stream
 

@@ -2,14 +2,14 @@
 (``scrub_streams``, for forget: ``worker.erasure.forget``).
 
 Every stream under the prefix is read: commands, results, ``P:episodes``, every DLQ, and any
-stream a replay published to. An entry is the scope's when its ``data`` (a dead letter: its
-original entry's; an entry without one: its bare fields) names the project (and session), and,
-with ``before``, when its stream id is older; a session's forget also takes the change feed's
-events of the facts it deleted (``fact_ids``). Stream entries cannot be edited: each is
-acknowledged in every group of its stream and deleted, in one MULTI, so no group keeps it
-pending; trimming (``MINID``) and replay ranges (``XRANGE``) step over the gaps.
-``memory.forgotten`` events and ``forgotten`` rejections name the project with ids only, and
-are kept.
+stream a replay published to. An entry is the scope's when its ``data`` (a dead letter, an
+entry of a DLQ stream: its original entry's; an entry without one: its bare fields) names the
+project (and session), and, with ``before``, when its stream id is older; a session's forget
+also takes the change feed's events of the facts it deleted (``fact_ids``). Stream entries
+cannot be edited: each is acknowledged in every group of its stream and deleted, in one MULTI,
+so no group keeps it pending; trimming (``MINID``) and replay ranges (``XRANGE``) step over
+the gaps. ``memory.forgotten`` events and ``forgotten`` rejections name the project with ids
+only, and are kept.
 
 With a user (``worker.erasure.users``), an entry is the scope's when it is that user's
 data: it names the user (a spawn, every result of the user's sessions, the change feed's
@@ -22,7 +22,6 @@ Postgres, in live ``meta`` hashes and in these entries). docs/contract.md, "Forg
 
 from __future__ import annotations
 
-from bisect import bisect_right
 from collections.abc import AsyncIterator, Collection, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -31,9 +30,10 @@ from typing import Any
 from redis.asyncio import Redis
 
 from worker import codec
-from worker.erasure.erased import entry_body, entry_ms, entry_scope, user_of
+from worker.erasure.erased import added_ms, entry_body, entry_ms, entry_scope
+from worker.erasure.lives import Lives, UserScope, life_position
 from worker.erasure.session_facts import FACT_EVENTS
-from worker.keys import escape_glob
+from worker.keys import escape_glob, is_dlq_stream
 
 SCAN_COUNT = 1_000
 XRANGE_BATCH = 1_000
@@ -55,146 +55,6 @@ def _kept(fields: dict[Any, Any]) -> bool:
     return body.get("type") == FORGOTTEN_EVENT or body.get("reason") == FORGOTTEN_REASON
 
 
-LIFE_STREAMS = (":lifecycle:{", ":results:{")
-"""The streams whose entries a session's lives are told apart on: its shard's commands and
-results (a dead letter is placed where its source entry was)."""
-
-
-def _position(stream: str, entry_id: Any, fields: dict[Any, Any]) -> tuple[str, int, int]:
-    """Where an entry sits among its session's lives: its stream and id (a dead letter: its
-    source entry's)."""
-    source = fields.get(b"source_id", fields.get("source_id"))
-    source_stream = fields.get(b"source_stream", fields.get("source_stream"))
-    if source and source_stream:
-        stream, entry_id = codec.text(source_stream), source
-    ms, _, seq = codec.text(entry_id).partition("-")
-    return stream, int(ms), int(seq or 0)
-
-
-@dataclass(slots=True)
-class Lives:
-    """The lives of each session id as the streams show them (a session id may be spawned
-    again, for another user, once its tombstone is gone): the spawn points of each session on
-    each stream (a spawn command, an ``agent.spawned`` result: its id and its user, ``''`` for
-    none), the user of each spawn by its ``event_id``, and the user each applied command's
-    result names (by the command's ``event_id``)."""
-
-    spawns: dict[tuple[str, str], list[tuple[int, int, str, str]]] = field(default_factory=dict)
-    spawn_users: dict[str, str] = field(default_factory=dict)
-    result_users: dict[str, str] = field(default_factory=dict)
-    refused: set[str] = field(default_factory=set)
-    """Spawns that started no life (their result: ``command.rejected``), by ``event_id``."""
-    streams_of: dict[str, set[str]] = field(default_factory=dict)
-    _sorted: dict[tuple[str, str], list[tuple[int, int, str, str]]] = field(default_factory=dict)
-
-    def see(self, stream: str, entry_id: Any, fields: dict[Any, Any], body: dict[str, Any]) -> None:
-        """Note an entry of the project (``body``: its ``entry_body``)."""
-        session = body.get("session_id")
-        if not isinstance(session, str):
-            return
-        user = body.get("user_id")
-        user = user if isinstance(user, str) else ""
-        kind = body.get("type")
-        cause = body.get("causation_id")
-        if kind in ("spawn", "agent.spawned"):
-            spawn_id = body.get("event_id" if kind == "spawn" else "causation_id")
-            spawn_id = spawn_id if isinstance(spawn_id, str) else ""
-            at, ms, seq = _position(stream, entry_id, fields)
-            if any(mark in at for mark in LIFE_STREAMS):
-                self.spawns.setdefault((at, session), []).append((ms, seq, user, spawn_id))
-                self.streams_of.setdefault(session, set()).add(at)
-            if spawn_id:
-                self.spawn_users[spawn_id] = user
-        elif isinstance(cause, str):
-            if user:
-                self.result_users[cause] = user
-            if kind == "command.rejected" and body.get("command") == "spawn":
-                self.refused.add(cause)
-
-    def _points(self, stream: str, session: str) -> list[tuple[int, int, str, str]]:
-        """The session's spawns on the stream that started a life, in order (read once the
-        first pass is over: sorted once)."""
-        key = (stream, session)
-        if key not in self._sorted:
-            points = self.spawns.get(key, ())
-            self._sorted[key] = sorted(p for p in points if p[3] not in self.refused)
-        return self._sorted[key]
-
-    def user_of_life(
-        self, body: dict[str, Any], session: str, position: tuple[str, int, int]
-    ) -> str | None:
-        """The user of the life an entry that names no user belongs to (None: unknown): the
-        spawn its ``spawn_event_id`` names; else the user its result named when it was
-        applied; else, on its stream, the latest spawn of the session before it (none: the
-        first after it, a command published ahead of its spawn); a refused spawn starts no
-        life."""
-        spawn_id = body.get("spawn_event_id")
-        if isinstance(spawn_id, str) and spawn_id in self.spawn_users:
-            return self.spawn_users[spawn_id]
-        event_id = body.get("event_id")
-        if "causation_id" not in body and event_id in self.result_users:
-            return self.result_users[event_id]
-        points = self._points(position[0], session)
-        if not points:
-            return None
-        at = bisect_right(points, (position[1], position[2], "\U0010ffff", ""))
-        return points[at - 1][2] if at else points[0][2]
-
-    def holder(self, session: str) -> str | None:
-        """The user of the session id's latest life the streams show (None: none shown)."""
-        streams = self.streams_of.get(session, ())
-        latest = max((p for at in streams for p in self._points(at, session)), default=None)
-        return None if latest is None else latest[2]
-
-
-@dataclass(frozen=True, slots=True)
-class UserScope:
-    """A user's part of a scope: the user (``''``: no user), the user's sessions, the ids
-    of the user's deleted episodes (their announcements go too), and the sessions' lives
-    (``Lives``: which life of a reused session id an entry that names no user is of)."""
-
-    user: str
-    sessions: Collection[str] = ()
-    episode_ids: Collection[str] = ()
-    lives: Lives = field(default_factory=Lives)
-
-    def owns(
-        self,
-        body: dict[str, Any],
-        session: str | None,
-        position: tuple[str, int, int] | None = None,
-    ) -> bool:
-        """Whether the entry is the user's data. An entry that names a user is that user's
-        only; an announcement of an episode is of the episode's user (``episode_ids``); an
-        entry of a session that names no user (a later command, a rejection) is of the life of
-        the session it belongs to (``Lives.user_of_life``), and, when no life is shown (its
-        spawn trimmed), of the user's sessions' (``sessions``)."""
-        if body.get("type") == "episode.recorded":
-            return body.get("episode_id") in self.episode_ids
-        named = body.get("user_id")
-        if isinstance(named, str) and named:
-            return named == self.user
-        episode = body.get("episode_id")
-        if isinstance(episode, str) and episode in self.episode_ids:
-            return True
-        life_entry = position is not None and any(m in position[0] for m in LIFE_STREAMS)
-        if session is None or ("user_id" in body and not life_entry):
-            return user_of(body) == self.user  # of no session, or a change-feed event
-        if position is not None and life_entry:
-            life = self.lives.user_of_life(body, session, position)
-            if life is not None:
-                return life == self.user
-        return session in self.sessions or (self.user == "" and user_of(body) == "")
-
-    def starts_session(self, body: dict[str, Any]) -> bool:
-        """An entry that says its session is the user's: a spawn, or a result (the change
-        feed's events name a turn's session: the caller's, not one of ours)."""
-        if self.user:
-            session_entry = "causation_id" in body or body.get("type") == "spawn"
-            return session_entry and user_of(body) == self.user
-        return user_of(body) == "" and body.get("type") in ("spawn", "agent.spawned")
-
-
 def _covers(
     project_id: str,
     session_id: str | None,
@@ -206,21 +66,22 @@ def _covers(
     since_ms: int | None = None,
     stream: str = "",
     fact_ids: Collection[str] = (),
+    letter: bool = False,
 ) -> bool:
     """Whether a forget of the scope deletes this entry: the scope's, and (when ``cutoff_ms``)
     added before the cutoff (``at_ms``: ``AddedAt``), and (when ``since_ms``) not before that;
     or a change-feed event of one of ``fact_ids`` (facts the forget deleted) added before the
-    cutoff."""
-    if fact_ids and _of_facts(project_id, fact_ids, cutoff_ms, at_ms, fields):
+    cutoff. ``letter``: the entry is a dead letter (its stream is a DLQ)."""
+    if fact_ids and _of_facts(project_id, fact_ids, cutoff_ms, at_ms, fields, letter):
         return True
-    if not _older(project_id, session_id, cutoff_ms, at_ms, fields):
+    if not _older(project_id, session_id, cutoff_ms, at_ms, fields, letter):
         return False
     if since_ms is not None and at_ms < since_ms:
         return False
     if user is not None:
-        body = entry_body(fields)
-        position = _position(stream, entry_id, fields)
-        if not user.owns(body, entry_scope(fields)[1], position):
+        body = entry_body(fields, dead_letter=letter)
+        position = life_position(stream, entry_id, fields, letter)
+        if not user.owns(body, entry_scope(fields, dead_letter=letter)[1], position):
             return False
     return not _kept(fields)
 
@@ -231,6 +92,7 @@ def _of_facts(
     cutoff_ms: int | None,
     at_ms: int,
     fields: dict[Any, Any],
+    letter: bool,
 ) -> bool:
     """A change-feed event (``fact.added``, ``fact.superseded``; a dead letter of one) of one
     of ``fact_ids`` in the project, added before the cutoff: a session's forget deleted the
@@ -241,7 +103,7 @@ def _of_facts(
         v if isinstance(v, bytes) else str(v).encode() for v in fields.values()
     ):
         return False  # cheap: most entries are another project's (the feed's ids are plain)
-    body = entry_body(fields)
+    body = entry_body(fields, dead_letter=letter)
     fact = body.get("fact_id")
     return (
         body.get("project_id") == project_id
@@ -257,6 +119,7 @@ def _older(
     cutoff_ms: int | None,
     at_ms: int,
     fields: dict[Any, Any],
+    letter: bool,
 ) -> bool:
     """The entry names the project (and session), and (when ``cutoff_ms``) was added before it
     (``at_ms``: ``AddedAt``). The project is matched as the worker reads it, from the parsed
@@ -265,7 +128,7 @@ def _older(
     raw = b"".join(v if isinstance(v, bytes) else str(v).encode() for v in fields.values())
     if project_id.encode() not in raw and b"\\u" not in raw:
         return False  # cheap: most entries are another project's
-    project, session = entry_scope(fields)
+    project, session = entry_scope(fields, dead_letter=letter)
     if project != project_id:
         return False
     if session_id is not None and session != session_id:
@@ -276,7 +139,9 @@ def _older(
 @dataclass(slots=True)
 class AddedAt:
     """When each entry of one stream was added, read in stream order, as far as ids can say:
-    its id's millisecond (a dead letter: its source entry's), unless that is later than the
+    its id's millisecond (on a DLQ, ``letters``: a dead letter's source entry's, when its
+    ``source_id`` is a stream id; an entry of any other stream is dated by its own id whatever
+    fields it carries), unless that is later than the
     scan's start (``now_ms``, Redis's clock): an id given by hand in the future makes Redis give
     every later entry of the stream an id past it, so such an id says nothing of when its entry
     was added; it counts as added when the last entry before it with an id not in the future
@@ -284,6 +149,7 @@ class AddedAt:
     because a stream's ids ran ahead of the clock."""
 
     now_ms: int
+    letters: bool
     last_ms: int = 0
 
     def __call__(self, entry_id: Any, fields: dict[Any, Any]) -> int:
@@ -292,9 +158,8 @@ class AddedAt:
             self.last_ms = ms
         else:
             ms = self.last_ms
-        source = fields.get(b"source_id", fields.get("source_id"))
-        if source:
-            source_ms = entry_ms(source)
+        if self.letters:
+            source_ms = added_ms(entry_id, fields, dead_letter=True)
             return source_ms if source_ms <= self.now_ms else ms
         return ms
 
@@ -320,14 +185,15 @@ async def with_stream_sessions(
     sessions = set(user.sessions)
     lives = Lives()
     for stream in await _streams(redis, prefix):
-        added_at = AddedAt(now_ms)
+        letters = is_dlq_stream(prefix, stream)
+        added_at = AddedAt(now_ms, letters)
         async for rows in _batches(redis, stream):
             for entry_id, fields in rows:
                 at_ms = added_at(entry_id, fields)
-                if not _older(project_id, session_id, None, at_ms, fields):
+                if not _older(project_id, session_id, None, at_ms, fields, letters):
                     continue
-                body = entry_body(fields)  # parsed once: this pass reads every entry
-                lives.see(stream, entry_id, fields, body)
+                body = entry_body(fields, dead_letter=letters)  # parsed once: every entry
+                lives.see(stream, entry_id, fields, body, letters)
                 if cutoff_ms is not None and at_ms >= cutoff_ms:
                     continue
                 session = body.get("session_id")
@@ -376,12 +242,21 @@ async def scope_entries(
             redis, prefix, project_id, session_id, before_ms, user, now_ms
         )
     for stream in await _streams(redis, prefix):
-        added_at = AddedAt(now_ms)
+        letters = is_dlq_stream(prefix, stream)
+        added_at = AddedAt(now_ms, letters)
         async for rows in _batches(redis, stream):
             for entry_id, fields in rows:
                 at_ms = added_at(entry_id, fields)
                 if _covers(
-                    project_id, session_id, before_ms, entry_id, fields, at_ms, user, stream=stream
+                    project_id,
+                    session_id,
+                    before_ms,
+                    entry_id,
+                    fields,
+                    at_ms,
+                    user,
+                    stream=stream,
+                    letter=letters,
                 ):
                     yield (
                         stream,
@@ -429,7 +304,8 @@ async def scrub_streams(
     for stream in await _streams(redis, prefix):
         groups = [codec.text(g["name"]) for g in await redis.xinfo_groups(stream)]
         removed = 0
-        added_at = AddedAt(now_ms)
+        letters = is_dlq_stream(prefix, stream)
+        added_at = AddedAt(now_ms, letters)
         async for rows in _batches(redis, stream):
             doomed = []
             for entry_id, fields in rows:
@@ -445,9 +321,10 @@ async def scrub_streams(
                     since_ms,
                     stream,
                     fact_ids,
+                    letters,
                 ):
                     doomed.append(codec.text(entry_id))
-                    met = entry_scope(fields)[1]
+                    met = entry_scope(fields, dead_letter=letters)[1]
                     if met is not None and user is None:  # a user's: from the first pass
                         out.sessions.add(met)
             if not doomed:

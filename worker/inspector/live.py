@@ -133,7 +133,7 @@ async def live(request: Request, ui: Inspector) -> Response:
     if access.user_id is None:
         for stream in dlq_streams(ui):
             for entry_id, fields in await list_dead_letters(redis, stream, LETTERS_READ):
-                project = entry_scope(fields)[0]
+                project = entry_scope(fields, dead_letter=True)[0]
                 if project is None:
                     unattributed += 1
                     continue
@@ -253,7 +253,7 @@ async def redrive_letter(request: Request, ui: Inspector) -> Response:
     if not rows or rows[0][0] != entry_id:
         raise AccessError(f"entry_id: no dead letter {entry_id} in {stream}", 404)
     fields = rows[0][1]
-    if entry_scope(fields)[0] != access.project_id:  # another project's, or nobody's
+    if entry_scope(fields, dead_letter=True)[0] != access.project_id:  # another's, or nobody's
         raise AccessError(f"entry_id: no dead letter {entry_id} of this project in {stream}", 404)
     if step == "preview":
         return ui.render(

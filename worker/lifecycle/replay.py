@@ -54,7 +54,9 @@ async def replay_lifecycle(
         erased = await load_erased(redis, settings.stream_prefix)
         counts: Counter[str] = Counter()
         async for rows in read_range(redis, stream, start, end, settings.batch_size):
-            kept = [(i, f) for i, f in rows if not erased.covers_entry(i, f)]
+            # commands, never dead letters: a ``source_id`` beside a command's ``data`` is no
+            # source (worker.keys.is_dlq_stream)
+            kept = [(i, f) for i, f in rows if not erased.covers_entry(i, f, dead_letter=False)]
             if len(kept) < len(rows):
                 counts["forgotten"] += len(rows) - len(kept)
             for outcome in await applier.apply(shard, kept, dead_letters=False) if kept else []:
