@@ -323,7 +323,10 @@ class MemoryBlockRow(Base):
     name: Mapped[str] = mapped_column(primary_key=True)
     content: Mapped[str]
     pinned_order: Mapped[int]
-    updated_at: Mapped[datetime] = mapped_column(server_default=func.now())
+    updated_at: Mapped[datetime] = mapped_column(
+        server_default=func.clock_timestamp(),
+        doc="When the block was last written (the statement's clock): what a forget covers.",
+    )
 
 
 class FactRow(Base):
@@ -340,7 +343,14 @@ class FactRow(Base):
     confidence: Mapped[float]
     valid_from: Mapped[datetime]
     valid_until: Mapped[datetime | None]
-    recorded_at: Mapped[datetime]
+    recorded_at: Mapped[datetime] = mapped_column(
+        doc="When the caller says the fact was recorded: a forget's range (before, since)."
+    )
+    written_at: Mapped[datetime] = mapped_column(
+        server_default=func.clock_timestamp(),
+        doc="When the row was written (the INSERT's clock): a forget covers a fact written"
+        " before it took effect (``worker.erasure.users``).",
+    )
     sources: Mapped[list[Any]] = mapped_column(server_default=text("'[]'::jsonb"))
     embedding: Mapped[list[float] | None] = mapped_column(
         ARRAY(Double()), doc="The triple's vector (``FactStore`` with an embedder); null: none."

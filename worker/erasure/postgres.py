@@ -4,11 +4,13 @@ it shared while it writes), and the record made complete once every place is cle
 
 The instant the forget takes effect (``written_before``) is decided here, once the lock is held:
 the later of Postgres's clock and Redis's (stream ids); the cutoff is that, or ``before`` when
-earlier. It removes the rows written before that instant (``recorded_at``) whose ``occurred_at``
-is in its range (``before``, ``since``: none, all of them). A forget still owed
-(``worker.erasure.owed``) keeps the instant and cutoff it was given, so finishing it never
-removes what was written after it; one owed since before migration 0011 (no instant) removes
-what occurred before its cutoff, as it did.
+earlier. It removes the rows written before that instant (``recorded_at``; a fact's
+``written_at``, a block's ``updated_at``) whose ``occurred_at`` (a fact's ``recorded_at``, a
+block's ``updated_at``) is in its range (``before``, ``since``: none, all of them); the feed's
+outbox rows by their event's ``occurred_at`` (before the cutoff, finishing an owed forget). A
+forget still owed (``worker.erasure.owed``) keeps the instant and cutoff it was given, so
+finishing it never removes what was written after it; one owed since before migration 0011 (no
+instant) removes what occurred (facts: were recorded) before its cutoff, as it did.
 """
 
 from __future__ import annotations
@@ -45,11 +47,11 @@ async def forget_rows(
     before it."""
     project, session, user = receipt.project_id, receipt.session_id, receipt.user_id
     before, since = receipt.before, receipt.since
-    tables_before = before  # facts and blocks: those recorded before it
+    feed_before = before  # the feed's outbox: events that occurred before it
     if fixed_cutoff is not None:
-        tables_before = fixed_cutoff if before is None else min(before, fixed_cutoff)
+        feed_before = fixed_cutoff if before is None else min(before, fixed_cutoff)
         if fixed_written is None:
-            before = tables_before
+            before = feed_before
     async with engine.begin() as conn:
         await lock_project(conn, project)
         if fixed_cutoff is None:
@@ -122,7 +124,14 @@ async def forget_rows(
         if session is None:  # facts, blocks, the feed's outbox: a user's (no user: the whole
             # project's), of no session (a session's forget leaves them, as LoomFlow's does)
             tables = await forget_user_tables(
-                conn, project, user, tables_before, dry_run=receipt.dry_run, since=since
+                conn,
+                project,
+                user,
+                before,
+                dry_run=receipt.dry_run,
+                since=since,
+                written_before=written,
+                feed_before=feed_before,
             )
     receipt.postgres.update(
         episodes=n_episodes, lifecycle_events=n_events, episode_embeddings=vectors

@@ -140,10 +140,19 @@ async def user_sessions(
 
 
 def _user_tables_where(
-    user: str | None, before: datetime | None, since: datetime | None = None
+    user: str | None,
+    before: datetime | None,
+    since: datetime | None = None,
+    *,
+    written: bool = False,
+    feed: bool | None = None,
 ) -> dict[str, str]:
     """``user``: ``''`` the anonymous bucket; None every user of the project (a whole-project
-    forget or export)."""
+    forget or export). Facts and blocks in the range (``:b``, ``:a``) of their own time
+    (``recorded_at``, the caller's; a block's ``updated_at``); with ``written``, only those
+    written before ``:w`` (``written_at``, ``updated_at``: the server's clock). The feed's
+    outbox rows by their event's ``occurred_at``: before ``:f`` when ``feed`` (None: when
+    ``before`` is given; ``:f`` is then ``before``)."""
     anonymous = user == ""
     if user is None:
         facts = blocks = changes = "project_id = :p"
@@ -153,14 +162,18 @@ def _user_tables_where(
         changes = "project_id = :p AND " + (
             "coalesce(payload->>'user_id', '') = ''" if anonymous else "payload->>'user_id' = :u"
         )
+    if written:
+        facts += " AND written_at < :w"
+        blocks += " AND updated_at < :w"
     if before is not None:
         facts += " AND recorded_at < :b"
         blocks += " AND updated_at < :b"
-        changes += " AND (payload->>'occurred_at')::timestamptz < :b"
     if since is not None:
         facts += " AND recorded_at >= :a"
         blocks += " AND updated_at >= :a"
         changes += " AND (payload->>'occurred_at')::timestamptz >= :a"
+    if feed or (feed is None and before is not None):
+        changes += " AND (payload->>'occurred_at')::timestamptz < :f"
     return {"facts": facts, "memory_blocks": blocks, "memory_changes": changes}
 
 
@@ -172,12 +185,20 @@ async def forget_user_tables(
     *,
     dry_run: bool,
     since: datetime | None = None,
+    written_before: datetime | None = None,
+    feed_before: datetime | None = None,
 ) -> dict[str, int]:
     """Delete (count, when ``dry_run``) the user's facts, blocks and outbox rows (``user``
-    None: every user's of the project)."""
-    params = {"p": project_id, "u": user, "b": before, "a": since}
+    None: every user's of the project): facts and blocks written before ``written_before``
+    (None: whenever) in the range ``[since, before)`` of their time; outbox rows whose event
+    occurred before ``feed_before`` (None: ``before``)."""
+    feed = before if feed_before is None else feed_before
+    params = {"p": project_id, "u": user, "b": before, "a": since, "w": written_before, "f": feed}
     counts = {}
-    for table, where in _user_tables_where(user, before, since).items():
+    where_of = _user_tables_where(
+        user, before, since, written=written_before is not None, feed=feed is not None
+    )
+    for table, where in where_of.items():
         if dry_run:
             statement = f"SELECT count(*) FROM {table} WHERE {where}"
             counts[table] = int((await conn.execute(text(statement), params)).scalar_one())
@@ -191,7 +212,7 @@ async def export_user_tables(
     conn: AsyncConnection, project_id: str, user: str | None, before: datetime | None
 ) -> dict[str, list[dict[str, Any]]]:
     """The rows ``forget_user_tables`` would delete, as JSON-ready objects."""
-    params = {"p": project_id, "u": user, "b": before}
+    params = {"p": project_id, "u": user, "b": before, "f": before}
     out: dict[str, list[dict[str, Any]]] = {}
     for table, where in _user_tables_where(user, before).items():
         statement = f"SELECT row_to_json(x)::text FROM {table} x WHERE {where}"

@@ -32,8 +32,9 @@ _LOCK = text(
 _WRITE = """
 INSERT INTO memory_blocks (project_id, user_key, name, content, pinned_order, updated_at)
 VALUES (:p, :u, :n, :c, (SELECT coalesce(max(pinned_order) + 1, 0) FROM memory_blocks
-                         WHERE project_id = :p AND user_key = :u), now())
-ON CONFLICT (project_id, user_key, name) DO UPDATE SET content = {content}, updated_at = now()
+                         WHERE project_id = :p AND user_key = :u), clock_timestamp())
+ON CONFLICT (project_id, user_key, name)
+    DO UPDATE SET content = {content}, updated_at = EXCLUDED.updated_at
     WHERE octet_length({content}) <= :max
 RETURNING pinned_order, octet_length(content) AS size
 """
