@@ -6,6 +6,7 @@ reads it). A forget reads every pair (``raw_batches``: XRANGE with its reply kep
 sent it) and judges such an entry by each of its readings (``Entry.readings``: one for each
 value of a name given more than once), so a value the worker never read is not left behind.
 An entry with one value per name costs what the parsed reply did: one reading, its fields.
+A Redis Cluster client's reply is read as redis-py parses it (the last value of a name).
 """
 
 from __future__ import annotations
@@ -54,8 +55,11 @@ def _raw(response: Any, **_options: Any) -> Any:
     return response
 
 
-def _raw_client(redis: Redis) -> Redis:
-    """A client on ``redis``'s connections whose XRANGE reply is Redis's own (every pair)."""
+def _raw_client(redis: Redis) -> Redis | None:
+    """A client on ``redis``'s connections whose XRANGE reply is Redis's own (every pair);
+    None for a client of another kind (a Redis Cluster's: its parsed reply is read)."""
+    if not isinstance(redis, Redis):
+        return None
     client = Redis(connection_pool=redis.connection_pool)
     client.set_response_callback("XRANGE", _raw)
     return client
@@ -66,8 +70,10 @@ async def raw_batches(redis: Redis, stream: str) -> AsyncIterator[list[Entry]]:
     client = _raw_client(redis)
     low = "-"
     while True:
-        rows: Any = await client.xrange(stream, min=low, max="+", count=XRANGE_BATCH)
-        if rows:
+        rows: Any = await (client or redis).xrange(stream, min=low, max="+", count=XRANGE_BATCH)
+        if rows and client is None:
+            yield [Entry(entry_id, fields, (fields,)) for entry_id, fields in rows]
+        elif rows:
             yield [entry_of(entry_id, flat or []) for entry_id, flat in rows]
         if len(rows) < XRANGE_BATCH:
             return
