@@ -135,25 +135,40 @@ RECORDED_ID_CHARS = MAX_ID_CHARS + 1
 names nobody, as the whole value did."""
 
 
+UNKNOWN_USER = "\x00unknown"
+"""The ``user_id`` a forget gives an entry that may name a user it cannot read
+(``worker.erasure.erased.lenient_body``, ``with_bare``; recorded on a dead letter by
+``entry_ids``): no id (ids never hold a NUL), so no user's forget (nor the anonymous
+bucket's) takes the entry; a forget of its project or session does."""
+
+
 def entry_ids(fields: Mapping[Any, Any], scan_bytes: int) -> dict[str, str]:
     """The ``original_<name>`` fields of a dead letter kept as an excerpt: each of
     ``RECORDED_IDS`` whole among the top-level fields of the entry's JSON (``entry_data``; the
     last of a name given twice, as a parser takes it) within its first ``scan_bytes``, when it
     is text, cut to ``RECORDED_ID_CHARS``. At most ``len(RECORDED_IDS)`` fields of bounded size
     whatever the entry holds; nested objects' fields are never taken. An entry with no JSON
-    body (bare fields, no ``data``) records its own top-level fields of those names."""
+    body (bare fields, no ``data``), or whose ``data`` names no project (``data ''``, ``'x'``,
+    ``'{}'``) beside bare ids, records its own top-level fields of those names; its
+    ``user_id`` as ``UNKNOWN_USER`` when the ``data`` may name a user."""
     try:
-        raw = entry_data(fields)
-    except ValueError:  # a broken FastStream envelope
-        return {}
-    if raw is None:
+        raw: bytes | str | None = entry_data(fields)
         found: dict[str, Any] = {}
+        if raw is not None:
+            found = leading_fields(raw[:scan_bytes], only=RECORDED_IDS)
+    except ValueError:  # a broken FastStream envelope
+        raw, found = fields.get(b"__data__", fields.get(FASTSTREAM_DATA_FIELD, b"")), {}
+    if not isinstance(found.get("project_id"), str):
+        bare = {}
         for name in RECORDED_IDS:
             value = fields.get(name.encode(), fields.get(name))
             if value is not None:
-                found[name] = text(value[: 4 * RECORDED_ID_CHARS])
-    else:
-        found = leading_fields(raw[:scan_bytes], only=RECORDED_IDS)
+                bare[name] = text(value[: 4 * RECORDED_ID_CHARS])
+        if "project_id" in bare:
+            source = text(raw[:scan_bytes]) if isinstance(raw, bytes | str) else ""
+            if "user_id" in source or "\\u" in source:
+                bare["user_id"] = UNKNOWN_USER  # the data may name another user
+            found = bare
     return {
         f"{RECORDED_ID_PREFIX}{name}": value[:RECORDED_ID_CHARS]
         for name, value in found.items()

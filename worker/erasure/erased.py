@@ -22,20 +22,22 @@ of an excerpt, or of an entry that is no whole JSON object, the fields whole in 
 excerpt's ids recorded beside it). An entry whose ``data`` the worker's reader (orjson)
 refuses, a lone surrogate ``"\\ud83d"`` or a number past a double ``1e400`` in it, is read
 leniently (``lenient_body``), so a forget still finds it; one with no ``data`` at all, published
-as bare fields, by those fields (``bare_fields``; its dead letter: ``bare_letter``).
+as bare fields, by those fields (``bare_fields``; its dead letter: ``bare_letter``), and so is
+one whose ``data`` names no project beside bare id fields (``with_bare``).
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from redis.asyncio import Redis
 
 from worker.codec import (
+    UNKNOWN_USER,
     UnusableEntryError,
     decode_entry,
     entry_data,
@@ -72,26 +74,80 @@ def entry_body(fields: Mapping[Any, Any], *, dead_letter: bool) -> dict[str, Any
     except (UnusableEntryError, ValueError):
         return lenient_body(fields)
     if dead_letter:
+        return _letter_body(body, fields)
+    if isinstance(body.get("project_id"), str):
+        return body  # the normal case: one lookup more
+    return with_bare(body, fields, entry_data(fields))
+
+
+def _letter_body(original: dict[str, Any], letter: Mapping[Any, Any]) -> dict[str, Any]:
+    """``entry_body`` of a dead letter (``original``: the fields it kept)."""
+    try:
+        return with_bare(decode_entry(original), original, _data_text(original), letter)
+    except (UnusableEntryError, ValueError):
         try:
-            body = decode_entry(body)
-        except (UnusableEntryError, ValueError):
-            try:
-                data = entry_data(body)
-            except ValueError:  # a broken FastStream envelope
-                return recorded_ids(fields)
-            if data is None:  # the original had no JSON body: its fields are its ids
-                return bare_letter(body, fields)
-            whole = leading_fields(data) if isinstance(data, str | bytes) else {}
-            return whole | recorded_ids(fields)
-    return body if isinstance(body, dict) else {}
+            data = entry_data(original)
+        except ValueError:  # a broken FastStream envelope
+            return with_bare(recorded_ids(letter), original, _data_text(original), letter)
+        if data is None:  # the original had no JSON body: its fields are its ids
+            return bare_letter(original, letter)
+        whole = leading_fields(data) if isinstance(data, str | bytes) else {}
+        return with_bare(whole | recorded_ids(letter), original, data, letter)
 
 
-def bare_fields(fields: Mapping[Any, Any]) -> dict[str, Any]:
+_DATA_FIELDS = frozenset({"data", "__data__", b"data", b"__data__"})
+
+
+def _data_text(fields: Mapping[Any, Any]) -> str:
+    """The raw ``data`` (or ``__data__``) of an entry, as text, whatever it holds."""
+    raw = fields.get(b"data", fields.get("data"))
+    if raw is None:
+        raw = fields.get(b"__data__", fields.get("__data__", ""))
+    return text(raw) if isinstance(raw, str | bytes) else ""
+
+
+def with_bare(
+    body: dict[str, Any],
+    fields: Mapping[Any, Any],
+    data: str | bytes | None,
+    letter: Mapping[Any, Any] | None = None,
+) -> dict[str, Any]:
+    """``body`` (what an entry's ``data`` gave) when it names a project; else, when they do,
+    the entry's other top-level fields (``bare_fields``; ``fields`` of a dead letter,
+    ``letter``: ``bare_letter``): ``data ''``, ``data 'x'``, ``data '{}'`` beside bare ids is
+    still its project's, session's and user's. Its ``user_id`` is ``UNKNOWN_USER`` when the
+    ``data`` (``data``: its raw text) may name a user other than the bare fields' one: an
+    entry that may name another user is never taken for a user's."""
+    if isinstance(body.get("project_id"), str):
+        return body
+    bare = (
+        bare_letter(fields, letter)
+        if letter is not None
+        else bare_fields(fields, skip=_DATA_FIELDS)
+    )
+    if not isinstance(bare.get("project_id"), str):
+        return body
+    source = "" if data is None else text(data)
+    named = set(_NAMED_USER.findall(source)) if "user_id" in source else set()
+    if isinstance(body.get("user_id"), str):
+        named.add(body["user_id"])
+    unsure = "\\u" in source or ("user_id" in source and not named)
+    own = bare.get("user_id")
+    users = named | ({own} if isinstance(own, str) else set())
+    if unsure or len(users) > 1:
+        bare["user_id"] = UNKNOWN_USER
+    elif users:
+        bare["user_id"] = users.pop()
+    return bare
+
+
+def bare_fields(fields: Mapping[Any, Any], skip: Collection[Any] = ()) -> dict[str, Any]:
     """An entry with no JSON body (no ``data``, no ``__data__``: an orchestrator publishing
-    bare fields, ``project_id projA user_id zoe …``) read as its top-level fields, as text:
-    the worker dead-letters it ``unparseable``, and it is still its project's, session's and
+    bare fields, ``project_id projA user_id zoe …``; or one whose ``data`` names no project:
+    ``with_bare``) read as its top-level fields (but those named in ``skip``), as text: the
+    worker dead-letters it ``unparseable``, and it is still its project's, session's and
     user's data."""
-    return {text(name): text(value) for name, value in fields.items()}
+    return {text(name): text(value) for name, value in fields.items() if name not in skip}
 
 
 def bare_letter(original: Mapping[str, Any], letter: Mapping[Any, Any]) -> dict[str, Any]:
@@ -102,19 +158,16 @@ def bare_letter(original: Mapping[str, Any], letter: Mapping[Any, Any]) -> dict[
     but its last (it may be cut), and ``UNKNOWN_USER`` when no ``user_id`` is among them: the
     cut may have taken another user's name."""
     if text(letter.get("truncated", letter.get(b"truncated", b""))) != "true":
-        return bare_fields(original)
+        return bare_fields(original, skip=_DATA_FIELDS)
     recorded = recorded_ids(letter)
-    if recorded:
+    if "project_id" in recorded:
         return recorded
     kept = dict(list(bare_fields(original).items())[:-1])
+    for name in ("data", "__data__"):
+        kept.pop(name, None)
     kept.setdefault("user_id", UNKNOWN_USER)
     return kept
 
-
-UNKNOWN_USER = "\x00unknown"
-"""The ``user_id`` ``lenient_body`` gives an entry that may name a user it cannot read: no id
-(ids never hold a NUL), so no user's forget (nor the anonymous bucket's) takes the entry; a
-forget of its project or session does."""
 
 _NAMED_USER = re.compile(r'"user_id"\s*:\s*"([A-Za-z0-9._:-]{1,128})"')
 
@@ -130,7 +183,7 @@ def lenient_body(fields: Mapping[Any, Any]) -> dict[str, Any]:
     try:
         raw = entry_data(fields)
     except ValueError:  # a broken FastStream envelope
-        return {}
+        return with_bare({}, fields, _data_text(fields))
     if raw is None:
         return bare_fields(fields)
     source = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
@@ -139,13 +192,13 @@ def lenient_body(fields: Mapping[Any, Any]) -> dict[str, Any]:
     except (ValueError, RecursionError):
         whole = None
     if whole is not None:
-        return whole if isinstance(whole, dict) else {}
+        return with_bare(whole if isinstance(whole, dict) else {}, fields, source)
     found = leading_fields(source)
     if found and "user_id" not in found and ("user_id" in source or "\\u" in source):
         named = set(_NAMED_USER.findall(source))
         one = len(named) == 1 and "\\u" not in source
         found["user_id"] = named.pop() if one else UNKNOWN_USER
-    return found
+    return with_bare(found, fields, source)
 
 
 def user_of(body: Mapping[str, Any]) -> str | None:

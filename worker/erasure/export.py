@@ -204,12 +204,14 @@ async def export_project(
     scope = None
     if user is not None:
         scope = UserScope(user, sessions, {e["id"] for e in export.episodes})
-    async for stream, entry_id, fields in scope_entries(
-        redis, prefix, project_id, session_id, before, scope
-    ):
-        export.stream_entries.setdefault(stream, []).append(
-            {"id": entry_id, "fields": _json_ready(fields)}
-        )
+    async for stream, entry in scope_entries(redis, prefix, project_id, session_id, before, scope):
+        shown: dict[str, Any] = {
+            "id": codec.text(entry.entry_id),
+            "fields": _json_ready({codec.text(k): v for k, v in entry.fields.items()}),
+        }
+        if entry.pairs is not None:  # a name given twice: every pair, as Redis keeps them
+            shown["pairs"] = _json_ready([[codec.text(k), v] for k, v in entry.pairs])
+        export.stream_entries.setdefault(stream, []).append(shown)
         tell("stream entries", 1)
     return export
 

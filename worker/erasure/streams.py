@@ -2,12 +2,14 @@
 (``scrub_streams``, for forget: ``worker.erasure.forget``).
 
 Every stream under the prefix is read: commands, results, ``P:episodes``, every DLQ, and any
-stream a replay published to. An entry is the scope's when its ``data`` (a dead letter, an
-entry of a DLQ stream: its original entry's; an entry without one: its bare fields) names the
-project (and session), and, with ``before``, when its stream id is older; a session's forget
-also takes the change feed's events of the facts it deleted (``fact_ids``). Stream entries
-cannot be edited: each is acknowledged in every group of its stream and deleted, in one MULTI,
-so no group keeps it pending; trimming (``MINID``) and replay ranges (``XRANGE``) step over
+stream a replay published to, every field/value pair of each entry (``worker.erasure.readings``:
+a name given twice is judged by each of its values). An entry is the scope's when its ``data``
+(a dead letter, an entry of a DLQ stream: its original entry's; an entry without one, or whose
+``data`` names no project: its bare fields) names the project (and session), and, with
+``before``, when its stream id is older; a session's forget also takes the change feed's
+events of the facts it deleted (``fact_ids``). Stream entries cannot be edited: each is
+acknowledged in every group of its stream and deleted, in one MULTI, so no group keeps it
+pending; trimming (``MINID``) and replay ranges (``XRANGE``) step over
 the gaps. ``memory.forgotten`` events and ``forgotten`` rejections name the project with ids
 only, and are kept.
 
@@ -32,11 +34,11 @@ from redis.asyncio import Redis
 from worker import codec
 from worker.erasure.erased import added_ms, entry_body, entry_ms, entry_scope
 from worker.erasure.lives import Lives, UserScope, life_position
+from worker.erasure.readings import Entry, raw_batches
 from worker.erasure.session_facts import FACT_EVENTS
 from worker.keys import escape_glob, is_dlq_stream
 
 SCAN_COUNT = 1_000
-XRANGE_BATCH = 1_000
 DELETE_BATCH = 500
 FORGOTTEN_EVENT = "memory.forgotten"
 FORGOTTEN_REASON = "forgotten"
@@ -84,6 +86,32 @@ def _covers(
         if not user.owns(body, entry_scope(fields, dead_letter=letter)[1], position):
             return False
     return not _kept(fields)
+
+
+def _takes(
+    project_id: str,
+    session_id: str | None,
+    cutoff_ms: int | None,
+    entry: Entry,
+    at_ms: int,
+    user: UserScope | None = None,
+    since_ms: int | None = None,
+    stream: str = "",
+    fact_ids: Collection[str] = (),
+    letter: bool = False,
+) -> bool:
+    """``_covers`` of an entry read whole (``worker.erasure.readings``): of each of its
+    readings when it gives a name more than once. A project's or session's forget takes it
+    when any reading is the scope's; a user's, when every reading that names the project
+    (and session) is the user's: an entry that names two users is no single user's."""
+    args = (project_id, session_id, cutoff_ms, entry.entry_id)
+    rest = (stream, fact_ids, letter)
+    if len(entry.readings) == 1:
+        return _covers(*args, entry.fields, at_ms, user, since_ms, *rest)
+    if user is None:
+        return any(_covers(*args, r, at_ms, None, since_ms, *rest) for r in entry.readings)
+    naming = [r for r in entry.readings if _older(project_id, session_id, None, at_ms, r, letter)]
+    return bool(naming) and all(_covers(*args, r, at_ms, user, since_ms, *rest) for r in naming)
 
 
 def _of_facts(
@@ -187,19 +215,33 @@ async def with_stream_sessions(
     for stream in await _streams(redis, prefix):
         letters = is_dlq_stream(prefix, stream)
         added_at = AddedAt(now_ms, letters)
-        async for rows in _batches(redis, stream):
-            for entry_id, fields in rows:
-                at_ms = added_at(entry_id, fields)
-                if not _older(project_id, session_id, None, at_ms, fields, letters):
-                    continue
-                body = entry_body(fields, dead_letter=letters)  # parsed once: every entry
-                lives.see(stream, entry_id, fields, body, letters)
-                if cutoff_ms is not None and at_ms >= cutoff_ms:
-                    continue
-                session = body.get("session_id")
-                if isinstance(session, str) and user.starts_session(body):
-                    sessions.add(session)
+        async for rows in raw_batches(redis, stream):
+            for entry in rows:
+                at_ms = added_at(entry.entry_id, entry.fields)
+                for fields, body in _named(project_id, session_id, at_ms, entry, letters):
+                    lives.see(stream, entry.entry_id, fields, body, letters)
+                    if cutoff_ms is not None and at_ms >= cutoff_ms:
+                        continue
+                    session = body.get("session_id")
+                    if isinstance(session, str) and user.starts_session(body):
+                        sessions.add(session)
     return UserScope(user.user, sessions, user.episode_ids, lives)
+
+
+def _named(
+    project_id: str, session_id: str | None, at_ms: int, entry: Entry, letter: bool
+) -> list[tuple[dict[Any, Any], dict[str, Any]]]:
+    """``(fields, body)`` of each reading of the entry that names the project (and session),
+    its body parsed once; when the readings name different users (or some none), each says
+    ``UNKNOWN_USER``: it starts no session, nor a life, of any single user."""
+    named = [
+        (fields, entry_body(fields, dead_letter=letter))
+        for fields in entry.readings
+        if _older(project_id, session_id, None, at_ms, fields, letter)
+    ]
+    if len(named) > 1 and len({str(body.get("user_id")) for _, body in named}) > 1:
+        named = [(fields, body | {"user_id": codec.UNKNOWN_USER}) for fields, body in named]
+    return named
 
 
 async def _streams(redis: Redis, prefix: str) -> list[str]:
@@ -214,18 +256,6 @@ async def _streams(redis: Redis, prefix: str) -> list[str]:
     )
 
 
-async def _batches(redis: Redis, stream: str) -> AsyncIterator[list[tuple[Any, Any]]]:
-    low = "-"
-    while True:
-        rows: Any = await redis.xrange(stream, min=low, max="+", count=XRANGE_BATCH)
-        if rows:
-            yield rows
-        if len(rows) < XRANGE_BATCH:
-            return
-        ms, _, seq = codec.text(rows[-1][0]).partition("-")
-        low = f"{ms}-{int(seq) + 1}"
-
-
 async def scope_entries(
     redis: Redis,
     prefix: str,
@@ -233,8 +263,8 @@ async def scope_entries(
     session_id: str | None = None,
     before: datetime | None = None,
     user: UserScope | None = None,
-) -> AsyncIterator[tuple[str, str, dict[str, Any]]]:
-    """``(stream, entry id, fields)`` of every stream entry a forget of the scope deletes."""
+) -> AsyncIterator[tuple[str, Entry]]:
+    """``(stream, entry)`` of every stream entry a forget of the scope deletes."""
     before_ms = _ms(before) if before is not None else None
     now_ms = await redis_now_ms(redis)
     if user is not None:
@@ -244,25 +274,20 @@ async def scope_entries(
     for stream in await _streams(redis, prefix):
         letters = is_dlq_stream(prefix, stream)
         added_at = AddedAt(now_ms, letters)
-        async for rows in _batches(redis, stream):
-            for entry_id, fields in rows:
-                at_ms = added_at(entry_id, fields)
-                if _covers(
+        async for rows in raw_batches(redis, stream):
+            for entry in rows:
+                at_ms = added_at(entry.entry_id, entry.fields)
+                if _takes(
                     project_id,
                     session_id,
                     before_ms,
-                    entry_id,
-                    fields,
+                    entry,
                     at_ms,
                     user,
                     stream=stream,
                     letter=letters,
                 ):
-                    yield (
-                        stream,
-                        codec.text(entry_id),
-                        {codec.text(k): v for k, v in fields.items()},
-                    )
+                    yield stream, entry
 
 
 @dataclass(slots=True)
@@ -306,16 +331,15 @@ async def scrub_streams(
         removed = 0
         letters = is_dlq_stream(prefix, stream)
         added_at = AddedAt(now_ms, letters)
-        async for rows in _batches(redis, stream):
+        async for rows in raw_batches(redis, stream):
             doomed = []
-            for entry_id, fields in rows:
-                at_ms = added_at(entry_id, fields)
-                if _covers(
+            for entry in rows:
+                at_ms = added_at(entry.entry_id, entry.fields)
+                if _takes(
                     project_id,
                     session_id,
                     cutoff_ms,
-                    entry_id,
-                    fields,
+                    entry,
                     at_ms,
                     user,
                     since_ms,
@@ -323,10 +347,12 @@ async def scrub_streams(
                     fact_ids,
                     letters,
                 ):
-                    doomed.append(codec.text(entry_id))
-                    met = entry_scope(fields, dead_letter=letters)[1]
-                    if met is not None and user is None:  # a user's: from the first pass
-                        out.sessions.add(met)
+                    doomed.append(codec.text(entry.entry_id))
+                    if user is None:  # a user's: from the first pass
+                        for fields in entry.readings:
+                            met = entry_scope(fields, dead_letter=letters)[1]
+                            if met is not None:
+                                out.sessions.add(met)
             if not doomed:
                 continue
             if ":results:" in stream:
