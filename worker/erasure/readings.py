@@ -21,6 +21,12 @@ from worker import codec
 
 XRANGE_BATCH = 1_000
 
+READINGS_CAP = 64
+"""The most readings an entry is judged by: a name given thousands of times with as many values
+would make a forget copy the entry's fields for each (a publisher's junk, never read by the
+worker, which reads the last value: always the first reading). The values past the cap are
+left unjudged; the entry is still taken by the forget its first readings fall in."""
+
 
 @dataclass(frozen=True, slots=True)
 class Entry:
@@ -48,6 +54,8 @@ def entry_of(entry_id: Any, flat: list[Any]) -> Entry:
             continue
         seen.add((name, value))
         readings.append({**fields, name: value})
+        if len(readings) > READINGS_CAP:
+            break
     return Entry(entry_id, fields, tuple(readings), pairs)
 
 
