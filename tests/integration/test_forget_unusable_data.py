@@ -179,3 +179,33 @@ async def test_an_entry_naming_two_users_is_the_projects_not_a_users(
     assert await forget(redis, live, database_url, user_id="uma") == {"uma", "vic"}
     assert await forget(redis, live, database_url, user_id="vic") == {"uma", "vic"}
     assert await forget(redis, live, database_url) == set()
+
+
+@pytest.mark.parametrize("scope", [{"user_id": "uma"}, {}], ids=["user", "project"])
+async def test_a_data_among_many_values_of_the_name_is_found(
+    redis: Redis, settings: Settings, database_url: str, scope: dict[str, Any]
+) -> None:
+    """``data`` given 72 times: 70 junk values, uma's spawn, ``x`` (what the worker reads).
+    Before, a forget read the last value and 64 others: neither forget nor export found it."""
+    live = settings.model_copy(update={"database_url": database_url})
+    flat = [x for n in range(70) for x in ("data", f"j{n}")] + ["data", spawn("uma"), "data", "x"]
+    await published(redis, live, [flat])
+    assert await holding(redis, live) == {"uma"}
+    if scope:
+        assert secret("uma") in await exported(live, redis, database_url, "uma")
+    assert await forget(redis, live, database_url, **scope) == set()
+
+
+async def test_bare_ids_naming_another_project_than_the_data_go_with_that_project(
+    redis: Redis, settings: Settings, database_url: str
+) -> None:
+    """vic's spawn of project n12 in ``data``, and bare fields ``project_id n2 user_id uma``
+    with uma's secret beside it: uma's forget of n2 takes it (before, only n12's did)."""
+    live = settings.model_copy(update={"database_url": database_url})
+    other = spawn("vic").replace('"n2"', '"n12"')
+    flat = ["data", other, "project_id", PROJECT, "user_id", "uma", "secret", secret("uma")]
+    stream = StreamKeys(live.stream_prefix, shard_of(PROJECT, SESSION["uma"], live.shards))
+    await redis.execute_command("XADD", stream.lifecycle, "*", *flat)  # type: ignore[no-untyped-call]
+    assert await holding(redis, live) == {"uma", "vic"}  # vic's secret is in the data too
+    assert await forget(redis, live, database_url, user_id="vic") == {"uma", "vic"}
+    assert await forget(redis, live, database_url, user_id="uma") == set()

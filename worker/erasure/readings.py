@@ -11,6 +11,7 @@ A Redis Cluster client's reply is read as redis-py parses it (the last value of 
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -21,18 +22,23 @@ from worker import codec
 
 XRANGE_BATCH = 1_000
 
-READINGS_CAP = 64
-"""The most readings an entry is judged by: a name given thousands of times with as many values
-would make a forget copy the entry's fields for each (a publisher's junk, never read by the
-worker, which reads the last value: always the first reading). The values past the cap are
-left unjudged; the entry is still taken by the forget its first readings fall in."""
+_IDS = ("project_id", "session_id", "user_id", "type", "causation_id")
+_DATA = ("data", "__data__")
+SCOPE_NAMES = frozenset({n for name in (*_DATA, *_IDS) for n in (name, name.encode())})
+"""The fields whose values say whose an entry is (its JSON ``data``, or bare ids beside it):
+an entry's other readings vary only these, and carry only these (a few names each, whatever
+the entry holds: a name given thousands of times costs a forget the entry's size, not its
+size times its names)."""
+
+_DATA_NAMES = frozenset({n for name in _DATA for n in (name, name.encode())})
 
 
 @dataclass(frozen=True, slots=True)
 class Entry:
     """One stream entry: ``fields`` as redis-py gives them (the last value of a name given
-    twice), ``readings`` (``(fields,)``; an entry giving a name more than once: a copy of its
-    fields for each other value of such a name) and ``pairs`` (every field/value pair, in
+    twice), ``readings`` (``(fields,)``, then, for an entry giving one of ``SCOPE_NAMES`` more
+    than once, one for each other value of it; and for an entry whose ``data`` sits beside a
+    bare ``project_id``, one of its bare ids alone) and ``pairs`` (every field/value pair, in
     order, when a name is given more than once; None otherwise)."""
 
     entry_id: Any
@@ -41,21 +47,37 @@ class Entry:
     pairs: list[tuple[Any, Any]] | None = None
 
 
+def _other_project(fields: dict[Any, Any]) -> bool:
+    """Whether the entry has a ``data`` and a bare ``project_id`` its ``data`` does not name
+    (the worker reads the ``data``; the bare fields say another project's data is here too)."""
+    project = fields.get(b"project_id", fields.get("project_id"))
+    if project is None or _DATA_NAMES.isdisjoint(fields):
+        return False
+    data = fields.get(b"data", fields.get("data", fields.get(b"__data__", fields.get("__data__"))))
+    named = re.escape(codec.text(project))
+    return re.search(rf'"project_id"\s*:\s*"{named}"', codec.text(data or b"")) is None
+
+
 def entry_of(entry_id: Any, flat: list[Any]) -> Entry:
     """An ``Entry`` from a raw reply's flat ``[name, value, name, value, …]``."""
     fields = dict(zip(flat[::2], flat[1::2], strict=True))
-    if 2 * len(fields) == len(flat):
+    twice = 2 * len(fields) != len(flat)
+    bare = _other_project(fields)
+    if not twice and not bare:
         return Entry(entry_id, fields, (fields,))
-    pairs = list(zip(flat[::2], flat[1::2], strict=True))
+    scope = {name: value for name, value in fields.items() if name in SCOPE_NAMES}
     readings = [fields]
+    if bare:  # data naming one project, bare ids another: each is read
+        readings.append({n: v for n, v in scope.items() if n not in _DATA_NAMES})
+    if not twice:
+        return Entry(entry_id, fields, tuple(readings))
+    pairs = list(zip(flat[::2], flat[1::2], strict=True))
     seen: set[tuple[Any, Any]] = set()
     for name, value in pairs:
-        if value == fields[name] or (name, value) in seen:
+        if name not in SCOPE_NAMES or value == fields[name] or (name, value) in seen:
             continue
         seen.add((name, value))
-        readings.append({**fields, name: value})
-        if len(readings) > READINGS_CAP:
-            break
+        readings.append({**scope, name: value})
     return Entry(entry_id, fields, tuple(readings), pairs)
 
 
