@@ -325,7 +325,14 @@ class MemoryBlockRow(Base):
     pinned_order: Mapped[int]
     updated_at: Mapped[datetime] = mapped_column(
         server_default=func.clock_timestamp(),
-        doc="When the block was last written (the statement's clock): what a forget covers.",
+        doc="When the block was last written (the statement's clock): the end of its text's"
+        " time, for a forget's ``since``.",
+    )
+    content_since: Mapped[datetime] = mapped_column(
+        server_default=func.clock_timestamp(),
+        doc="When the oldest text still in the block was written: set by an insert and a whole"
+        " replace, kept by an append (migration 0013); a forget covers the block when it is"
+        " before the forget's instant (and its ``before``).",
     )
 
 

@@ -5,8 +5,9 @@ it shared while it writes), and the record made complete once every place is cle
 The instant the forget takes effect (``written_before``) is decided here, once the lock is held:
 the later of Postgres's clock and Redis's (stream ids); the cutoff is that, or ``before`` when
 earlier. It removes the rows written before that instant (``recorded_at``; a fact's
-``written_at``, a block's ``updated_at``) whose ``occurred_at`` (a fact's ``recorded_at``, a
-block's ``updated_at``) is in its range (``before``, ``since``: none, all of them); the feed's
+``written_at``; a block holding text written before it, ``content_since``) whose
+``occurred_at`` (a fact's ``recorded_at``; a block's text, ``content_since`` to ``updated_at``)
+is in its range (``before``, ``since``: none, all of them); the feed's
 outbox rows by their event's ``occurred_at`` (before the cutoff, finishing an owed forget). A
 forget still owed (``worker.erasure.owed``) keeps the instant and cutoff it was given, so
 finishing it never removes what was written after it; one owed since before migration 0011 (no

@@ -148,9 +148,12 @@ def _user_tables_where(
     feed: bool | None = None,
 ) -> dict[str, str]:
     """``user``: ``''`` the anonymous bucket; None every user of the project (a whole-project
-    forget or export). Facts and blocks in the range (``:b``, ``:a``) of their own time
-    (``recorded_at``, the caller's; a block's ``updated_at``); with ``written``, only those
-    written before ``:w`` (``written_at``, ``updated_at``: the server's clock). The feed's
+    forget or export). Facts in the range (``:b``, ``:a``) of their own time (``recorded_at``,
+    the caller's); with ``written``, only those written before ``:w`` (``written_at``, the
+    server's clock). A block by the time its text spans, ``content_since`` (when its oldest text
+    was written: an append keeps it) to ``updated_at``: one holding text from before ``:w`` and
+    ``:b`` (an append after the forget does not carry the old text out), last written at or
+    after ``:a``; the whole block goes. The feed's
     outbox rows by their event's ``occurred_at``: before ``:f`` when ``feed`` (None: when
     ``before`` is given; ``:f`` is then ``before``)."""
     anonymous = user == ""
@@ -164,10 +167,10 @@ def _user_tables_where(
         )
     if written:
         facts += " AND written_at < :w"
-        blocks += " AND updated_at < :w"
+        blocks += " AND content_since < :w"
     if before is not None:
         facts += " AND recorded_at < :b"
-        blocks += " AND updated_at < :b"
+        blocks += " AND content_since < :b"
     if since is not None:
         facts += " AND recorded_at >= :a"
         blocks += " AND updated_at >= :a"

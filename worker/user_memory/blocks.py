@@ -30,23 +30,32 @@ _LOCK = text(
     "SELECT pg_advisory_xact_lock(hashtextextended('memory_blocks/' || :p || '/' || :u, 0))"
 )
 _WRITE = """
-INSERT INTO memory_blocks (project_id, user_key, name, content, pinned_order, updated_at)
-VALUES (:p, :u, :n, :c, (SELECT coalesce(max(pinned_order) + 1, 0) FROM memory_blocks
-                         WHERE project_id = :p AND user_key = :u), clock_timestamp())
+INSERT INTO memory_blocks
+    (project_id, user_key, name, content, pinned_order, updated_at, content_since)
+SELECT :p, :u, :n, :c, (SELECT coalesce(max(pinned_order) + 1, 0) FROM memory_blocks
+                        WHERE project_id = :p AND user_key = :u), clock.t, clock.t
+FROM (SELECT clock_timestamp() AS t) AS clock
 ON CONFLICT (project_id, user_key, name)
-    DO UPDATE SET content = {content}, updated_at = EXCLUDED.updated_at
+    DO UPDATE SET content = {content}, updated_at = EXCLUDED.updated_at,
+                  content_since = {since}
     WHERE octet_length({content}) <= :max
 RETURNING pinned_order, octet_length(content) AS size
 """
-_REPLACE = text(_WRITE.format(content="EXCLUDED.content"))
-_APPEND = text(_WRITE.format(content="memory_blocks.content || EXCLUDED.content"))
+# A replace starts the block's text again (``content_since``: now); an append keeps its start,
+# so a forget covering the old text still covers the block (``worker.erasure.users``).
+_REPLACE = text(_WRITE.format(content="EXCLUDED.content", since="EXCLUDED.content_since"))
+_APPEND = text(
+    _WRITE.format(
+        content="memory_blocks.content || EXCLUDED.content", since="memory_blocks.content_since"
+    )
+)
 _READ = text(
     "SELECT name, content, updated_at, pinned_order FROM memory_blocks"
     " WHERE project_id = :p AND user_key = :u ORDER BY pinned_order, name"
 )
 _DELETE = text(
     "DELETE FROM memory_blocks WHERE project_id = :p AND user_key = :u"
-    " AND (CAST(:before AS timestamptz) IS NULL OR updated_at < :before) RETURNING name"
+    " AND (CAST(:before AS timestamptz) IS NULL OR content_since < :before) RETURNING name"
 )
 
 
@@ -134,6 +143,6 @@ async def read_blocks(
 async def delete_blocks(
     conn: AsyncConnection, project_id: str, user_id: str | None, before: datetime | None
 ) -> int:
-    """Remove the user's blocks (those last updated before ``before``); how many."""
+    """Remove the user's blocks (those holding text written before ``before``); how many."""
     rows = await conn.execute(_DELETE, {"p": project_id, "u": user_key(user_id), "before": before})
     return len(rows.all())
