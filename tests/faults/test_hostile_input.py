@@ -29,7 +29,7 @@ from redis import Redis
 from redis.exceptions import ResponseError
 
 from tests.faults.support import log_errors, start_worker, stop_worker
-from worker.ids import is_valid_id
+from worker.ids import is_valid_id, is_valid_write_id
 from worker.keys import LIFECYCLE_GROUP, StreamKeys
 from worker.settings import Settings
 
@@ -364,13 +364,14 @@ def test_junk_and_hostile_commands_each_get_a_result_a_rejection_or_a_dead_lette
         if not isinstance(sent, dict):
             sent = {}
         for name in ("project_id", "session_id"):
-            # A result names the command's own project and session, or none when invalid.
-            assert result[name] == (sent.get(name) if is_valid_id(sent.get(name)) else None)
+            # A result names the command's own project and session, or none when invalid (the
+            # write rule: '.' and '..' are no session's and no project's either).
+            assert result[name] == (sent.get(name) if is_valid_write_id(sent.get(name)) else None)
         if result["type"] == "command.rejected":
             assert result["reason"] in REASONS
             assert result["detail"]
         else:
-            assert is_valid_id(sent["project_id"]) and is_valid_id(sent["session_id"])
+            assert is_valid_write_id(sent["project_id"]) and is_valid_write_id(sent["session_id"])
 
 
 PROJECTS = ("p", "p:q")

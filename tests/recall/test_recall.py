@@ -305,6 +305,8 @@ async def test_forget_counts_the_vectors_and_no_replayed_announcement_embeds_the
     kept = {c.name for c in Episode.__table__.columns if c.name != "search_vector"}
     restored = {k: v for k, v in rows[0].items() if k in kept and not k.endswith("_at")}
     restored["occurred_at"] = datetime.fromisoformat(rows[0]["occurred_at"])
+    # a restore keeps the row's write time (a forget covers what was written before it)
+    restored["recorded_at"] = datetime.fromisoformat(rows[0]["recorded_at"])
     async with vector_engine.begin() as conn:
         await conn.execute(insert(Episode).values(**restored))
     for _id, fields in announced:
