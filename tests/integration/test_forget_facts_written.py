@@ -5,7 +5,6 @@ future; a direct forget of a user or a project removes those too. Real Redis and
 
 from __future__ import annotations
 
-import socket
 from datetime import UTC, datetime
 
 from redis.asyncio import Redis
@@ -13,6 +12,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from tests.integration.test_forget import live
+from tests.redis_process import free_port
 from worker.db.engine import create_database_engine
 from worker.db.migrate import migrate
 from worker.erasure.forget import finish_owed, forget_everywhere
@@ -37,12 +37,6 @@ async def cities(engine: AsyncEngine, project: str) -> list[str]:
             {"p": project},
         )
         return [r[0] for r in rows]
-
-
-def closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def test_finishing_an_owed_forget_keeps_the_facts_appended_after_it(
@@ -78,7 +72,7 @@ async def test_finishing_an_owed_forget_removes_a_fact_recorded_in_the_future_be
 ) -> None:
     prefix = live.stream_prefix
     engine = create_database_engine(live.database_url)
-    unreachable = create_async_engine(f"postgresql+asyncpg://x:y@127.0.0.1:{closed_port()}/x")
+    unreachable = create_async_engine(f"postgresql+asyncpg://x:y@127.0.0.1:{free_port()}/x")
     memory = Memory("f6", settings=live, engine=engine, redis=redis)
     try:
         await memory.facts.append(fact("kim", "Oslo", recorded_at=FUTURE))
@@ -124,7 +118,7 @@ async def test_facts_stored_before_0012_are_covered_by_a_later_forget(
     recorded in the future; a fact appended after the forget is kept."""
     assert await migrate(database_url, "0011") == "0011"
     engine = create_database_engine(database_url)
-    unreachable = create_async_engine(f"postgresql+asyncpg://x:y@127.0.0.1:{closed_port()}/x")
+    unreachable = create_async_engine(f"postgresql+asyncpg://x:y@127.0.0.1:{free_port()}/x")
     settings = settings.model_copy(update={"database_url": database_url, "shards": 2})
     prefix = settings.stream_prefix
     try:
