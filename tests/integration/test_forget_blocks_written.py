@@ -12,7 +12,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from tests.integration.test_forget import live
-from tests.integration.test_forget_facts_written import closed_port
+from tests.redis_process import free_port
 from worker.db.engine import create_database_engine
 from worker.db.migrate import migrate
 from worker.erasure.forget import finish_owed, forget_everywhere
@@ -35,7 +35,7 @@ async def test_finishing_an_owed_forget_removes_a_block_appended_to_after_it(
 ) -> None:
     prefix = live.stream_prefix
     engine = create_database_engine(live.database_url)
-    unreachable = create_async_engine(f"postgresql+asyncpg://x:y@127.0.0.1:{closed_port()}/x")
+    unreachable = create_async_engine(f"postgresql+asyncpg://x:y@127.0.0.1:{free_port()}/x")
     memory = Memory("b1", settings=live, engine=engine, redis=redis)
     try:
         await memory.update_block("notes", "old-secret-uma", user_id="uma")
@@ -124,7 +124,7 @@ async def test_blocks_stored_before_0013_are_covered_by_a_later_forget(
     an owed forget still covers it after an append."""
     assert await migrate(database_url, "0012") == "0012"
     engine = create_database_engine(database_url)
-    unreachable = create_async_engine(f"postgresql+asyncpg://x:y@127.0.0.1:{closed_port()}/x")
+    unreachable = create_async_engine(f"postgresql+asyncpg://x:y@127.0.0.1:{free_port()}/x")
     settings = settings.model_copy(update={"database_url": database_url, "shards": 2})
     prefix = settings.stream_prefix
     try:
