@@ -79,8 +79,8 @@ async def run(args: argparse.Namespace) -> str:
     redis = Redis.from_url(args.redis_url)
     prefix = "bench-remember-breakdown"
     unindexed, store_embedded = vectorising.unindexed, vectorising.store_embedded
-    insert_turns = turns.insert_turns
-    wrap(turns, "insert_turns", "insert the turn and its owed event (one statement)")
+    insert_pairs = turns.insert_pairs
+    wrap(turns, "insert_pairs", "insert the turn and its owed event (one statement)")
     wrap(vectorising, "unindexed", "of which: read the turn's text (a SELECT)")
     wrap(vectorising, "store_embedded", "of which: write the vector and its event")
     rows: list[list[str]] = []
@@ -105,7 +105,7 @@ async def run(args: argparse.Namespace) -> str:
                         )
     finally:
         vectorising.unindexed, vectorising.store_embedded = unindexed, store_embedded
-        turns.insert_turns = insert_turns
+        turns.insert_pairs = insert_pairs
         await cleanup(redis, prefix)
         await redis.aclose()
     head = (

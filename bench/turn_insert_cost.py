@@ -175,6 +175,7 @@ async def product(engine: AsyncEngine, project: str, episodes: list[Episode]) ->
     params = parameters(project, episodes)
     events = remembered_events(project, episodes)
     params |= {
+        "ps": [project] * len(episodes),
         "ss": [e.session_id for e in episodes],
         "os": [e.output for e in episodes],
         "calls": ["[]"] * len(episodes),

@@ -12,9 +12,10 @@ collide; a turn stored before migration 0007 keeps the ones it had
 ``Episode`` (``SessionEpisode``): its task as ``input``, its outcome and lessons as
 ``output``, its uuid as ``id``.
 
-``insert_turns`` stores a batch in one statement: the new turns and their owed change events
-(the outbox, ``worker.episodes.changes``) in batch order; a batch with a conflicting id changes
-nothing (its transaction is rolled back).
+``insert_pairs`` stores a batch of turns, of one project or several, in one statement: the new
+turns and their owed change events (the outbox, ``worker.episodes.changes``) in batch order
+(``insert_turns``: one project's); a batch with a conflicting id changes nothing (its
+transaction is rolled back).
 
 ``remember`` is idempotent: the same id with the same content is one row (the first call's
 ``occurred_at`` stays); the same id with other content raises ``EpisodeConflictError`` and
@@ -80,27 +81,29 @@ EPISODE_COLUMNS = (
 
 _INSERT_MANY = text(
     "WITH r AS (SELECT * FROM unnest(CAST(:ids AS uuid[]), CAST(:srcs AS text[]),"
-    " CAST(:ss AS text[]), CAST(:us AS text[]), CAST(:ts AS text[]), CAST(:is AS text[]),"
-    " CAST(:os AS text[]), CAST(:calls AS text[]), CAST(:transcripts AS text[]),"
-    " CAST(:ats AS timestamptz[]), CAST(:events AS text[]))"
-    " WITH ORDINALITY AS r(id, src, s, u, t, i, o, calls, transcript, at, event, n)),"
+    " CAST(:ps AS text[]), CAST(:ss AS text[]), CAST(:us AS text[]), CAST(:ts AS text[]),"
+    " CAST(:is AS text[]), CAST(:os AS text[]), CAST(:calls AS text[]),"
+    " CAST(:transcripts AS text[]), CAST(:ats AS timestamptz[]), CAST(:events AS text[]))"
+    " WITH ORDINALITY AS r(id, src, p, s, u, t, i, o, calls, transcript, at, event, n)),"
     " ins AS (INSERT INTO episodes (id, source_event_id, project_id, session_id, user_id, turn_id,"
     " input, output, tool_calls, tool_transcript, outcome, lessons_learned, context_summary,"
-    " importance_score, occurred_at) SELECT id, src, :p, s, u, t, i, o, CAST(calls AS jsonb),"
+    " importance_score, occurred_at) SELECT id, src, p, s, u, t, i, o, CAST(calls AS jsonb),"
     " CAST(transcript AS jsonb), :outcome, '[]'::jsonb, '', 0.5, at FROM r ORDER BY n"
     " ON CONFLICT DO NOTHING RETURNING id),"
     " owed AS (INSERT INTO memory_changes (project_id, payload)"
-    " SELECT :p, CAST(r.event AS jsonb) FROM r JOIN ins USING (id) ORDER BY r.n RETURNING seq)"
+    " SELECT r.p, CAST(r.event AS jsonb) FROM r JOIN ins USING (id) ORDER BY r.n RETURNING seq)"
     " SELECT id FROM ins"
 )
-"""The batch's new turns and, for each, its change event, in batch order (``seq`` follows
-``n``: the outbox order), in one round trip."""
+"""The batch's new turns, each of its own project, and for each its change event, in batch
+order (``seq`` follows ``n``: the outbox order, so each project's events in the batch's order
+of its turns), in one round trip."""
 _STORED_MANY = text(
-    f"SELECT {EPISODE_COLUMNS}, source_event_id, announced_at IS NULL AS owed FROM episodes"
-    " JOIN unnest(CAST(:us AS text[]), CAST(:ts AS text[])) AS k(u, t) ON turn_id = k.t"
-    " AND user_id IS NOT DISTINCT FROM k.u WHERE project_id = :p"
+    f"SELECT {EPISODE_COLUMNS}, project_id, source_event_id, announced_at IS NULL AS owed"
+    " FROM episodes JOIN unnest(CAST(:ps AS text[]), CAST(:us AS text[]), CAST(:ts AS text[]))"
+    " AS k(p, u, t) ON project_id = k.p AND turn_id = k.t AND user_id IS NOT DISTINCT FROM k.u"
 )
-"""The stored turns of these ``(user, id)`` pairs (each user's own: never another's)."""
+"""The stored turns of these ``(project, user, id)`` triples (each user's own of each project:
+never another's)."""
 
 
 def _json(value: Any) -> str | None:
@@ -182,19 +185,34 @@ async def insert_turns(
     *,
     indexed: bool = True,
 ) -> list[Stored]:
-    """Insert the turns (distinct ``turn_key``s, checked) with ``events[k]`` owed for each new
-    one, in one statement; per turn its ``Kept``, or the ``EpisodeConflictError`` of a turn
-    its user stored with other content (naming its index ``episodes[k]`` when ``indexed``): the
-    caller raises it (and rolls back) or hands it to that turn's caller alone, the others
-    stored. Another user's turn of the same id is never a conflict."""
+    """``insert_pairs`` of one project's turns (distinct ``turn_key``s)."""
+    pairs = [(project_id, episode) for episode in episodes]
+    return await insert_pairs(conn, pairs, events, indexed=indexed)
+
+
+async def insert_pairs(
+    conn: AsyncConnection,
+    pairs: list[tuple[str, Episode]],
+    events: list[dict[str, Any]],
+    *,
+    indexed: bool = True,
+) -> list[Stored]:
+    """Insert the ``(project, turn)`` pairs (distinct ``(project, *turn_key)``s, checked) with
+    ``events[k]`` owed for each new one, in one statement, whatever the projects; per pair its
+    ``Kept``, or the ``EpisodeConflictError`` of a turn its user stored in its project with
+    other content (naming its index ``episodes[k]`` when ``indexed``): the caller raises it
+    (and rolls back) or hands it to that turn's caller alone, the others stored. Another
+    user's or another project's turn of the same id is never a conflict."""
+    episodes = [episode for _project, episode in pairs]
     contents = [_content(e) for e in episodes]
-    sources = [turn_source(project_id, e.user_id, e.id) for e in episodes]
+    sources = [turn_source(p, e.user_id, e.id) for p, e in pairs]
     ids = [uuid.uuid5(EPISODE_NAMESPACE, source) for source in sources]  # turn_uuid's
     inserted = await conn.execute(
         _INSERT_MANY,
         {
             "ids": ids,
             "srcs": sources,
+            "ps": [project_id for project_id, _episode in pairs],
             "ss": [e.session_id for e in episodes],
             "us": [e.user_id for e in episodes],
             "ts": [e.id for e in episodes],
@@ -204,7 +222,6 @@ async def insert_turns(
             "transcripts": [_json(c["tool_transcript"]) for c in contents],
             "ats": [as_utc(e.occurred_at) for e in episodes],
             "events": [orjson.dumps(event).decode() for event in events],
-            "p": project_id,
             "outcome": TURN_OUTCOME,
         },
     )
@@ -216,14 +233,14 @@ async def insert_turns(
     found = await conn.execute(
         _STORED_MANY,
         {
-            "p": project_id,
+            "ps": [pairs[k][0] for k in old],
             "us": [episodes[k].user_id for k in old],
             "ts": [episodes[k].id for k in old],
         },
     )
-    stored = {(row.user_id, row.turn_id): row for row in found}
+    stored = {(row.project_id, row.user_id, row.turn_id): row for row in found}
     for k in old:
-        episode, row = episodes[k], stored.get(turn_key(episodes[k]))
+        episode, row = episodes[k], stored.get((pairs[k][0], *turn_key(episodes[k])))
         where = f"episodes[{k}]: " if indexed else ""
         if row is None:
             results[k] = EpisodeConflictError(

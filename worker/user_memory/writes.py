@@ -2,10 +2,10 @@
 
 Group commit, twice, shared by every ``Memory`` of a process on one engine and Redis client,
 whatever its project (``SharedWrites``, ``shared_writes``). Concurrent ``remember`` calls are
-inserted together: a round is one transaction of one statement per project in it
-(``turns.insert_turns``: the rows and their owed ``episode.remembered`` events; of one
-project, the statement alone, without BEGIN and COMMIT), and the calls that come while it
-commits make the next round. Each caller goes on once its round committed (a conflicting id
+inserted together: a round is one statement, whatever its projects, a transaction of its own
+without BEGIN and COMMIT round trips (``turns.insert_pairs``: the rows and their owed
+``episode.remembered`` events), and the calls that come while it commits make the next
+round. Each caller goes on once its round committed (a conflicting id
 fails that call alone, the others are stored), and returns: its turn and its owed
 ``episode.remembered`` are committed. Their publish follows, without the caller, shared with
 the calls, of any project, that came meanwhile
@@ -88,7 +88,7 @@ class SharedWrites:
         return stored
 
     async def _insert_waiting(self) -> None:
-        """Insert the turns of concurrent ``remember`` calls together, a transaction per
+        """Insert the turns of concurrent ``remember`` calls together, a statement per
         round of up to ``MAX_REMEMBER_BATCH``, until none waits: each caller gets its turn's
         result (a conflict fails that call alone)."""
         while self._waiting:
@@ -128,11 +128,11 @@ class SharedWrites:
     async def _insert_round(
         self, unique: list[tuple[str, Episode]]
     ) -> list[turns.Stored | Exception]:
-        """One round, a statement per project (``_round``); when Postgres refuses it for
+        """One round, one statement (``_round``); when Postgres refuses it for
         something other than an outage (a turn's data it will not hold), each turn alone, so
         one caller's bad turn fails that call only."""
         try:
-            async with self._round(unique) as conn:
+            async with self._round() as conn:
                 return await insert_projects(conn, unique)
         except Exception as exc:
             if len(unique) == 1 or is_connection_error(exc):
@@ -140,7 +140,7 @@ class SharedWrites:
         results: list[turns.Stored | Exception] = []
         for one in unique:
             try:
-                async with self._round([one]) as conn:
+                async with self._round() as conn:
                     results.extend(await insert_projects(conn, [one]))
             except Exception as exc:
                 if is_connection_error(exc):
@@ -149,14 +149,10 @@ class SharedWrites:
         return results
 
     @contextlib.asynccontextmanager
-    async def _round(self, unique: list[tuple[str, Episode]]) -> AsyncIterator[AsyncConnection]:
-        """A round's connection: of one project, its one statement is a transaction of its
-        own (no BEGIN and COMMIT round trips; the turns and their events are still committed
-        together or not at all); of several, one transaction (one WAL flush, not one each)."""
-        if len({project_id for project_id, _episode in unique}) > 1:
-            async with self.engine.begin() as conn:
-                yield conn
-            return
+    async def _round(self) -> AsyncIterator[AsyncConnection]:
+        """A round's connection: its one statement, of one project or several, is a
+        transaction of its own (no BEGIN and COMMIT round trips; the turns and their events
+        are still committed together or not at all)."""
         async with self.engine.connect() as conn:
             yield await conn.execution_options(isolation_level="AUTOCOMMIT")
 
@@ -203,35 +199,27 @@ async def release(writes: SharedWrites) -> None:
 async def insert_projects(
     conn: AsyncConnection, unique: list[tuple[str, Episode]]
 ) -> list[turns.Stored | Exception]:
-    """Insert ``(project, turn)`` pairs (distinct), one ``turns.insert_turns`` per project;
-    each pair's result in order."""
-    by_project: dict[str, list[int]] = {}
-    for k, (project_id, _episode) in enumerate(unique):
-        by_project.setdefault(project_id, []).append(k)
-    results: list[turns.Stored | Exception] = [Exception("not inserted")] * len(unique)
-    for project_id, ks in by_project.items():
-        episodes = [unique[k][1] for k in ks]
-        stored = await turns.insert_turns(
-            conn, project_id, episodes, remembered_events(project_id, episodes), indexed=False
-        )
-        for k, result in zip(ks, stored, strict=True):
-            results[k] = result
-    return results
+    """Insert ``(project, turn)`` pairs (distinct), whatever their projects, in one statement
+    (``turns.insert_pairs``); each pair's result in order."""
+    events = [remembered_event(project_id, episode) for project_id, episode in unique]
+    return list(await turns.insert_pairs(conn, unique, events, indexed=False))
+
+
+def remembered_event(project_id: str, episode: Episode) -> dict[str, Any]:
+    """A turn's ``episode.remembered``."""
+    return change_event(
+        "episode.remembered",
+        project_id,
+        episode.user_id,
+        episode.id,
+        episode_id=episode.id,
+        session_id=episode.session_id,
+    )
 
 
 def remembered_events(project_id: str, episodes: list[Episode]) -> list[dict[str, Any]]:
     """Each turn's ``episode.remembered``."""
-    return [
-        change_event(
-            "episode.remembered",
-            project_id,
-            e.user_id,
-            e.id,
-            episode_id=e.id,
-            session_id=e.session_id,
-        )
-        for e in episodes
-    ]
+    return [remembered_event(project_id, e) for e in episodes]
 
 
 class TurnWriter:
