@@ -14,6 +14,8 @@ from typing import Any
 
 import orjson
 from redis.asyncio import Redis
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from worker.keys import StreamKeys, shard_of
 from worker.lifecycle.worker import LifecycleWorker
@@ -164,3 +166,29 @@ async def spawn_session(
             return await redis.hget(meta, "state") is not None  # type: ignore[misc]
 
         await wait_until(live)
+
+
+@contextlib.asynccontextmanager
+async def poison_refused(engine: AsyncEngine) -> AsyncIterator[None]:
+    """While in the block, Postgres refuses a turn whose input is ``poison`` (a trigger: it
+    stands for whatever data the input rule might miss), with SQLSTATE 22023."""
+    async with engine.begin() as conn:
+        await conn.execute(
+            text(
+                "CREATE FUNCTION refuse_poison() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
+                " IF NEW.input = 'poison' THEN RAISE EXCEPTION 'poison refused'"
+                " USING ERRCODE = '22023'; END IF; RETURN NEW; END $$"
+            )
+        )
+        await conn.execute(
+            text(
+                "CREATE TRIGGER refuse_poison BEFORE INSERT ON episodes"
+                " FOR EACH ROW EXECUTE FUNCTION refuse_poison()"
+            )
+        )
+    try:
+        yield
+    finally:
+        async with engine.begin() as conn:
+            await conn.execute(text("DROP TRIGGER refuse_poison ON episodes"))
+            await conn.execute(text("DROP FUNCTION refuse_poison()"))

@@ -19,7 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from schemas.inputs import InvalidInputError
 from schemas.limits import MAX_REMEMBER_BATCH
 from tests.cli_process import Memworker
-from tests.helpers import worker_env
+from tests.helpers import poison_refused, worker_env
 from tests.integration.test_access import free_port
 from worker.keys import changes_stream, episodes_stream
 from worker.settings import Settings
@@ -261,21 +261,7 @@ async def test_a_turn_postgres_refuses_fails_its_own_call_not_its_rounds(
 ) -> None:
     """Calls inserted in one round: when Postgres refuses one turn's data (a trigger here
     stands for whatever the input rule might miss), the others are stored all the same."""
-    async with engine.begin() as conn:
-        await conn.execute(
-            text(
-                "CREATE FUNCTION refuse_poison() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
-                " IF NEW.input = 'poison' THEN RAISE EXCEPTION 'poison refused'"
-                " USING ERRCODE = '22023'; END IF; RETURN NEW; END $$"
-            )
-        )
-        await conn.execute(
-            text(
-                "CREATE TRIGGER refuse_poison BEFORE INSERT ON episodes"
-                " FOR EACH ROW EXECUTE FUNCTION refuse_poison()"
-            )
-        )
-    try:
+    async with poison_refused(engine):
         async with Memory(PROJECT, settings=write_settings, engine=engine, redis=redis) as memory:
             calls = [memory.remember(turn(f"p{k}", "ann")) for k in range(9)]
             calls.insert(4, memory.remember(turn("bad", "ann", "poison")))
@@ -284,7 +270,3 @@ async def test_a_turn_postgres_refuses_fails_its_own_call_not_its_rounds(
         [refused] = [g for g in got if isinstance(g, Exception)]
         assert "poison refused" in str(refused)
         assert await counts(engine) == (9, 0)
-    finally:
-        async with engine.begin() as conn:
-            await conn.execute(text("DROP TRIGGER refuse_poison ON episodes"))
-            await conn.execute(text("DROP FUNCTION refuse_poison()"))

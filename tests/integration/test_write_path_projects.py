@@ -16,6 +16,7 @@ from redis.asyncio import Redis
 from sqlalchemy import event, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from tests.helpers import poison_refused
 from worker.keys import changes_stream, episodes_stream
 from worker.settings import Settings
 from worker.user_memory.memory import Memory
@@ -125,21 +126,7 @@ async def test_a_turn_postgres_refuses_in_a_round_of_projects_fails_its_own_call
 ) -> None:
     """The round's statement refused (a trigger stands for what the input rule might miss):
     each turn alone, so the other projects' turns are stored and on their feeds."""
-    async with engine.begin() as conn:
-        await conn.execute(
-            text(
-                "CREATE FUNCTION refuse_poison() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
-                " IF NEW.input = 'poison' THEN RAISE EXCEPTION 'poison refused'"
-                " USING ERRCODE = '22023'; END IF; RETURN NEW; END $$"
-            )
-        )
-        await conn.execute(
-            text(
-                "CREATE TRIGGER refuse_poison BEFORE INSERT ON episodes"
-                " FOR EACH ROW EXECUTE FUNCTION refuse_poison()"
-            )
-        )
-    try:
+    async with poison_refused(engine):
         async with contextlib.AsyncExitStack() as stack:
             memory = {
                 p: await stack.enter_async_context(
@@ -160,7 +147,3 @@ async def test_a_turn_postgres_refuses_in_a_round_of_projects_fails_its_own_call
         assert len(await stored(engine)) == 9
         for p in PROJECTS:
             assert await feed(redis, write_settings, p) == [("ann", f"{p}-{n}") for n in range(3)]
-    finally:
-        async with engine.begin() as conn:
-            await conn.execute(text("DROP TRIGGER refuse_poison ON episodes"))
-            await conn.execute(text("DROP FUNCTION refuse_poison()"))
