@@ -2,7 +2,7 @@
 same database.
 
     python bench/recall_locomo_latency.py --data PATH/TO/locomo10.json [--after COMMIT] \\
-        [--before COMMIT] [--rounds 2] [--pgvector-url URL] [--redis-url URL]
+        [--before COMMIT] [--rounds 2] [--analyze] [--pgvector-url URL] [--redis-url URL]
 
 The turns of the split (``bench/recall_locomo.py``'s ingestion: one user per conversation, one
 episode per turn) are remembered and embedded once, by this checkout. Then, ``--rounds`` times,
@@ -11,7 +11,9 @@ checked out in a temporary git worktree) runs in a process of its own: it loads 
 warms up with one question per conversation, and times ``recall_scored(question,
 user_id=<conversation>, limit=10)`` for every question of categories 1-4, one after another.
 p50 and p99 per version and round: the machine's load changes between rounds, so compare the
-versions within a round.
+versions within a round. ``--analyze``: ``ANALYZE`` the database after the import (what
+autovacuum does within its first minute): without it, the first process plans on tables that
+have no statistics yet, and its round is the slow one (BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from pathlib import Path
 from harness import earlier_checkout, fresh_database, invocation, markdown_table, percentile
 from recall_common import pgvector_server
 from recall_locomo import LIMIT, PROJECT, Conversation, ingest, load, redis_server
+from sqlalchemy import text
 
 from worker.episodes.embedding import LocalEmbedder
 from worker.episodes.vectorising import reindex
@@ -78,7 +81,9 @@ def timed(tree: Path, redis_url: str, database_url: str, questions: Path) -> lis
     return [float(s) for s in json.loads(done.stdout.strip().splitlines()[-1])]
 
 
-async def prepare(url: str, redis_url: str, conversations: list[Conversation]) -> None:
+async def prepare(
+    url: str, redis_url: str, conversations: list[Conversation], analyze: bool = False
+) -> None:
     embedder = LocalEmbedder()
     embedder.load()
     settings = Settings(redis_url=redis_url, database_url=url, stream_prefix="locomo")
@@ -86,6 +91,10 @@ async def prepare(url: str, redis_url: str, conversations: list[Conversation]) -
         for conv in conversations:
             await ingest(memory, conv)
         await reindex(memory.engine, embedder, project_id=PROJECT)
+        if analyze:
+            async with memory.engine.connect() as conn:
+                await conn.execute(text("ANALYZE"))
+                await conn.commit()
 
 
 async def run(args: argparse.Namespace) -> str:
@@ -100,7 +109,7 @@ async def run(args: argparse.Namespace) -> str:
         asked = [[c.sample_id, q.text] for c in conversations for q in c.questions]
         questions.write_text(json.dumps(asked))
         async with fresh_database(pg) as url:
-            await prepare(url, redis_url, conversations)
+            await prepare(url, redis_url, conversations, args.analyze)
             with earlier_checkout(args.after) as after, earlier_checkout(args.before) as before:
                 for n in range(1, args.rounds + 1):
                     for name, tree in ((args.after, after), (args.before, before)):
@@ -128,6 +137,7 @@ def main() -> None:
     parser.add_argument("--before", default="main", help="the earlier commit (default main)")
     parser.add_argument("--after", default="HEAD", help="the later commit (default HEAD)")
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--analyze", action="store_true", help="ANALYZE after the import")
     parser.add_argument("--redis-url", help="default: an embedded Valkey for the run")
     parser.add_argument("--pgvector-url", help="default: an embedded PostgreSQL for the run")
     print(asyncio.run(run(parser.parse_args())))
