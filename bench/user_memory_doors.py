@@ -9,10 +9,11 @@ Every round runs, in turn, 50 clients (``--clients``) calling ``remember`` as fa
 against: one ``serve``; one ``mcp --http`` (a session per client, ``tools/call`` of
 ``remember``); two ``serve`` processes of the same project, client ``c`` talking to process
 ``c mod 2`` (what two processes behind one port's balancer give, without a balancer's own
-cost). All servers run from the start (idle ones cost nothing measurable), on a fresh migrated
-database (dropped at the end) and the given Redis, ``MEMWORKER_REMEMBER_EMBEDDING=indexer``
+cost); the same ``mcp --http`` spoken to in MCP's 2026-07-28 revision (no session: each call
+stands alone). All servers run from the start (idle ones cost nothing measurable), on a fresh
+migrated database (dropped at the end) and the given Redis, ``MEMWORKER_REMEMBER_EMBEDDING=indexer``
 (the write path: the indexer is not run). Clients are minimal keep-alive HTTP/1.1 clients
-(``user_memory_load.Connection``; MCP's answers are server-sent events, read the same way).
+(``user_memory_load.Connection``; an MCP answer is read as JSON or as one server-sent event).
 """
 
 from __future__ import annotations
@@ -41,8 +42,21 @@ from user_memory_load import OUTPUT, Connection, Point, door_server, drive, ms, 
 from worker.db.engine import create_database_engine
 
 PROJECT = "doors"
-DOORS = ("HTTP `serve`, 1 process", "MCP over HTTP, 1 process", "HTTP `serve`, 2 processes")
+DOORS = (
+    "HTTP `serve`, 1 process",
+    "MCP over HTTP, 1 process",
+    "HTTP `serve`, 2 processes",
+    "MCP over HTTP 2026-07-28, 1 process",
+)
 MCP_HEADERS = "Accept: application/json, text/event-stream\r\n"
+MODERN = "2026-07-28"
+"""MCP's revision without sessions: each request stands alone (``MCP-Protocol-Version``
+header, the client's version, name and capabilities in the request's ``_meta``)."""
+MODERN_META = {
+    "io.modelcontextprotocol/protocolVersion": MODERN,
+    "io.modelcontextprotocol/clientInfo": {"name": "bench", "version": "1"},
+    "io.modelcontextprotocol/clientCapabilities": {},
+}
 
 
 def server(redis_url: str, database_url: str, prefix: str, *args: str) -> Any:
@@ -51,14 +65,21 @@ def server(redis_url: str, database_url: str, prefix: str, *args: str) -> Any:
 
 
 class McpConnection(Connection):
-    """One MCP session over one keep-alive connection: ``initialize``, then ``tools/call``."""
+    """One MCP session over one keep-alive connection: ``initialize``, then ``tools/call``;
+    ``modern``: no session, each ``tools/call`` standing alone (``MODERN``)."""
 
     session = ""
     calls = 0
+    modern = False
 
     async def exchange(self, body: dict[str, Any]) -> tuple[int, dict[bytes, bytes], bytes]:
         data = orjson.dumps(body)
         session = f"Mcp-Session-Id: {self.session}\r\n" if self.session else ""
+        if self.modern:  # the routing headers repeat the body's method and tool
+            session = (
+                f"MCP-Protocol-Version: {MODERN}\r\nMcp-Method: {body['method']}\r\n"
+                f"Mcp-Name: {body['params']['name']}\r\n"
+            )
         head = (
             f"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
             f"{MCP_HEADERS}{session}Content-Length: {len(data)}\r\n\r\n"
@@ -84,6 +105,8 @@ class McpConnection(Connection):
         return int(lines[0].split()[1]), headers, payload
 
     async def start(self) -> None:
+        if self.modern:
+            return
         status, headers, payload = await self.exchange(
             {
                 "jsonrpc": "2.0",
@@ -108,7 +131,11 @@ class McpConnection(Connection):
                 "jsonrpc": "2.0",
                 "id": self.calls,
                 "method": "tools/call",
-                "params": {"name": tool, "arguments": arguments},
+                "params": {
+                    "name": tool,
+                    "arguments": arguments,
+                    **({"_meta": MODERN_META} if self.modern else {}),
+                },
             }
         )
         data = next(
@@ -147,12 +174,16 @@ async def http_point(bases: list[str], tag: str, clients: int, seconds: float) -
             connection.close()
 
 
-async def mcp_point(base: str, tag: str, clients: int, seconds: float) -> Point:
-    """``clients`` closed loops of the ``remember`` tool, a session each."""
+async def mcp_point(
+    base: str, tag: str, clients: int, seconds: float, modern: bool = False
+) -> Point:
+    """``clients`` closed loops of the ``remember`` tool, a session each (``modern``: none,
+    each call standing alone)."""
     connections: list[McpConnection] = []
     for _ in range(clients):
         host, port = base.removeprefix("http://").rsplit(":", 1)
         connection = McpConnection(*await asyncio.open_connection(host, int(port)))
+        connection.modern = modern
         await connection.start()
         connections.append(connection)
 
@@ -182,11 +213,12 @@ async def run(args: argparse.Namespace) -> str:
         ):
             await http_point([one, two], "warm", args.clients, 2.0)  # connections, statements
             await mcp_point(mcp, "warm-mcp", args.clients, 2.0)
+            await mcp_point(mcp, "warm-modern", args.clients, 2.0, modern=True)
             for r in range(args.rounds):
                 for k, door in enumerate(DOORS):
                     tag, seconds = f"r{r}-{k}", args.seconds
-                    if k == 1:
-                        point = await mcp_point(mcp, tag, args.clients, seconds)
+                    if k in (1, 3):
+                        point = await mcp_point(mcp, tag, args.clients, seconds, k == 3)
                     else:
                         point = await http_point(
                             [one, two][: k // 2 + 1], tag, args.clients, seconds
@@ -214,6 +246,7 @@ async def run(args: argparse.Namespace) -> str:
     http1 = mean[DOORS[0]]
     notes = [
         f"MCP over HTTP ÷ HTTP (means of the rounds): {mean[DOORS[1]] / http1:.2f}",
+        f"MCP over HTTP {MODERN} ÷ HTTP (means of the rounds): {mean[DOORS[3]] / http1:.2f}",
         f"2 processes ÷ 1 (means of the rounds): {mean[DOORS[2]] / http1:.2f}",
         f"{stored:,} turns in Postgres",
     ]
