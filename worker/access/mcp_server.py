@@ -1,7 +1,9 @@
 """``memworker mcp``: the tools (``tools.TOOLS``) as an MCP server on the official SDK's
 low-level ``Server``: over stdio (what desktop assistants and agent frameworks start), or
 streamable HTTP (``--http PORT``, path ``/mcp``, behind the same ``Guard`` as
-``memworker serve``, with the same probes; sessions capped and closed when idle). Listing
+``memworker serve``, with the same probes; sessions capped and closed when idle; each request
+answered with one JSON body, not an event stream: the transport's ``json_response``, which also
+serves a call of the 2026-07-28 revision, which has no session, inline). Listing
 gives each tool's description and JSON Schema; a call answers the tool's JSON result as text,
 or ``{"error": "<one line>"}`` with ``isError`` set, also for a request the SDK cannot read
 but JSON can (a lone surrogate: ``mcp_intake``).
@@ -32,22 +34,39 @@ INSTRUCTIONS = (
 
 def listed() -> list[types.Tool]:
     """Every tool as MCP lists it: name, description, input schema, read-only hint (the tools,
-    their models and the user-memory room load at the first listing, not at ``initialize``)."""
-    from worker.access.tools import TOOLS
+    their models and the user-memory room load at the first listing, not at ``initialize``;
+    built once: ``_LISTED``)."""
+    if not _LISTED:
+        from worker.access.tools import TOOLS
 
-    return [
-        types.Tool(
-            name=tool.name,
-            description=tool.description,
-            input_schema=tool.schema(),
-            annotations=types.ToolAnnotations(
-                read_only_hint=tool.read_only,
-                destructive_hint=tool.name == "forget",
-                idempotent_hint=tool.read_only or tool.name in ("remember", "update_block"),
-            ),
+        _LISTED.extend(
+            types.Tool(
+                name=tool.name,
+                description=tool.description,
+                input_schema=tool.schema(),
+                annotations=types.ToolAnnotations(
+                    read_only_hint=tool.read_only,
+                    destructive_hint=tool.name == "forget",
+                    idempotent_hint=tool.read_only or tool.name in ("remember", "update_block"),
+                ),
+            )
+            for tool in TOOLS
         )
-        for tool in TOOLS
-    ]
+    return list(_LISTED)
+
+
+_LISTED: list[types.Tool] = []
+"""The tools as listed, made at the first listing: a tool's JSON Schema is pydantic's work
+over its argument model (~1 ms for all of them), and the SDK asks for it at each call of the
+2026-07-28 revision (``input_schema``), which made that revision ~7× slower than a session's
+call (BENCHMARKS.md, many agents at once)."""
+
+
+def input_schema(name: str) -> dict[str, Any] | None:
+    """A tool's input schema by name, or None (no such tool: the call itself says so): what
+    the SDK checks a 2026-07-28 call's ``Mcp-Param-*`` headers against, in place of running
+    ``tools/list`` for every call."""
+    return next((tool.input_schema for tool in listed() if tool.name == name), None)
 
 
 def build(access: Callable[[], Access]) -> Server[Any]:
@@ -80,6 +99,7 @@ def build(access: Callable[[], Access]) -> Server[Any]:
         instructions=INSTRUCTIONS,
         on_list_tools=list_tools,
         on_call_tool=call_tool,
+        get_tool_input_schema=input_schema,
     )
     server.memworker_access = made  # type: ignore[attr-defined]
     server.memworker_scope = scope  # type: ignore[attr-defined]
@@ -138,6 +158,9 @@ def http_app(
     scope = server.memworker_scope  # type: ignore[attr-defined]
     app = server.streamable_http_app(
         max_request_body_size=max_bytes,
+        # one JSON body a request: an event stream's task group and memory streams a call made
+        # MCP ~0.4 of serve's rate; a 2026-07-28 call is then served inline (BENCHMARKS.md)
+        json_response=True,
         max_sessions=max_sessions,
         session_idle_timeout=idle_seconds,
         transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False),
