@@ -25,6 +25,7 @@ import platform
 from typing import Any
 
 import orjson
+import psutil
 from harness import (
     DEFAULT_DATABASE_URL,
     DEFAULT_REDIS_URL,
@@ -57,6 +58,22 @@ MODERN_META = {
     "io.modelcontextprotocol/clientInfo": {"name": "bench", "version": "1"},
     "io.modelcontextprotocol/clientCapabilities": {},
 }
+
+
+def server_cpu(bases: list[str]) -> float:
+    """CPU seconds (user and system) the ``memworker`` processes listening at ``bases`` have
+    used: found by the port on their command line."""
+    ports = {base.rsplit(":", 1)[1] for base in bases}
+    used = 0.0
+    for proc in psutil.process_iter(["cmdline"]):
+        line = proc.info["cmdline"] or []
+        if "worker.cli" in line and ports & {*line}:
+            try:
+                times = proc.cpu_times()
+            except psutil.Error:
+                continue
+            used += times.user + times.system
+    return used
 
 
 def server(redis_url: str, database_url: str, prefix: str, *args: str) -> Any:
@@ -204,6 +221,7 @@ async def run(args: argparse.Namespace) -> str:
     redis = Redis.from_url(args.redis_url)
     rows: list[list[str]] = []
     rates: dict[str, list[float]] = {}
+    cpus: dict[str, list[float]] = {}  # the server's CPU seconds a call, by door
     try:
         async with (
             fresh_database(args.database_url) as url,
@@ -217,12 +235,14 @@ async def run(args: argparse.Namespace) -> str:
             for r in range(args.rounds):
                 for k, door in enumerate(DOORS):
                     tag, seconds = f"r{r}-{k}", args.seconds
+                    bases = [mcp] if k in (1, 3) else [one, two][: k // 2 + 1]
+                    cpu = server_cpu(bases)
                     if k in (1, 3):
                         point = await mcp_point(mcp, tag, args.clients, seconds, k == 3)
                     else:
-                        point = await http_point(
-                            [one, two][: k // 2 + 1], tag, args.clients, seconds
-                        )
+                        point = await http_point(bases, tag, args.clients, seconds)
+                    cpu = server_cpu(bases) - cpu
+                    cpus.setdefault(door, []).append(cpu / max(1, len(point.remember)))
                     rates.setdefault(door, []).append(point.rate())
                     rows.append(
                         [
@@ -232,6 +252,7 @@ async def run(args: argparse.Namespace) -> str:
                             f"{point.rate():,.0f}/s",
                             ms(point.remember, 50),
                             ms(point.remember, 99),
+                            f"{cpu * 1000 / max(1, len(point.remember)):.2f}",
                             str(point.errors) + (f" ({point.first_error})" if point.errors else ""),
                         ]
                     )
@@ -244,9 +265,12 @@ async def run(args: argparse.Namespace) -> str:
         await redis.aclose()
     mean = {door: sum(v) / len(v) for door, v in rates.items()}
     http1 = mean[DOORS[0]]
+    per_call = {door: sum(v) / len(v) for door, v in cpus.items()}
     notes = [
-        f"MCP over HTTP ÷ HTTP (means of the rounds): {mean[DOORS[1]] / http1:.2f}",
-        f"MCP over HTTP {MODERN} ÷ HTTP (means of the rounds): {mean[DOORS[3]] / http1:.2f}",
+        f"MCP over HTTP ÷ HTTP (means of the rounds): {mean[DOORS[1]] / http1:.2f}; its "
+        f"server's CPU a call ÷ `serve`'s: {per_call[DOORS[1]] / per_call[DOORS[0]]:.2f}",
+        f"MCP over HTTP {MODERN} ÷ HTTP (means of the rounds): {mean[DOORS[3]] / http1:.2f};"
+        f" its server's CPU a call ÷ `serve`'s: {per_call[DOORS[3]] / per_call[DOORS[0]]:.2f}",
         f"2 processes ÷ 1 (means of the rounds): {mean[DOORS[2]] / http1:.2f}",
         f"{stored:,} turns in Postgres",
     ]
@@ -255,9 +279,18 @@ async def run(args: argparse.Namespace) -> str:
         f"{platform.python_version()}, {args.seconds:g} s a point; load average "
         f"{load_before:.1f} at the start, {os.getloadavg()[0]:.1f} at the end\n\n"
         + markdown_table(
-            ["round", "door", "clients", "remembers", "p50 ms", "p99 ms", "errors"],
+            [
+                "round",
+                "door",
+                "clients",
+                "remembers",
+                "p50 ms",
+                "p99 ms",
+                "server CPU ms a call",
+                "errors",
+            ],
             rows,
-            "llrrrrl",
+            "llrrrrrl",
         )
         + "\n\n"
         + "\n".join(f"- {n}" for n in notes)
