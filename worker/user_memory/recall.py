@@ -350,7 +350,7 @@ async def recall_scored(
     if sessions:
         echo = best[:ECHO_TURNS] if dimension is not None else []
         await read_context_sessions(
-            conn, where, params, turns, sessions, dimension, min_similarity, echo
+            conn, where, params, turns, sessions, dimension, min_similarity, echo, best
         )
     scored, bm25 = rank(
         turns, query, alpha=alpha, total=total, lexemes=lexemes, floor=min_similarity

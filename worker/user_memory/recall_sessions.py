@@ -1,10 +1,14 @@
-"""A recall's context: the whole sessions of its best turns, read in one statement.
+"""A recall's context: the sessions of its best turns, read in one statement.
 
 ``recall_scored`` (``recall.py``) ranks a turn with its neighbours in its session (the turn
 before and after it, ``turn_ranking``); this reads those sessions' turns, one row a session,
 with each turn's cosine with the query (and, with an echo, with the query plus the best turns'
 mean: ``turn_ranking.ECHO_WEIGHT``), through the index on ``(project_id, user_id,
-session_id)`` (migration 0010) and each turn's vector by its key.
+session_id)`` (migration 0010) and each turn's vector by its key. A session of at most
+``WHOLE_SESSION`` turns is read whole; a longer one only ``WINDOW`` turns either side of each
+of the best turns in it, so a recall's cost stops growing with a session that never ends (an
+agent's one long thread): a recall of three common words in one session of 3,000 turns took
+~59 ms, 39 of them this process's CPU, reading it whole (BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -19,6 +23,12 @@ from worker.db.vectors import VECTOR_TABLE
 from worker.user_memory.turn_ranking import Turn, speaker_of
 
 CONTEXT_ROWS = 5_000
+WHOLE_SESSION = 200
+"""A session of at most this many turns is read whole (LoCoMo's longest has 43: its figures
+are those of sessions read whole); a longer one around its best turns only (``WINDOW``)."""
+WINDOW = 20
+"""How many turns either side of each best turn a session longer than ``WHOLE_SESSION`` is
+read: a LoCoMo session's worth around each (turns only a few apart share one window)."""
 HEAD = 80
 """Characters of a turn's input read for its speaker."""
 
@@ -45,12 +55,15 @@ async def read_context_sessions(
     dimension: int | None,
     floor: float,
     echo: Sequence[str] = (),
+    best: Sequence[str] = (),
 ) -> None:
-    """Every turn of ``sessions`` into ``turns``, each linked to the one before and after it
-    (by time, then by when it was stored), with its length and, for a new one, its cosine
-    (at any value: a neighbour's meaning counts only through its share); with ``echo`` (the
-    first ranking's best turns), each turn's cosine with the query's vector plus the mean of
-    theirs (``Turn.echo``: ``turn_ranking.ECHO_WEIGHT``), in the same statement."""
+    """The turns of ``sessions`` into ``turns`` (a session longer than ``WHOLE_SESSION`` only
+    within ``WINDOW`` of one of the ``best`` turns), each linked to the one just before and
+    after it (by time, then by when it was stored) when that one was read too, with its length
+    and, for a new one, its cosine (at any value: a neighbour's meaning counts only through its
+    share); with ``echo`` (the first ranking's best turns), each turn's cosine with the query's
+    vector plus the mean of theirs (``Turn.echo``: ``turn_ranking.ECHO_WEIGHT``), in the same
+    statement."""
     cosine = f", {cosine_sql(dimension)} AS cosine" if dimension else ", NULL AS cosine"
     if dimension and echo:
         mean = (
@@ -65,33 +78,47 @@ async def read_context_sessions(
     # each turn's vector by its key (a hash join read all 10,000 of the model to keep ~500;
     # OFFSET 0: Postgres would fold the lateral sub-select into that hash join again)
     join = (
-        f" LEFT JOIN LATERAL (SELECT embedding FROM {VECTOR_TABLE} v WHERE v.episode_id = e.id"
+        f" LEFT JOIN LATERAL (SELECT embedding FROM {VECTOR_TABLE} v WHERE v.episode_id = o.id"
         f" AND v.model = :m AND v.dimension = {dimension} OFFSET 0) v ON true"
         if dimension
         else ""
     )
-    order = "s.occurred_at, s.recorded_at, s.id"
+    # every turn of the sessions numbered in its session (no vector read yet), the best turns'
+    # numbers in the long ones, then the turns kept: a short session's all, a long one's near
+    # a best turn (a hashed set of the numbers near them: a range test of each turn against
+    # each best turn was quadratic), each with its cosines
     statement = text(
-        f"SELECT s.session_id, array_agg(s.id::text ORDER BY {order}) AS ids,"
-        f" array_agg(s.head ORDER BY {order}) AS heads, array_agg(s.n ORDER BY {order}) AS ns,"
-        f" array_agg(s.cosine ORDER BY {order}) AS cosines,"
-        f" array_agg(s.occurred_at ORDER BY {order}) AS ats,"
-        f" array_agg(s.echo ORDER BY {order}) AS echoes FROM ("
-        f"SELECT e.id, e.session_id, e.occurred_at, e.recorded_at, left(e.input, {HEAD}) AS head,"
-        f" length(e.search_vector) AS n{cosine} FROM episodes e{join}"
+        "WITH o AS MATERIALIZED (SELECT e.id, e.session_id, e.occurred_at,"
+        f" left(e.input, {HEAD}) AS head, length(e.search_vector) AS n,"
+        " row_number() OVER (PARTITION BY e.session_id"
+        " ORDER BY e.occurred_at, e.recorded_at, e.id) AS pos,"
+        " count(*) OVER (PARTITION BY e.session_id) AS size FROM episodes e"
         f" WHERE {' AND '.join(where)} AND e.turn_id IS NOT NULL"
-        " AND e.session_id = ANY(CAST(:sessions AS text[]))"
-        f" ORDER BY e.session_id, e.occurred_at, e.recorded_at, e.id LIMIT {CONTEXT_ROWS}"
+        " AND e.session_id = ANY(CAST(:sessions AS text[]))),"
+        f" h AS (SELECT session_id, pos FROM o WHERE size > {WHOLE_SESSION}"
+        " AND id = ANY(CAST(:best AS uuid[])))"
+        " SELECT s.session_id, array_agg(s.id::text ORDER BY s.pos) AS ids,"
+        " array_agg(s.head ORDER BY s.pos) AS heads, array_agg(s.n ORDER BY s.pos) AS ns,"
+        " array_agg(s.cosine ORDER BY s.pos) AS cosines,"
+        " array_agg(s.occurred_at ORDER BY s.pos) AS ats,"
+        " array_agg(s.echo ORDER BY s.pos) AS echoes,"
+        " array_agg(s.pos ORDER BY s.pos) AS positions FROM ("
+        f"SELECT o.id, o.session_id, o.occurred_at, o.head, o.n, o.pos{cosine} FROM o{join}"
+        f" WHERE o.size <= {WHOLE_SESSION} OR (o.session_id, o.pos) IN (SELECT"
+        f" h.session_id, generate_series(h.pos - {WINDOW}, h.pos + {WINDOW}) FROM h)"
+        f" ORDER BY o.session_id, o.pos LIMIT {CONTEXT_ROWS}"
         ") s GROUP BY s.session_id"
     )
     # one row a session, its turns in order (by time, then by when each was stored): a row a
     # turn cost a driver record and a result row each, ~500 for 30 LoCoMo sessions
-    for session, ids, heads, lengths, cosines, ats, echoes in await conn.execute(
-        statement, {**params, "sessions": list(sessions), **({"echo": list(echo)} if echo else {})}
+    bound = {**params, "sessions": list(sessions), "best": list(best)}
+    for session, ids, heads, lengths, cosines, ats, echoes, positions in await conn.execute(
+        statement, {**bound, **({"echo": list(echo)} if echo else {})}
     ):
         previous: Turn | None = None
-        for key, head, n, cos, at, mean in zip(
-            ids, heads, lengths, cosines, ats, echoes, strict=True
+        at_previous = 0
+        for key, head, n, cos, at, mean, pos in zip(
+            ids, heads, lengths, cosines, ats, echoes, positions, strict=True
         ):
             turn = turns.get(key)
             if turn is None:
@@ -103,6 +130,6 @@ async def read_context_sessions(
                 turn.echo = float(mean)
             if not turn.counts:
                 turn.length = int(n or 0)
-            if previous is not None:
+            if previous is not None and pos == at_previous + 1:  # not across a gap
                 previous.after, turn.before = key, previous.id
-            previous = turn
+            previous, at_previous = turn, pos
