@@ -83,29 +83,31 @@ async def read_context_sessions(
         if dimension
         else ""
     )
-    # every turn of the sessions numbered in its session (no vector read yet), the best turns'
-    # numbers in the long ones, then the turns kept: a short session's all, a long one's near
-    # a best turn (a hashed set of the numbers near them: a range test of each turn against
-    # each best turn was quadratic), each with its cosines
+    # every turn of the sessions numbered in its session (no vector read yet), then the
+    # number of the nearest best turn at or before it and at or after it (window functions
+    # over those numbers: no second read, no sub-plan), then the turns kept (a short
+    # session's all, a long one's near a best turn) with their cosines
     statement = text(
-        "WITH o AS MATERIALIZED (SELECT e.id, e.session_id, e.occurred_at,"
-        f" left(e.input, {HEAD}) AS head, length(e.search_vector) AS n,"
-        " row_number() OVER (PARTITION BY e.session_id"
-        " ORDER BY e.occurred_at, e.recorded_at, e.id) AS pos,"
-        " count(*) OVER (PARTITION BY e.session_id) AS size FROM episodes e"
-        f" WHERE {' AND '.join(where)} AND e.turn_id IS NOT NULL"
-        " AND e.session_id = ANY(CAST(:sessions AS text[]))),"
-        f" h AS (SELECT session_id, pos FROM o WHERE size > {WHOLE_SESSION}"
-        " AND id = ANY(CAST(:best AS uuid[])))"
-        " SELECT s.session_id, array_agg(s.id::text ORDER BY s.pos) AS ids,"
+        "SELECT s.session_id, array_agg(s.id::text ORDER BY s.pos) AS ids,"
         " array_agg(s.head ORDER BY s.pos) AS heads, array_agg(s.n ORDER BY s.pos) AS ns,"
         " array_agg(s.cosine ORDER BY s.pos) AS cosines,"
         " array_agg(s.occurred_at ORDER BY s.pos) AS ats,"
         " array_agg(s.echo ORDER BY s.pos) AS echoes,"
         " array_agg(s.pos ORDER BY s.pos) AS positions FROM ("
-        f"SELECT o.id, o.session_id, o.occurred_at, o.head, o.n, o.pos{cosine} FROM o{join}"
-        f" WHERE o.size <= {WHOLE_SESSION} OR (o.session_id, o.pos) IN (SELECT"
-        f" h.session_id, generate_series(h.pos - {WINDOW}, h.pos + {WINDOW}) FROM h)"
+        f"SELECT o.id, o.session_id, o.occurred_at, o.head, o.n, o.pos{cosine} FROM ("
+        "SELECT i.*, max(i.best) OVER (PARTITION BY i.session_id ORDER BY i.pos"
+        " ROWS UNBOUNDED PRECEDING) AS best_before, min(i.best) OVER (PARTITION BY"
+        " i.session_id ORDER BY i.pos ROWS BETWEEN CURRENT ROW AND UNBOUNDED FOLLOWING)"
+        " AS best_after FROM ("
+        f"SELECT e.id, e.session_id, e.occurred_at, left(e.input, {HEAD}) AS head,"
+        " length(e.search_vector) AS n, row_number() OVER w AS pos,"
+        " count(*) OVER (PARTITION BY e.session_id) AS size,"
+        " CASE WHEN e.id = ANY(CAST(:best AS uuid[])) THEN row_number() OVER w END AS best"
+        f" FROM episodes e WHERE {' AND '.join(where)} AND e.turn_id IS NOT NULL"
+        " AND e.session_id = ANY(CAST(:sessions AS text[]))"
+        " WINDOW w AS (PARTITION BY e.session_id ORDER BY e.occurred_at, e.recorded_at, e.id)"
+        f") i) o{join} WHERE o.size <= {WHOLE_SESSION} OR o.pos - o.best_before <= {WINDOW}"
+        f" OR o.best_after - o.pos <= {WINDOW}"
         f" ORDER BY o.session_id, o.pos LIMIT {CONTEXT_ROWS}"
         ") s GROUP BY s.session_id"
     )
