@@ -1,7 +1,7 @@
-"""A recall's context in a session that never ends: a session longer than ``WHOLE_SESSION``
-turns is read only ``WINDOW`` turns either side of each best turn, a shorter one whole, and a
-turn is linked to its neighbour only when both were read (never across a gap), with the cosines
-and without (real Postgres with pgvector)."""
+"""A recall's context in a session that never ends: of a session longer than ``WHOLE_SESSION``
+turns only the ``WINDOW`` either side of each best turn are ranked, of a shorter one every
+turn, and a turn is linked to its neighbour only when both are (never across a gap), with the
+cosines and without (real Postgres with pgvector)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ LONG = WHOLE_SESSION + 60
 SHORT = 30
 
 
-async def test_a_long_session_is_read_around_its_best_turns_and_a_short_one_whole(
+async def test_a_long_session_is_ranked_around_its_best_turns_and_a_short_one_whole(
     vector_engine: AsyncEngine,
     redis: Redis,
     vector_settings: Settings,

@@ -4,11 +4,13 @@
 before and after it, ``turn_ranking``); this reads those sessions' turns, one row a session,
 with each turn's cosine with the query (and, with an echo, with the query plus the best turns'
 mean: ``turn_ranking.ECHO_WEIGHT``), through the index on ``(project_id, user_id,
-session_id)`` (migration 0010) and each turn's vector by its key. A session of at most
-``WHOLE_SESSION`` turns is read whole; a longer one only ``WINDOW`` turns either side of each
-of the best turns in it, so a recall's cost stops growing with a session that never ends (an
-agent's one long thread): a recall of three common words in one session of 3,000 turns took
-~59 ms, 39 of them this process's CPU, reading it whole (BENCHMARKS.md).
+session_id)`` (migration 0010) and each turn's vector by its key. Of a session longer than
+``WHOLE_SESSION`` turns only those within ``WINDOW`` of one of its best turns are ranked
+(``kept``), so the ranking's cost stops growing with a session that never ends (an agent's one
+long thread): in a session of 10,000 turns a recall's CPU here went from ~65 to ~36 ms
+(BENCHMARKS.md). Postgres still reads such a session (up to ``CONTEXT_ROWS`` turns in all):
+windows chosen in SQL (every turn numbered by a window function) cost each of LoCoMo's recalls,
+whose sessions are short, ~1 ms more, and were reverted.
 """
 
 from __future__ import annotations
@@ -58,12 +60,12 @@ async def read_context_sessions(
     best: Sequence[str] = (),
 ) -> None:
     """The turns of ``sessions`` into ``turns`` (a session longer than ``WHOLE_SESSION`` only
-    within ``WINDOW`` of one of the ``best`` turns), each linked to the one just before and
-    after it (by time, then by when it was stored) when that one was read too, with its length
-    and, for a new one, its cosine (at any value: a neighbour's meaning counts only through its
-    share); with ``echo`` (the first ranking's best turns), each turn's cosine with the query's
-    vector plus the mean of theirs (``Turn.echo``: ``turn_ranking.ECHO_WEIGHT``), in the same
-    statement."""
+    within ``WINDOW`` of one of the ``best`` turns: ``kept``), each linked to the one just
+    before and after it (by time, then by when it was stored) when that one was kept too, with
+    its length and, for a new one, its cosine (at any value: a neighbour's meaning counts only
+    through its share); with ``echo`` (the first ranking's best turns), each turn's cosine
+    with the query's vector plus the mean of theirs (``Turn.echo``:
+    ``turn_ranking.ECHO_WEIGHT``), in the same statement."""
     cosine = f", {cosine_sql(dimension)} AS cosine" if dimension else ", NULL AS cosine"
     if dimension and echo:
         mean = (
@@ -83,59 +85,53 @@ async def read_context_sessions(
         if dimension
         else ""
     )
-    # the sessions longer than ``WHOLE_SESSION`` (each counted to one past it, by the index);
-    # their turns near a best turn, numbered (how many best turns are within ``WINDOW`` of
-    # each: a frame of fixed width; ``row_number`` ignores the frame); then the statement as it
-    # is for short sessions (no window function: ~0.8 ms more on LoCoMo's), a long session's
-    # turns only those near a best turn, with their numbers
-    mine = f"{' AND '.join(where)} AND e.turn_id IS NOT NULL"
-    order = "e.occurred_at, e.recorded_at, e.id"
-    by = "s.occurred_at, s.recorded_at, s.id"
+    order = "s.occurred_at, s.recorded_at, s.id"
     statement = text(
-        "WITH long AS MATERIALIZED (SELECT l.s FROM unnest(CAST(:sessions AS text[])) l(s)"
-        f" WHERE (SELECT count(*) FROM (SELECT 1 FROM episodes e WHERE {mine}"
-        f" AND e.session_id = l.s LIMIT {WHOLE_SESSION + 1}) c) > {WHOLE_SESSION}),"
-        " near AS MATERIALIZED (SELECT w.id, w.pos FROM (SELECT e.id,"
-        " row_number() OVER w AS pos,"
-        " count(CASE WHEN e.id = ANY(CAST(:best AS uuid[])) THEN 1 END) OVER w AS near"
-        f" FROM episodes e WHERE {mine} AND e.session_id IN (SELECT s FROM long)"
-        f" WINDOW w AS (PARTITION BY e.session_id ORDER BY {order}"
-        f" ROWS BETWEEN {WINDOW} PRECEDING AND {WINDOW} FOLLOWING)) w WHERE w.near > 0)"
-        f" SELECT s.session_id, array_agg(s.id::text ORDER BY {by}) AS ids,"
-        f" array_agg(s.head ORDER BY {by}) AS heads, array_agg(s.n ORDER BY {by}) AS ns,"
-        f" array_agg(s.cosine ORDER BY {by}) AS cosines,"
-        f" array_agg(s.occurred_at ORDER BY {by}) AS ats,"
-        f" array_agg(s.echo ORDER BY {by}) AS echoes,"
-        f" array_agg(s.pos ORDER BY {by}) AS positions FROM ("
-        "SELECT e.id, e.session_id, e.occurred_at, e.recorded_at,"
-        f" left(e.input, {HEAD}) AS head, length(e.search_vector) AS n,"
-        f" nr.pos{cosine} FROM episodes e LEFT JOIN near nr ON nr.id = e.id{join}"
-        f" WHERE {mine} AND e.session_id = ANY(CAST(:sessions AS text[]))"
-        " AND (e.session_id NOT IN (SELECT s FROM long) OR nr.id IS NOT NULL)"
-        f" ORDER BY e.session_id, {order} LIMIT {CONTEXT_ROWS}"
+        f"SELECT s.session_id, array_agg(s.id::text ORDER BY {order}) AS ids,"
+        f" array_agg(s.head ORDER BY {order}) AS heads, array_agg(s.n ORDER BY {order}) AS ns,"
+        f" array_agg(s.cosine ORDER BY {order}) AS cosines,"
+        f" array_agg(s.occurred_at ORDER BY {order}) AS ats,"
+        f" array_agg(s.echo ORDER BY {order}) AS echoes FROM ("
+        f"SELECT e.id, e.session_id, e.occurred_at, e.recorded_at, left(e.input, {HEAD}) AS head,"
+        f" length(e.search_vector) AS n{cosine} FROM episodes e{join}"
+        f" WHERE {' AND '.join(where)} AND e.turn_id IS NOT NULL"
+        " AND e.session_id = ANY(CAST(:sessions AS text[]))"
+        f" ORDER BY e.session_id, e.occurred_at, e.recorded_at, e.id LIMIT {CONTEXT_ROWS}"
         ") s GROUP BY s.session_id"
     )
     # one row a session, its turns in order (by time, then by when each was stored): a row a
     # turn cost a driver record and a result row each, ~500 for 30 LoCoMo sessions
-    bound = {**params, "sessions": list(sessions), "best": list(best)}
-    for session, ids, heads, lengths, cosines, ats, echoes, positions in await conn.execute(
-        statement, {**bound, **({"echo": list(echo)} if echo else {})}
+    marked = set(best)
+    for session, ids, heads, lengths, cosines, ats, echoes in await conn.execute(
+        statement, {**params, "sessions": list(sessions), **({"echo": list(echo)} if echo else {})}
     ):
         previous: Turn | None = None
-        at_previous: int | None = None  # a short session's turns have no number: all read
-        for key, head, n, cos, at, mean, pos in zip(
-            ids, heads, lengths, cosines, ats, echoes, positions, strict=True
-        ):
+        at_previous = -1
+        for at in kept(ids, marked):
+            key = ids[at]
             turn = turns.get(key)
             if turn is None:
-                turn = turns[key] = Turn(key, speaker=speaker_of(head), at=at)
+                turn = turns[key] = Turn(key, speaker=speaker_of(heads[at]), at=ats[at])
             turn.session = session
+            cos = cosines[at]
             if turn.cosine is None and cos is not None and float(cos) >= floor:
                 turn.cosine = float(cos)
-            if mean is not None:
-                turn.echo = float(mean)
+            if echoes[at] is not None:
+                turn.echo = float(echoes[at])
             if not turn.counts:
-                turn.length = int(n or 0)
-            if previous is not None and (pos is None or pos == (at_previous or 0) + 1):
+                turn.length = int(lengths[at] or 0)
+            if previous is not None and at == at_previous + 1:  # never across a gap
                 previous.after, turn.before = key, previous.id
-            previous, at_previous = turn, pos
+            previous, at_previous = turn, at
+
+
+def kept(ids: Sequence[str], best: set[str]) -> Sequence[int]:
+    """Which of a session's turns (``ids``, in order) a recall considers: all of a session of
+    at most ``WHOLE_SESSION`` turns, else those within ``WINDOW`` of one of ``best``."""
+    if len(ids) <= WHOLE_SESSION:
+        return range(len(ids))
+    near: set[int] = set()
+    for at, key in enumerate(ids):
+        if key in best:
+            near.update(range(max(0, at - WINDOW), min(len(ids), at + WINDOW + 1)))
+    return sorted(near)
