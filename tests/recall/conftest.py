@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 from sqlalchemy import make_url, text
-from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from worker.db.engine import create_database_engine
 from worker.db.migrate import migrate_reporting
@@ -53,3 +53,17 @@ def embedder() -> LocalEmbedder:
 @pytest.fixture
 def vector_settings(settings: Settings, vector_database_url: str) -> Settings:
     return settings.model_copy(update={"database_url": vector_database_url})
+
+
+async def random_vectors(conn: AsyncConnection, project: str, model: str) -> None:
+    """A random 384-float vector of ``model`` for every episode of ``project``, as if the
+    indexer had embedded them (a test of how recall reads vectors, not of what they mean)."""
+    await conn.execute(
+        text(
+            "INSERT INTO episode_embeddings (episode_id, project_id, model, dimension,"
+            " embedding) SELECT e.id, e.project_id, :m, 384, (SELECT CAST(array_agg("
+            "random() - 0.5) AS vector) FROM generate_series(1, 384) g"
+            " WHERE g > 0 * length(e.input)) FROM episodes e WHERE e.project_id = :p"
+        ),
+        {"m": model, "p": project},
+    )

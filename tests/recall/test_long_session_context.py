@@ -11,6 +11,7 @@ from redis.asyncio import Redis
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from tests.recall.conftest import random_vectors
 from worker.db.vectors import vector_literal
 from worker.episodes.embedding import LocalEmbedder
 from worker.settings import Settings
@@ -47,15 +48,7 @@ async def test_a_long_session_is_ranked_around_its_best_turns_and_a_short_one_wh
     ) as memory:
         await memory.remember_many(turns)
     async with vector_engine.begin() as conn:  # a vector for every turn, as the indexer's
-        await conn.execute(
-            text(
-                "INSERT INTO episode_embeddings (episode_id, project_id, model, dimension,"
-                " embedding) SELECT e.id, e.project_id, :m, 384, (SELECT CAST(array_agg("
-                "random() - 0.5) AS vector) FROM generate_series(1, 384) g"
-                " WHERE g > 0 * length(e.input)) FROM episodes e WHERE e.project_id = 'context'"
-            ),
-            {"m": embedder.name},
-        )
+        await random_vectors(conn, "context", embedder.name)
         rows = await conn.execute(
             text(
                 "SELECT session_id, array_agg(id::text ORDER BY occurred_at) FROM episodes"

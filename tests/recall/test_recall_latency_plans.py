@@ -22,6 +22,7 @@ from redis.asyncio import Redis
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
+from tests.recall.conftest import random_vectors
 from worker.episodes.embedding import LocalEmbedder
 from worker.settings import Settings, asyncpg_url
 from worker.user_memory.memory import Memory
@@ -69,15 +70,7 @@ async def test_recall_is_as_fast_with_generic_plans_as_with_plans_for_its_values
         for at in range(0, TURNS, 500):
             await memory.remember_many(turns[at : at + 500])
     async with vector_engine.begin() as conn:  # a vector for every turn, as the indexer's
-        await conn.execute(
-            text(
-                "INSERT INTO episode_embeddings (episode_id, project_id, model, dimension,"
-                " embedding) SELECT e.id, e.project_id, :m, 384, (SELECT CAST(array_agg("
-                "random() - 0.5) AS vector) FROM generate_series(1, 384) g"
-                " WHERE g > 0 * length(e.input)) FROM episodes e WHERE e.project_id = 'plans'"
-            ),
-            {"m": embedder.name},
-        )
+        await random_vectors(conn, "plans", embedder.name)
         await conn.execute(text("ANALYZE episodes"))
         await conn.execute(text("ANALYZE episode_embeddings"))
 
