@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
@@ -274,12 +275,10 @@ async def test_a_server_pinned_to_a_user_never_reaches_another_users_memory(
         process.close()
 
 
-async def test_mcp_over_streamable_http_refuses_without_the_token_then_remembers_and_recalls(
-    redis: Redis, settings: Settings, database_url: str
-) -> None:
-    import httpx2
-    from mcp.client.streamable_http import streamable_http_client
-
+@asynccontextmanager
+async def mcp_over_http(settings: Settings, database_url: str) -> AsyncIterator[str]:
+    """``memworker mcp --http`` of ``PROJECT`` with the token, on the migrated database: its
+    base URL once it listens; the process closed after."""
     settings = await migrated(settings, database_url)
     port = free_port()
     env = worker_env(settings, MEMWORKER_API_TOKEN=TOKEN)
@@ -288,7 +287,20 @@ async def test_mcp_over_streamable_http_refuses_without_the_token_then_remembers
     )
     try:
         process.wait_for(f"MCP of project {PROJECT} at /mcp on http://127.0.0.1:{port}")
-        url = f"http://127.0.0.1:{port}/mcp"
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        process.close()
+    assert "Traceback" not in "".join(process.lines)
+
+
+async def test_mcp_over_streamable_http_refuses_without_the_token_then_remembers_and_recalls(
+    redis: Redis, settings: Settings, database_url: str
+) -> None:
+    import httpx2
+    from mcp.client.streamable_http import streamable_http_client
+
+    async with mcp_over_http(settings, database_url) as base:
+        url = f"{base}/mcp"
         async with httpx.AsyncClient() as plain:
             refused = await plain.post(url, json={"jsonrpc": "2.0", "id": 1, "method": "ping"})
         assert refused.status_code == 401
@@ -306,8 +318,6 @@ async def test_mcp_over_streamable_http_refuses_without_the_token_then_remembers
             assert not done.is_error, result_of(done)
             found = await session.call_tool("recall", {"user_id": "ann", "query": "Tangier"})
             assert "ferry to Tangier" in json.dumps(result_of(found))
-    finally:
-        process.close()
 
 
 async def test_working_memory_of_a_session_never_spawned_is_refused_and_not_created(

@@ -12,9 +12,7 @@ from typing import Any
 import httpx
 from redis.asyncio import Redis
 
-from tests.cli_process import Memworker
-from tests.helpers import worker_env
-from tests.integration.test_access import AUTH, PROJECT, TOKEN, free_port, migrated
+from tests.integration.test_access import AUTH, mcp_over_http
 from worker.settings import Settings
 
 MODERN = "2026-07-28"
@@ -51,74 +49,77 @@ def tool_result(response: httpx.Response) -> tuple[bool, Any]:
 async def test_mcp_over_http_answers_json_to_a_session_and_to_the_2026_revision(
     redis: Redis, settings: Settings, database_url: str
 ) -> None:
-    settings = await migrated(settings, database_url)
-    port = free_port()
-    env = worker_env(settings, MEMWORKER_API_TOKEN=TOKEN)
-    process = Memworker(
-        ["mcp", "--project", PROJECT, "--http", str(port), "--host", "127.0.0.1"], env
-    )
-    try:
-        process.wait_for(f"MCP of project {PROJECT} at /mcp on http://127.0.0.1:{port}")
-        base = f"http://127.0.0.1:{port}"
-        async with httpx.AsyncClient(base_url=base, timeout=30) as http:
-            # a session of the 2025 handshake: its call answered as one JSON body
-            opened = await http.post(
-                "/mcp",
-                headers=ACCEPT,
-                json={
-                    "jsonrpc": "2.0",
-                    "id": 0,
-                    "method": "initialize",
-                    "params": {
-                        "protocolVersion": "2025-06-18",
-                        "capabilities": {},
-                        "clientInfo": {"name": "test", "version": "1"},
-                    },
+    async with (
+        mcp_over_http(settings, database_url) as base,
+        httpx.AsyncClient(base_url=base, timeout=30) as http,
+    ):
+        # a session of the 2025 handshake: its call answered as one JSON body
+        opened = await http.post(
+            "/mcp",
+            headers=ACCEPT,
+            json={
+                "jsonrpc": "2.0",
+                "id": 0,
+                "method": "initialize",
+                "params": {
+                    "protocolVersion": "2025-06-18",
+                    "capabilities": {},
+                    "clientInfo": {"name": "test", "version": "1"},
                 },
-            )
-            assert opened.status_code == 200, opened.text
-            session = {
-                **ACCEPT,
-                "mcp-session-id": opened.headers["mcp-session-id"],
-                "mcp-protocol-version": "2025-06-18",
-            }
-            ready = {"jsonrpc": "2.0", "method": "notifications/initialized"}
-            assert (await http.post("/mcp", headers=session, json=ready)).status_code == 202
-            turn = {"user_id": "ann", "session_id": "c", "input": "ferry to Tangier"}
-            turn["output"] = "ok"
-            call = {"name": "remember", "arguments": turn}
-            done = await http.post(
-                "/mcp",
-                headers=session,
-                json={"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": call},
-            )
-            failed, answer = tool_result(done)
-            assert not failed, answer
+            },
+        )
+        assert opened.status_code == 200, opened.text
+        session = {
+            **ACCEPT,
+            "mcp-session-id": opened.headers["mcp-session-id"],
+            "mcp-protocol-version": "2025-06-18",
+        }
+        ready = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+        assert (await http.post("/mcp", headers=session, json=ready)).status_code == 202
+        turn = {"user_id": "ann", "session_id": "c", "input": "ferry to Tangier"}
+        turn["output"] = "ok"
+        call = {"name": "remember", "arguments": turn}
+        done = await http.post(
+            "/mcp",
+            headers=session,
+            json={"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": call},
+        )
+        failed, answer = tool_result(done)
+        assert not failed, answer
 
-            # the 2026-07-28 revision: no session, each call alone
-            headers, body = modern_call(2, "remember", {**turn, "input": "train to Fez"})
-            failed, answer = tool_result(await http.post("/mcp", headers=headers, content=body))
-            assert not failed and answer["id"], answer
-            headers, body = modern_call(3, "recall", {"user_id": "ann", "query": "Fez Tangier"})
-            failed, found = tool_result(await http.post("/mcp", headers=headers, content=body))
-            assert not failed, found
-            said = {m["episode"]["input"] for m in found}
-            assert said == {"ferry to Tangier", "train to Fez"}, found
+        # the 2026-07-28 revision: no session, each call alone
+        headers, body = modern_call(2, "remember", {**turn, "input": "train to Fez"})
+        failed, answer = tool_result(await http.post("/mcp", headers=headers, content=body))
+        assert not failed and answer["id"], answer
+        headers, body = modern_call(3, "recall", {"user_id": "ann", "query": "Fez Tangier"})
+        failed, found = tool_result(await http.post("/mcp", headers=headers, content=body))
+        assert not failed, found
+        said = {m["episode"]["input"] for m in found}
+        assert said == {"ferry to Tangier", "train to Fez"}, found
 
-            # a bad argument is named; a header that contradicts the body is refused
-            headers, body = modern_call(4, "recall", {"user_id": "ann", "query": "x", "limit": 0})
-            failed, answer = tool_result(await http.post("/mcp", headers=headers, content=body))
-            assert failed and "limit" in answer["error"], answer
-            headers, body = modern_call(5, "recall", {"user_id": "ann", "query": "Fez"})
-            headers["Mcp-Name"] = "forget"
-            refused = await http.post("/mcp", headers=headers, content=body)
-            assert refused.status_code == 400, refused.text
-            assert "mcp-name" in refused.json()["error"]["message"], refused.text
+        # a bad argument is named; a header that contradicts the body is refused
+        headers, body = modern_call(4, "recall", {"user_id": "ann", "query": "x", "limit": 0})
+        failed, answer = tool_result(await http.post("/mcp", headers=headers, content=body))
+        assert failed and "limit" in answer["error"], answer
+        headers, body = modern_call(5, "recall", {"user_id": "ann", "query": "Fez"})
+        headers["Mcp-Name"] = "forget"
+        refused = await http.post("/mcp", headers=headers, content=body)
+        assert refused.status_code == 400, refused.text
+        assert "mcp-name" in refused.json()["error"]["message"], refused.text
 
-            # without the token, nothing
-            headers, body = modern_call(6, "recall", {"user_id": "ann", "query": "Fez"})
-            del headers["Authorization"]
-            assert (await http.post("/mcp", headers=headers, content=body)).status_code == 401
-    finally:
-        process.close()
-    assert "Traceback" not in "".join(process.lines)
+        # a body that is not JSON says where; a call answered before the SDK (a lone
+        # surrogate) carries the revision's resultType
+        refused = await http.post("/mcp", headers=headers, content=b"{not json")
+        assert refused.status_code == 400, refused.text
+        message = refused.json()["error"]["message"]
+        assert message == "Parse error: key must be a string at line 1 column 2", message
+        headers, body = modern_call(6, "recall", {"user_id": "ann", "query": "\ud800"})
+        screened = await http.post("/mcp", headers=headers, content=body)
+        failed, answer = tool_result(screened)
+        assert failed and "query" in answer["error"], answer
+        assert screened.json()["result"]["resultType"] == "complete", screened.text
+
+        # without the token, nothing
+        headers, body = modern_call(7, "recall", {"user_id": "ann", "query": "Fez"})
+        del headers["Authorization"]
+        assert (await http.post("/mcp", headers=headers, content=body)).status_code == 401

@@ -25,6 +25,7 @@ import mcp_types as types
 import orjson
 import pydantic_core
 from mcp.shared.message import SessionMessage
+from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 
 from worker.access.guard import App, Message, Receive, Scope, Send
@@ -32,6 +33,7 @@ from worker.access.mcp_screen import screened, unreadable
 from worker.access.mcp_shapes import http_reply
 
 SERVER = "mcp"
+PARSE_ERROR = -32700
 INVALID_PARAMS = -32602
 INVALID_REQUEST = -32600
 
@@ -189,8 +191,10 @@ def _reply_to(error: ValidationError) -> types.JSONRPCMessage | None:
 class HttpIntake:
     """In front of the SDK's HTTP app: a ``POST /mcp`` whose body the SDK cannot read but
     ``answer`` can is answered here (200, ``application/json``), one ``mcp_screen`` refuses (a
-    request's ``id`` neither a string nor an integer) too (400); every other request passes
-    on, its body as it came."""
+    request's ``id`` neither a string nor an integer) too (400), and a request of the
+    2026-07-28 revision that is not JSON with where it stops being JSON (400); a result
+    answered here to that revision carries its ``resultType``. Every other request passes on,
+    its body as it came."""
 
     def __init__(self, app: App) -> None:
         self.app = app
@@ -210,12 +214,17 @@ class HttpIntake:
                 break
         body = b"".join(chunks)
         status, reply = 200, None
+        modern = _modern(scope)
         if (refused := screened(body, shape=False)) is not None:  # an id MCP cannot answer by
             status, reply = refused
         elif (shaped := http_reply(body)) is not None:  # a batch, arguments not an object
             status, reply = shaped
         elif _SUSPECT.search(body):
             reply = _http_reply(body)
+        elif modern and (unparsed := _parse_error(body)) is not None:
+            status, reply = 400, unparsed
+        if modern and reply is not None and isinstance(reply.get("result"), dict):
+            reply["result"].setdefault("resultType", "complete")  # the revision requires it
         if reply is None:
             await self.app(scope, _replay([{"type": "http.request", "body": body}], receive), send)
             return
@@ -231,6 +240,27 @@ class HttpIntake:
             }
         )
         await send({"type": "http.response.body", "body": payload})
+
+
+def _modern(scope: Scope) -> bool:
+    """Whether the request is of MCP's revision without sessions (2026-07-28: its
+    ``MCP-Protocol-Version`` header names no version of the ``initialize`` handshake)."""
+    for name, value in scope.get("headers") or []:
+        if name == b"mcp-protocol-version":
+            return value.decode("latin-1") not in HANDSHAKE_PROTOCOL_VERSIONS
+    return False
+
+
+def _parse_error(body: bytes) -> dict[str, Any] | None:
+    """JSON-RPC's parse error saying where the body stops being JSON, or None: it is JSON. The
+    SDK says where for a session's request, but only ``Parse error`` for one of the 2026-07-28
+    revision."""
+    try:
+        pydantic_core.from_json(body)
+    except ValueError as exc:
+        error = {"code": PARSE_ERROR, "message": _printable(f"Parse error: {exc}")}
+        return {"jsonrpc": "2.0", "id": None, "error": error}
+    return None
 
 
 def _http_reply(body: bytes) -> dict[str, Any] | None:
