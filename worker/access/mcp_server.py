@@ -66,7 +66,8 @@ def input_schema(name: str) -> dict[str, Any] | None:
     """A tool's input schema by name, or None (no such tool: the call itself says so): what
     the SDK checks a 2026-07-28 call's ``Mcp-Param-*`` headers against, in place of running
     ``tools/list`` for every call."""
-    return next((tool.input_schema for tool in listed() if tool.name == name), None)
+    listed()  # made once
+    return next((tool.input_schema for tool in _LISTED if tool.name == name), None)
 
 
 def build(access: Callable[[], Access]) -> Server[Any]:

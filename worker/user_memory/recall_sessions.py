@@ -26,11 +26,11 @@ from worker.user_memory.turn_ranking import Turn, speaker_of
 
 CONTEXT_ROWS = 5_000
 WHOLE_SESSION = 200
-"""A session of at most this many turns is read whole (LoCoMo's longest has 43: its figures
-are those of sessions read whole); a longer one around its best turns only (``WINDOW``)."""
+"""A session of at most this many turns is ranked whole (LoCoMo's longest has 43: its figures
+are those of sessions ranked whole); a longer one around its best turns only (``WINDOW``)."""
 WINDOW = 20
-"""How many turns either side of each best turn a session longer than ``WHOLE_SESSION`` is
-read: a LoCoMo session's worth around each (turns only a few apart share one window)."""
+"""How many turns either side of each best turn of a session longer than ``WHOLE_SESSION`` are
+ranked: a LoCoMo session's worth around each (turns only a few apart share one window)."""
 HEAD = 80
 """Characters of a turn's input read for its speaker."""
 
