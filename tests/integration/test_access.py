@@ -276,12 +276,14 @@ async def test_a_server_pinned_to_a_user_never_reaches_another_users_memory(
 
 
 @asynccontextmanager
-async def mcp_over_http(settings: Settings, database_url: str) -> AsyncIterator[str]:
-    """``memworker mcp --http`` of ``PROJECT`` with the token, on the migrated database: its
-    base URL once it listens; the process closed after."""
+async def mcp_over_http(
+    settings: Settings, database_url: str, **more_env: str
+) -> AsyncIterator[str]:
+    """``memworker mcp --http`` of ``PROJECT`` with the token (and ``more_env``), on the
+    migrated database: its base URL once it listens; the process closed after."""
     settings = await migrated(settings, database_url)
     port = free_port()
-    env = worker_env(settings, MEMWORKER_API_TOKEN=TOKEN)
+    env = worker_env(settings, MEMWORKER_API_TOKEN=TOKEN, **more_env)
     process = Memworker(
         ["mcp", "--project", PROJECT, "--http", str(port), "--host", "127.0.0.1"], env
     )

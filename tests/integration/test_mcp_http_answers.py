@@ -16,6 +16,7 @@ from tests.integration.test_access import AUTH, mcp_over_http
 from worker.settings import Settings
 
 MODERN = "2026-07-28"
+HANDSHAKE = "2025-06-18"
 META = {
     "io.modelcontextprotocol/protocolVersion": MODERN,
     "io.modelcontextprotocol/clientInfo": {"name": "test", "version": "1"},
@@ -38,6 +39,33 @@ def modern_call(n: int, tool: str, arguments: dict[str, Any]) -> tuple[dict[str,
     return headers, json.dumps(body)
 
 
+async def open_session(http: httpx.AsyncClient) -> dict[str, str]:
+    """The headers of a new, initialised session of the 2025 handshake."""
+    opened = await http.post(
+        "/mcp",
+        headers=ACCEPT,
+        json={
+            "jsonrpc": "2.0",
+            "id": 0,
+            "method": "initialize",
+            "params": {
+                "protocolVersion": HANDSHAKE,
+                "capabilities": {},
+                "clientInfo": {"name": "test", "version": "1"},
+            },
+        },
+    )
+    assert opened.status_code == 200, opened.text
+    session = {
+        **ACCEPT,
+        "mcp-session-id": opened.headers["mcp-session-id"],
+        "mcp-protocol-version": HANDSHAKE,
+    }
+    ready = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+    assert (await http.post("/mcp", headers=session, json=ready)).status_code == 202
+    return session
+
+
 def tool_result(response: httpx.Response) -> tuple[bool, Any]:
     """Whether the call failed, and the tool's JSON answer; the response one JSON body."""
     assert response.status_code == 200, response.text
@@ -54,28 +82,7 @@ async def test_mcp_over_http_answers_json_to_a_session_and_to_the_2026_revision(
         httpx.AsyncClient(base_url=base, timeout=30) as http,
     ):
         # a session of the 2025 handshake: its call answered as one JSON body
-        opened = await http.post(
-            "/mcp",
-            headers=ACCEPT,
-            json={
-                "jsonrpc": "2.0",
-                "id": 0,
-                "method": "initialize",
-                "params": {
-                    "protocolVersion": "2025-06-18",
-                    "capabilities": {},
-                    "clientInfo": {"name": "test", "version": "1"},
-                },
-            },
-        )
-        assert opened.status_code == 200, opened.text
-        session = {
-            **ACCEPT,
-            "mcp-session-id": opened.headers["mcp-session-id"],
-            "mcp-protocol-version": "2025-06-18",
-        }
-        ready = {"jsonrpc": "2.0", "method": "notifications/initialized"}
-        assert (await http.post("/mcp", headers=session, json=ready)).status_code == 202
+        session = await open_session(http)
         turn = {"user_id": "ann", "session_id": "c", "input": "ferry to Tangier"}
         turn["output"] = "ok"
         call = {"name": "remember", "arguments": turn}

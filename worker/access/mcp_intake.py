@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import re
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import mcp_types as types
@@ -31,6 +31,9 @@ from pydantic import ValidationError
 from worker.access.guard import App, Message, Receive, Scope, Send
 from worker.access.mcp_screen import screened, unreadable
 from worker.access.mcp_shapes import http_reply
+
+if TYPE_CHECKING:
+    from worker.access.mcp_direct import DirectCalls
 
 SERVER = "mcp"
 PARSE_ERROR = -32700
@@ -194,10 +197,12 @@ class HttpIntake:
     request's ``id`` neither a string nor an integer) too (400), and a request of the
     2026-07-28 revision that is not JSON with where it stops being JSON (400); a result
     answered here to that revision carries its ``resultType``. Every other request passes on,
-    its body as it came."""
+    its body as it came: to ``direct`` when given (``mcp_direct``: a tool call answered
+    without the SDK's dispatch, the rest handed on), else to the SDK's app."""
 
-    def __init__(self, app: App) -> None:
+    def __init__(self, app: App, direct: DirectCalls | None = None) -> None:
         self.app = app
+        self.direct = direct
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope.get("method") != "POST" or scope["path"] != "/mcp":
@@ -226,7 +231,15 @@ class HttpIntake:
         if modern and reply is not None and isinstance(reply.get("result"), dict):
             reply["result"].setdefault("resultType", "complete")  # the revision requires it
         if reply is None:
-            await self.app(scope, _replay([{"type": "http.request", "body": body}], receive), send)
+            replayed = _replay([{"type": "http.request", "body": body}], receive)
+
+            async def sdk(answer: Send) -> None:
+                await self.app(scope, replayed, answer)
+
+            if self.direct is None:
+                await sdk(send)
+            else:
+                await self.direct.serve(scope, body, send, sdk)
             return
         payload = orjson.dumps(reply)
         await send(

@@ -143,14 +143,17 @@ def http_app(
     allowed_origins: frozenset[str] = frozenset(),
     idle_seconds: float,
     body_timeout_s: float = 30.0,
+    direct_calls: bool = True,
 ) -> tuple[Server[Any], Any]:
     """The streamable HTTP app (path ``/mcp``, with ``/healthz``, ``/readyz``, ``/metrics``)
     behind ``Guard`` (which checks ``Host`` and ``Origin`` for both doors), and its server. At
     most ``max_sessions`` sessions are open (a new one past them is refused 503); a session
-    idle for ``idle_seconds`` is closed."""
+    idle for ``idle_seconds`` is closed. With ``direct_calls`` a tool call the SDK would serve
+    as it is is answered without its dispatch (``mcp_direct``)."""
     from mcp.server.transport_security import TransportSecuritySettings
 
     from worker.access.guard import Guard
+    from worker.access.mcp_direct import DirectCalls
     from worker.access.mcp_intake import HttpIntake
     from worker.access.probes import probe_routes
     from worker.metrics import MCP_SESSIONS_OPEN
@@ -170,7 +173,8 @@ def http_app(
     manager = server.session_manager
     # Read at each scrape: the SDK's table of open sessions (no hook to count them by).
     MCP_SESSIONS_OPEN.set_function(lambda: len(getattr(manager, "_server_instances", ())))
-    capped = SessionCapMessage(HttpIntake(app), max_sessions)
+    direct = DirectCalls(server, scope, idle_seconds) if direct_calls else None
+    capped = SessionCapMessage(HttpIntake(app, direct), max_sessions)
     guarded = Guard(
         capped,
         token=token,

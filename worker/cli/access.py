@@ -225,6 +225,7 @@ def mcp(
         max_sessions=settings.mcp_max_sessions,
         idle_seconds=settings.mcp_session_idle_seconds,
         body_timeout_s=settings.api_body_timeout_seconds,
+        direct_calls=settings.mcp_direct_calls,
     )
 
     async def go() -> None:

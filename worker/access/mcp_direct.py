@@ -1,0 +1,252 @@
+"""``mcp --http``'s hot call, a ``tools/call``, answered without the SDK's dispatch.
+
+The SDK serves a session's call through its transport: a memory stream into the session's
+task, its dispatcher, its runner (OpenTelemetry middleware, pydantic models of each message),
+and a memory stream back; a call of the 2026-07-28 revision through the runner. That made a
+``remember`` over MCP ~0.7 of one over ``memworker serve`` on the same cores, memworker's own
+code ~9 % of the process's time (BENCHMARKS.md, many agents at once). ``DirectCalls`` answers a
+``tools/call`` the SDK would serve as it is, with the SDK's own checks of the request
+(``validate_client_request``; for the 2026-07-28 revision its routing-header ladder,
+``classify_inbound_request``) and of the result (``serialize_server_result``), and the same
+tool call (``tools.invoke``): the same answer, without the hops. Anything else, and any call
+the SDK would answer otherwise (no such session, a session not initialised, headers it
+refuses, ``Mcp-Param-*`` headers, a tool we do not have, a request holding more than a call's
+fields), goes to the SDK untouched, which answers it as before. ``MEMWORKER_MCP_DIRECT_CALLS``
+off sends every call through the SDK.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import mcp_types as types
+import orjson
+from mcp.server.streamable_http import CONTENT_TYPE_JSON, MCP_SESSION_ID_HEADER
+from mcp.shared.inbound import (
+    InboundModernRoute,
+    classify_inbound_request,
+    find_duplicated_routing_header,
+    validate_mcp_param_headers,
+)
+from mcp_types import SERVER_INFO_META_KEY
+from mcp_types.methods import serialize_server_result, validate_client_request
+from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
+
+from worker.access.guard import Message, Scope, Send
+
+if TYPE_CHECKING:
+    from mcp.server import Server
+
+    from worker.access.scope import Access
+
+SERVER = "mcp"
+METHOD = "tools/call"
+_CALL_FIELDS = frozenset({"jsonrpc", "id", "method", "params"})
+_PARAMS = frozenset({"name", "arguments"})
+_MODERN_PARAMS = frozenset({"name", "arguments", "_meta"})
+_SESSION = MCP_SESSION_ID_HEADER.lower().encode()
+_PARAM_HEADER = b"mcp-param-"
+
+Sdk = Callable[[Send], Awaitable[None]]
+
+
+class DirectCalls:
+    """The module's fast path for one ``mcp --http`` app: ``server`` (the SDK's, for its
+    sessions and its ``serverInfo``), ``access`` (the tools' scope), ``idle_seconds`` (a
+    session's idle timeout, which a call answered here restarts as the SDK's would)."""
+
+    def __init__(self, server: Server[Any], access: Callable[[], Access], idle_seconds: float):
+        self.server = server
+        self.access = access
+        self.idle_seconds = idle_seconds
+        self.initialised: dict[str, str] = {}
+        """Sessions whose ``initialize`` the SDK answered with a result, with the protocol
+        version it agreed (what the SDK shapes their answers for): only their calls are
+        answered here (the SDK refuses a call on a session not initialised)."""
+
+    async def serve(self, scope: Scope, body: bytes, send: Send, sdk: Sdk) -> None:
+        """Answer ``body`` (a ``POST /mcp``'s) here when it is a call the SDK would serve,
+        else hand it to ``sdk`` (watching an ``initialize``'s answer for its session)."""
+        try:
+            message = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            await sdk(send)
+            return
+        if not isinstance(message, dict):
+            await sdk(send)
+            return
+        headers: list[tuple[bytes, bytes]] = scope.get("headers") or []
+        version = _header(headers, b"mcp-protocol-version")
+        if message.get("method") == "initialize" and _header(headers, _SESSION) is None:
+            await sdk(self._watching(send))
+            return
+        if not _plain_call(message) or not _accepts_json(headers) or "user" in scope:
+            await sdk(send)
+            return
+        if version is None or version in HANDSHAKE_PROTOCOL_VERSIONS:
+            answered = await self._session_call(headers, message, send)
+        else:
+            answered = await self._modern_call(headers, message, send)
+        if not answered:
+            await sdk(send)
+
+    async def _session_call(
+        self, headers: list[tuple[bytes, bytes]], message: dict[str, Any], send: Send
+    ) -> bool:
+        session_id = _header(headers, _SESSION) or ""
+        manager = self.server.session_manager
+        transport = manager._server_instances.get(session_id)
+        agreed = self.initialised.get(session_id)
+        if agreed is None or transport is None:
+            return False
+        if not _json_body(headers) or transport.is_terminated:
+            return False
+        idle = transport.idle_scope
+        if idle is not None and idle.cancel_called:
+            return False
+        params = message["params"]
+        if not params.keys() <= _PARAMS or not _valid(agreed, params):
+            return False
+        self._held(idle)
+        try:
+            result = await self._call(params, agreed)
+        finally:
+            self._held(idle)
+        await _answer(send, message["id"], result, [(_SESSION, session_id.encode())])
+        return True
+
+    async def _modern_call(
+        self, headers: list[tuple[bytes, bytes]], message: dict[str, Any], send: Send
+    ) -> bool:
+        params = message["params"]
+        if not params.keys() <= _MODERN_PARAMS:
+            return False
+        texts = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in headers]
+        if find_duplicated_routing_header(texts) is not None:
+            return False
+        verdict = classify_inbound_request(message, headers=dict(texts))
+        if not isinstance(verdict, InboundModernRoute):
+            return False
+        if any(name.startswith(_PARAM_HEADER) for name, _ in headers):
+            return False
+        arguments = params.get("arguments") or {}
+        lookup = self.server.get_tool_input_schema  # what the SDK checks the headers against
+        schema = lookup(params["name"]) if lookup is not None else None
+        if validate_mcp_param_headers(schema, arguments, dict(texts)) is not None:
+            return False
+        if not _valid(verdict.protocol_version, params):
+            return False
+        result = await self._call(params, verdict.protocol_version)
+        result["resultType"] = result.get("resultType") or "complete"
+        result["_meta"] = {SERVER_INFO_META_KEY: self.server.server_info_stamp}  # as the SDK
+        await _answer(send, message["id"], result, [])
+        return True
+
+    async def _call(self, params: dict[str, Any], version: str) -> dict[str, Any]:
+        """The tool's answer as the SDK's runner shapes a ``CallToolResult`` (``call_tool``
+        in ``mcp_server``) for ``version``."""
+        from worker.access.tools import invoke
+
+        arguments = params.get("arguments")
+        status, result = await invoke(self.access(), SERVER, params["name"], arguments)
+        text = orjson.dumps(result).decode()
+        content: list[types.ContentBlock] = [types.TextContent(text=text)]
+        shaped = types.CallToolResult(content=content, is_error=status >= 400)
+        dumped = shaped.model_dump(by_alias=True, mode="json", exclude_none=True)
+        return serialize_server_result(METHOD, version, dumped)
+
+    def _held(self, idle: anyio.CancelScope | None) -> None:
+        """Restart the session's idle countdown, as a request the SDK serves does (unless a
+        request it serves holds it: an open stream)."""
+        if idle is not None and idle.deadline != math.inf:
+            idle.deadline = anyio.current_time() + self.idle_seconds
+
+    def _watching(self, send: Send) -> Send:
+        """``send``, noting the session an ``initialize`` answered with a result opened."""
+        opened: list[str] = []
+
+        async def watch(message: Message) -> None:
+            if message["type"] == "http.response.start" and message["status"] == 200:
+                opened.extend(v.decode() for k, v in message["headers"] if k.lower() == _SESSION)
+            elif message["type"] == "http.response.body" and opened:
+                self._opened(opened[0], message.get("body", b""))
+            await send(message)
+
+        return watch
+
+    def _opened(self, session_id: str, body: bytes) -> None:
+        """Note the session an ``initialize`` answered by ``body`` opened, with its version."""
+        try:
+            version = orjson.loads(body)["result"]["protocolVersion"]
+        except (orjson.JSONDecodeError, KeyError, TypeError):
+            return  # refused, or not one JSON body: its calls stay the SDK's
+        live = self.server.session_manager._server_instances
+        for gone in [known for known in self.initialised if known not in live]:
+            del self.initialised[gone]  # closed sessions forgotten
+        if session_id in live and version in HANDSHAKE_PROTOCOL_VERSIONS:
+            self.initialised[session_id] = version
+
+
+def _plain_call(message: dict[str, Any]) -> bool:
+    """A JSON-RPC request calling a tool we have by name, its arguments an object."""
+    from worker.access.tools import BY_NAME
+
+    request_id = message.get("id")
+    params = message.get("params")
+    return (
+        message.get("method") == METHOD
+        and message.get("jsonrpc") == "2.0"
+        and message.keys() <= _CALL_FIELDS
+        and (isinstance(request_id, str) or type(request_id) is int)
+        and isinstance(params, dict)
+        and isinstance(params.get("name"), str)
+        and params["name"] in BY_NAME
+        and isinstance(params.get("arguments", {}), dict)
+    )
+
+
+def _valid(version: str, params: dict[str, Any]) -> bool:
+    """Whether the SDK's surface check of a call's params for ``version`` passes."""
+    try:
+        validate_client_request(METHOD, version, params)
+    except Exception:  # any refusal is the SDK's to answer
+        return False
+    return True
+
+
+def _header(headers: list[tuple[bytes, bytes]], name: bytes) -> str | None:
+    return next((v.decode("latin-1") for k, v in headers if k == name), None)
+
+
+def _accepts_json(headers: list[tuple[bytes, bytes]]) -> bool:
+    """The SDK's Accept check (``check_accept_headers``) for an answer in JSON."""
+    accept = _header(headers, b"accept") or ""
+    kinds = {part.strip().split(";")[0].strip().lower() for part in accept.split(",")}
+    return bool(kinds & {"*/*", CONTENT_TYPE_JSON, "application/*"})
+
+
+def _json_body(headers: list[tuple[bytes, bytes]]) -> bool:
+    """The SDK's Content-Type check of a session's request."""
+    kind = (_header(headers, b"content-type") or "").split(";")[0]
+    return any(part.strip() == CONTENT_TYPE_JSON for part in kind.split(","))
+
+
+async def _answer(
+    send: Send, request_id: Any, result: dict[str, Any], headers: list[tuple[bytes, bytes]]
+) -> None:
+    payload = orjson.dumps({"jsonrpc": "2.0", "id": request_id, "result": result})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 200,
+            "headers": [
+                (b"content-type", CONTENT_TYPE_JSON.encode()),
+                (b"content-length", str(len(payload)).encode()),
+                *headers,
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": payload})
