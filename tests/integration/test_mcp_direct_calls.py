@@ -3,7 +3,7 @@ real processes, raw JSON-RPC. Every request below, a session's and one of the 20
 revision, good and bad, gets the same answer (status, content type, JSON) from a server
 answering calls directly as from one sending everything through the SDK
 (``MEMWORKER_MCP_DIRECT_CALLS=false``); a session kept busy by calls answered directly is not
-closed as idle, and one left idle is."""
+closed as idle, nor one whose call runs past the idle timeout, and one left idle is."""
 
 from __future__ import annotations
 
@@ -13,15 +13,25 @@ from typing import Any
 
 import httpx
 from redis.asyncio import Redis
+from sqlalchemy import text
 
 from tests.integration.test_access import mcp_over_http
 from tests.integration.test_mcp_http_answers import modern_call, open_session
+from worker.db.engine import create_database_engine
 from worker.settings import Settings
 
 
 def session_call(request_id: Any, tool: str, arguments: Any, **params: Any) -> dict[str, Any]:
     call = {"name": tool, "arguments": arguments, **params}
     return {"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": call}
+
+
+def nested(depth: int) -> Any:
+    """A list ``depth`` lists deep."""
+    value: Any = []
+    for _ in range(depth - 1):
+        value = [value]
+    return value
 
 
 def seen(response: httpx.Response) -> tuple[int, str, Any, bool]:
@@ -63,8 +73,13 @@ async def test_a_call_answered_directly_is_answered_as_the_sdk_answers_it(
             ({}, {**session_call(8, "recall", recall), "extra": 1}),
             ({"mcp-session-id": "no-such-session"}, session_call(9, "recall", recall)),
             ({"content-type": "text/plain"}, session_call(10, "recall", recall)),
-            ({"accept": "text/html"}, session_call(11, "recall", recall)),
+            ({"Accept": "text/html"}, session_call(11, "recall", recall)),
+            # read by the SDK's parser: an integer past 64 bits exact, nesting past its depth
+            ({}, session_call(12, "recall", {**recall, "limit": 2**64 + 1})),
+            ({}, session_call(13, "recall", {**recall, "query": nested(201)})),
+            ({"content-type": "text/plain, application/json"}, session_call(14, "remember", turn)),
         ]
+        statuses = []
         for extra, request in session_cases:
             answers = [
                 seen(
@@ -77,6 +92,9 @@ async def test_a_call_answered_directly_is_answered_as_the_sdk_answers_it(
                 for client in (direct, sdk)
             ]
             assert answers[0] == answers[1], (extra, request, answers)
+            statuses.append(answers[0][0])
+        # the good calls and the bad arguments answered, the rest refused as the SDK refuses
+        assert statuses == [200] * 8 + [404, 400, 406, 200, 400, 400], statuses
         ok = await direct.post("/mcp", headers=sessions[direct], json=session_cases[0][1])
         found = json.loads(ok.json()["result"]["content"][0]["text"])
         assert [m["episode"]["input"] for m in found] == ["ferry to Tangier"], found
@@ -102,6 +120,11 @@ async def test_a_call_answered_directly_is_answered_as_the_sdk_answers_it(
         modern_cases.append(({**headers, "MCP-Protocol-Version": "2099-01-01"}, body))
         headers, body = modern_call(27, "recall", recall)
         modern_cases.append(([*headers.items(), ("Mcp-Method", "tools/call")], body))
+        headers, body = modern_call(28, "remember", turn)  # no Content-Type, a wrong one
+        modern_cases.append(({k: v for k, v in headers.items() if k != "Content-Type"}, body))
+        modern_cases.append(({**headers, "Content-Type": "text/plain"}, body))
+        headers, body = modern_call(29, "recall", {**recall, "limit": -(2**70)})
+        modern_cases.append((headers, body))
         for headers, body in modern_cases:
             answers = [
                 seen(await client.post("/mcp", headers=headers, content=body))
@@ -122,6 +145,23 @@ async def test_a_session_busy_with_calls_answered_directly_stays_open_and_an_idl
     ):
         session = await open_session(http)
         call = session_call(1, "profile", {"user_id": "ann"})
+        # a call that runs past the idle timeout (its write waits on a lock) holds the session
+        engine = create_database_engine(database_url)
+        try:
+            async with engine.connect() as conn:
+                await conn.execute(text("LOCK TABLE episodes IN ACCESS EXCLUSIVE MODE"))
+                turn = {"user_id": "ann", "session_id": "c", "input": "slow", "output": "ok"}
+                slow = asyncio.ensure_future(
+                    http.post("/mcp", headers=session, json=session_call(0, "remember", turn))
+                )
+                await asyncio.sleep(3.0)
+                assert not slow.done()
+                await conn.rollback()  # the lock released
+        finally:
+            await engine.dispose()
+        assert (await slow).status_code == 200, slow.result().text
+        after = await http.post("/mcp", headers=session, json=call)
+        assert after.status_code == 200, after.text
         for _ in range(10):  # 5 s of calls, none more than 0.5 s after the last
             answered = await http.post("/mcp", headers=session, json=call)
             assert answered.status_code == 200, answered.text

@@ -40,7 +40,7 @@ def modern_call(n: int, tool: str, arguments: dict[str, Any]) -> tuple[dict[str,
 
 
 async def open_session(http: httpx.AsyncClient) -> dict[str, str]:
-    """The headers of a new, initialised session of the 2025 handshake."""
+    """The headers of a call on a new, initialised session of the 2025 handshake."""
     opened = await http.post(
         "/mcp",
         headers=ACCEPT,
@@ -58,6 +58,7 @@ async def open_session(http: httpx.AsyncClient) -> dict[str, str]:
     assert opened.status_code == 200, opened.text
     session = {
         **ACCEPT,
+        "content-type": "application/json",
         "mcp-session-id": opened.headers["mcp-session-id"],
         "mcp-protocol-version": HANDSHAKE,
     }

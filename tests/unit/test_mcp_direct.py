@@ -15,7 +15,7 @@ from mcp.server.transport_security import TransportSecuritySettings
 
 from tests.integration.test_mcp_http_answers import modern_call, open_session
 from worker.access import mcp_server
-from worker.access.mcp_direct import DirectCalls
+from worker.access.mcp_direct import DirectCalls, call_text
 from worker.access.mcp_intake import HttpIntake
 
 
@@ -75,3 +75,16 @@ async def test_calls_the_sdk_would_serve_are_answered_without_it_and_the_rest_re
         closed = await http.post("/mcp", headers=session, json=call(4, {}))
         assert closed.status_code == 404, closed.text
         assert len(sdk.reached) == 6
+
+
+def test_an_answer_json_cannot_carry_is_the_calls_error_not_a_failed_request() -> None:
+    deep: Any = []
+    for _ in range(300):  # deeper than orjson writes: a value serve's wm_set stored
+        deep = [deep]
+    text, failed = call_text(200, {"value": deep})
+    assert failed
+    assert json.loads(text) == {
+        "error": "the answer cannot be sent as JSON: Recursion limit reached"
+    }
+    assert call_text(422, {"error": "limit: too small"}) == ('{"error":"limit: too small"}', True)
+    assert call_text(200, [1]) == ("[1]", False)

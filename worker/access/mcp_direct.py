@@ -7,23 +7,28 @@ and a memory stream back; a call of the 2026-07-28 revision through the runner. 
 code ~9 % of the process's time (BENCHMARKS.md, many agents at once). ``DirectCalls`` answers a
 ``tools/call`` the SDK would serve as it is, with the SDK's own checks of the request
 (``validate_client_request``; for the 2026-07-28 revision its routing-header ladder,
-``classify_inbound_request``) and of the result (``serialize_server_result``), and the same
-tool call (``tools.invoke``): the same answer, without the hops. Anything else, and any call
-the SDK would answer otherwise (no such session, a session not initialised, headers it
-refuses, ``Mcp-Param-*`` headers, a tool we do not have, a request holding more than a call's
-fields), goes to the SDK untouched, which answers it as before. ``MEMWORKER_MCP_DIRECT_CALLS``
-off sends every call through the SDK.
+``classify_inbound_request``) and of the result (``serialize_server_result``), the body read
+by the SDK's parser (integers exact, nesting as deep as it reads), its Content-Type and Accept
+checks, the session's idle countdown held while the call runs (the transport's own count of
+requests in flight), and the same tool call (``tools.invoke``): the same answer, without the
+hops. Anything else, and any call the SDK would answer otherwise (no such session, a session
+not initialised, headers it refuses, ``Mcp-Param-*`` headers, a tool we do not have, a request
+holding more than a call's fields, a body its parser refuses), goes to the SDK untouched,
+which answers it as before. ``MEMWORKER_MCP_DIRECT_CALLS`` off sends every call through the
+SDK. A tool's answer JSON cannot carry is the call's error on both paths (``call_text``).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 import anyio
 import mcp_types as types
 import orjson
+import pydantic_core
 from mcp.server.streamable_http import CONTENT_TYPE_JSON, MCP_SESSION_ID_HEADER
 from mcp.shared.inbound import (
     InboundModernRoute,
@@ -49,6 +54,9 @@ _PARAMS = frozenset({"name", "arguments"})
 _MODERN_PARAMS = frozenset({"name", "arguments", "_meta"})
 _SESSION = MCP_SESSION_ID_HEADER.lower().encode()
 _PARAM_HEADER = b"mcp-param-"
+_IN_FLIGHT = "_requests_in_flight"
+"""The SDK transport's count of a session's requests in flight: the idle countdown runs only
+while it is 0. A call answered here counts in it too; without it (another SDK), the SDK's."""
 
 Sdk = Callable[[Send], Awaitable[None]]
 
@@ -56,7 +64,7 @@ Sdk = Callable[[Send], Awaitable[None]]
 class DirectCalls:
     """The module's fast path for one ``mcp --http`` app: ``server`` (the SDK's, for its
     sessions and its ``serverInfo``), ``access`` (the tools' scope), ``idle_seconds`` (a
-    session's idle timeout, which a call answered here restarts as the SDK's would)."""
+    session's idle timeout, held and restarted by a call answered here as by the SDK's)."""
 
     def __init__(self, server: Server[Any], access: Callable[[], Access], idle_seconds: float):
         self.server = server
@@ -70,9 +78,9 @@ class DirectCalls:
     async def serve(self, scope: Scope, body: bytes, send: Send, sdk: Sdk) -> None:
         """Answer ``body`` (a ``POST /mcp``'s) here when it is a call the SDK would serve,
         else hand it to ``sdk`` (watching an ``initialize``'s answer for its session)."""
-        try:
-            message = orjson.loads(body)
-        except orjson.JSONDecodeError:
+        try:  # read as the SDK reads it: integers exact, at most its depth
+            message = pydantic_core.from_json(body)
+        except ValueError:
             await sdk(send)
             return
         if not isinstance(message, dict):
@@ -83,7 +91,10 @@ class DirectCalls:
         if message.get("method") == "initialize" and _header(headers, _SESSION) is None:
             await sdk(self._watching(send))
             return
-        if not _plain_call(message) or not _accepts_json(headers) or "user" in scope:
+        if not _plain_call(message) or not _accepts_json(headers) or not _json_type(headers):
+            await sdk(send)
+            return
+        if "user" in scope:  # a session's owner: the SDK's to check
             await sdk(send)
             return
         if version is None or version in HANDSHAKE_PROTOCOL_VERSIONS:
@@ -105,16 +116,13 @@ class DirectCalls:
         if not _json_body(headers) or transport.is_terminated:
             return False
         idle = transport.idle_scope
-        if idle is not None and idle.cancel_called:
+        if idle is not None and (idle.cancel_called or not hasattr(transport, _IN_FLIGHT)):
             return False
         params = message["params"]
         if not params.keys() <= _PARAMS or not _valid(agreed, params):
             return False
-        self._held(idle)
-        try:
+        with self._held(transport, idle):
             result = await self._call(params, agreed)
-        finally:
-            self._held(idle)
         await _answer(send, message["id"], result, [(_SESSION, session_id.encode())])
         return True
 
@@ -152,17 +160,28 @@ class DirectCalls:
 
         arguments = params.get("arguments")
         status, result = await invoke(self.access(), SERVER, params["name"], arguments)
-        text = orjson.dumps(result).decode()
+        text, failed = call_text(status, result)
         content: list[types.ContentBlock] = [types.TextContent(text=text)]
-        shaped = types.CallToolResult(content=content, is_error=status >= 400)
+        shaped = types.CallToolResult(content=content, is_error=failed)
         dumped = shaped.model_dump(by_alias=True, mode="json", exclude_none=True)
         return serialize_server_result(METHOD, version, dumped)
 
-    def _held(self, idle: anyio.CancelScope | None) -> None:
-        """Restart the session's idle countdown, as a request the SDK serves does (unless a
-        request it serves holds it: an open stream)."""
-        if idle is not None and idle.deadline != math.inf:
-            idle.deadline = anyio.current_time() + self.idle_seconds
+    @contextmanager
+    def _held(self, transport: Any, idle: anyio.CancelScope | None) -> Iterator[None]:
+        """The session's idle countdown held while a call is answered, and restarted once
+        no request is in flight, as the SDK's transport does for the requests it serves (its
+        count of them, shared)."""
+        if idle is None:
+            yield
+            return
+        setattr(transport, _IN_FLIGHT, getattr(transport, _IN_FLIGHT) + 1)
+        idle.deadline = math.inf
+        try:
+            yield
+        finally:
+            setattr(transport, _IN_FLIGHT, getattr(transport, _IN_FLIGHT) - 1)
+            if not getattr(transport, _IN_FLIGHT):
+                idle.deadline = anyio.current_time() + self.idle_seconds
 
     def _watching(self, send: Send) -> Send:
         """``send``, noting the session an ``initialize`` answered with a result opened."""
@@ -188,6 +207,17 @@ class DirectCalls:
             del self.initialised[gone]  # closed sessions forgotten
         if session_id in live and version in HANDSHAKE_PROTOCOL_VERSIONS:
             self.initialised[session_id] = version
+
+
+def call_text(status: int, result: Any) -> tuple[str, bool]:
+    """A tool's answer as MCP's text content, and whether it is an error (both paths: this
+    module's and ``mcp_server.call_tool``'s). A result JSON cannot carry (a value stored
+    nested deeper than orjson writes) is the error saying so, not a failed request."""
+    try:
+        return orjson.dumps(result).decode(), status >= 400
+    except TypeError as exc:  # orjson.JSONEncodeError is one
+        line = f"the answer cannot be sent as JSON: {exc}"
+        return orjson.dumps({"error": line}).decode(), True
 
 
 def _plain_call(message: dict[str, Any]) -> bool:
@@ -226,6 +256,11 @@ def _accepts_json(headers: list[tuple[bytes, bytes]]) -> bool:
     accept = _header(headers, b"accept") or ""
     kinds = {part.strip().split(";")[0].strip().lower() for part in accept.split(",")}
     return bool(kinds & {"*/*", CONTENT_TYPE_JSON, "application/*"})
+
+
+def _json_type(headers: list[tuple[bytes, bytes]]) -> bool:
+    """The SDK's Content-Type check of every POST (``TransportSecurityMiddleware``)."""
+    return (_header(headers, b"content-type") or "").lower().startswith(CONTENT_TYPE_JSON)
 
 
 def _json_body(headers: list[tuple[bytes, bytes]]) -> bool:

@@ -88,11 +88,12 @@ def build(access: Callable[[], Access]) -> Server[Any]:
     async def call_tool(
         ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
     ) -> types.CallToolResult:
+        from worker.access.mcp_direct import call_text
         from worker.access.tools import invoke
 
         status, result = await invoke(scope(), SERVER, params.name, params.arguments)
-        text = orjson.dumps(result).decode()
-        return types.CallToolResult(content=[types.TextContent(text=text)], is_error=status >= 400)
+        text, failed = call_text(status, result)
+        return types.CallToolResult(content=[types.TextContent(text=text)], is_error=failed)
 
     server: Server[Any] = Server(
         "memworker",
