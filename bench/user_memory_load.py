@@ -19,7 +19,8 @@ last returned: the offered rate is "as fast as answered", ``max``), plus points 
 the 50-client rate (an open loop: latency counted from the scheduled send, so queueing shows).
 A client is one user of its own (its turns in order, 12 words of a 32-word vocabulary each);
 remembers only, then mixed: every fourth call of a client a recall of that user by three such
-words (words only: the server has no pgvector unless given).
+words (words only: the server has no pgvector unless given), as fast as answered and paced so
+the remembers come at half the rate, the recalls on top.
 
 - **baseline**: one INSERT of a turn-sized row per transaction into a table of its own, same
   pool (10 connections) and clients: what Postgres alone does here;
@@ -86,6 +87,21 @@ PARTS = ("rounds", "points", "bulk", "http")
 ``remember_many`` import, the HTTP points."""
 RECALL_EVERY = 4
 MIXED = "max, every 4th call a recall"
+PACED_EVERY = (4, 10, 40)
+"""The mixed calls paced so that the remembers come at half the 50-client rate, recalls on top
+(an open loop, ``beside``), one point for each share of recalls (every 4th, 10th, 40th call):
+recall's latency beside the writes of the half-rate point, and how many recalls a second fit
+beside them, where ``MIXED`` queues every call behind saturated cores."""
+
+
+def paced_mix(every: int) -> str:
+    return f"remembers at half, every {every}th call a recall"
+
+
+def beside(half: float, every: int) -> float:
+    """The calls a second that carry ``half`` remembers a second when every ``every``th call
+    is a recall."""
+    return half * every / (every - 1)
 
 
 def words(c: int, n: int, count: int) -> str:
@@ -171,9 +187,10 @@ async def drive(
     clients: int,
     seconds: float,
     rate: float | None = None,
+    every: int = RECALL_EVERY,
 ) -> Point:
     """``clients`` loops for ``seconds``: client ``c``'s call ``n`` is ``recall(c, n)`` every
-    ``RECALL_EVERY``th call (when given), else ``remember(c, n)``. ``rate``: calls per second
+    ``every``th call (when given), else ``remember(c, n)``. ``rate``: calls per second
     in all, paced (latency from the scheduled send); None: as fast as answered."""
     point = Point()
     clock = time.perf_counter
@@ -195,7 +212,7 @@ async def drive(
             if sent >= deadline:
                 return
             n += 1
-            is_recall = recall is not None and n % RECALL_EVERY == 0
+            is_recall = recall is not None and n % every == 0
             try:
                 if is_recall and recall is not None:
                     await recall(c, n)
@@ -264,15 +281,17 @@ async def python_point(
     clients: int,
     seconds: float,
     rate: float | None = None,
-    mixed: bool = False,
+    mixed: int = 0,
 ) -> Point:
+    """``mixed``: every ``mixed``th call of a client a recall (0: remembers only)."""
+
     async def remember(c: int, n: int) -> object:
         return await memories[c % len(memories)].remember(turn(tag, c, n))
 
     async def recall(c: int, n: int) -> object:
         return await memories[c % len(memories)].recall(words(c, -n, 3), user_id=f"u{c}")
 
-    return await drive(remember, recall if mixed else None, clients, seconds, rate)
+    return await drive(remember, recall if mixed else None, clients, seconds, rate, mixed)
 
 
 async def baseline_point(engine: AsyncEngine, tag: str, clients: int, seconds: float) -> Point:
@@ -400,7 +419,7 @@ async def http_point(
     clients: int,
     seconds: float,
     rate: float | None = None,
-    mixed: bool = False,
+    mixed: int = 0,
 ) -> Point:
     connections = [await Connection.open(base) for _ in range(clients)]
 
@@ -425,7 +444,7 @@ async def http_point(
         return None
 
     try:
-        return await drive(remember, recall if mixed else None, clients, seconds, rate)
+        return await drive(remember, recall if mixed else None, clients, seconds, rate, mixed)
     finally:
         for connection in connections:
             connection.close()
@@ -536,10 +555,18 @@ async def run(args: argparse.Namespace) -> str:
                             offered = f"{half:,.0f}/s (half)"
                             rows.append(row(door, len(memories), clients, offered, paced))
                         mixed = await python_point(
-                            memories, tag + "m", clients, args.seconds, mixed=True
+                            memories, tag + "m", clients, args.seconds, mixed=RECALL_EVERY
                         )
                         acknowledged += len(mixed.remember)
                         rows.append(row(door, len(memories), clients, MIXED, mixed))
+                        for every in PACED_EVERY if clients == max(clients_list) else ():
+                            paced = await python_point(
+                                memories, f"{tag}hm{every}", clients, args.seconds,
+                                beside(half, every), every,
+                            )  # fmt: skip
+                            acknowledged += len(paced.remember)
+                            offered = f"{beside(half, every):,.0f}/s: {paced_mix(every)}"
+                            rows.append(row(door, len(memories), clients, offered, paced))
                 if args.sustain and "points" in only:
                     point = await python_point(one, "sustain", 50, args.sustain)
                     acknowledged += len(point.remember)
@@ -586,9 +613,16 @@ async def run(args: argparse.Namespace) -> str:
                             offered = f"{half:,.0f}/s (half)"
                             rows.append(row("HTTP `serve`", 1, clients, offered, paced))
                         mixed = await http_point(
-                            base, f"h{clients}m", clients, args.seconds, mixed=True
+                            base, f"h{clients}m", clients, args.seconds, mixed=RECALL_EVERY
                         )
                         rows.append(row("HTTP `serve`", 1, clients, MIXED, mixed))
+                        for every in PACED_EVERY if clients == max(clients_list) else ():
+                            paced = await http_point(
+                                base, f"h{clients}hm{every}", clients, args.seconds,
+                                beside(half, every), every,
+                            )  # fmt: skip
+                            offered = f"{beside(half, every):,.0f}/s: {paced_mix(every)}"
+                            rows.append(row("HTTP `serve`", 1, clients, offered, paced))
             await engine.dispose()
     finally:
         await cleanup(redis, prefix)
