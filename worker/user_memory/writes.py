@@ -256,7 +256,9 @@ class TurnWriter:
         """Embed the new turns when this memory embeds, then hand their events to the next
         publish without waiting for it (``OwedPublisher.publish_soon``: they are owed in
         Postgres since the insert committed)."""
-        await asyncio.gather(*(self.vectors.remembered(str(k.row_id)) for k in stored if k.new))
+        new = [str(k.row_id) for k in stored if k.new]
+        if new and await self.vectors.inline():  # not a task a turn for nothing (a batch's)
+            await asyncio.gather(*(self.vectors.remembered(row_id) for row_id in new))
         owed = [
             self._announcement(episode, kept)
             for episode, kept in zip(episodes, stored, strict=True)
