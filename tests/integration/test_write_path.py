@@ -162,6 +162,29 @@ async def test_a_batch_repeating_an_id_is_one_turn_and_a_conflict_refuses_it_who
     assert [e["episode_id"] for e in await feed(redis, write_settings)] == ["a", "b"]
 
 
+async def test_two_users_turns_of_one_id_in_a_batch_are_two_events_with_two_event_ids(
+    engine: AsyncEngine, redis: Redis, write_settings: Settings
+) -> None:
+    """A batch's events share one time; the event id names the user, so a subscriber dropping
+    duplicates by ``event_id`` drops neither (nor those of concurrent ``remember`` calls)."""
+    async with Memory(PROJECT, settings=write_settings, engine=engine, redis=redis) as memory:
+        await asyncio.gather(
+            memory.remember_many([turn("t1", "ann"), turn("t1", "bob"), turn("t2", "ann")]),
+            memory.remember(turn("t1", "cy")),
+            memory.remember(turn("t1", "dee")),
+        )
+        await memory.flush_changes()
+    events = await feed(redis, write_settings)
+    assert sorted((e["user_id"], e["episode_id"]) for e in events) == [
+        ("ann", "t1"),
+        ("ann", "t2"),
+        ("bob", "t1"),
+        ("cy", "t1"),
+        ("dee", "t1"),
+    ]
+    assert len({e["event_id"] for e in events}) == 5
+
+
 async def test_a_batch_with_a_bad_item_or_too_many_is_refused_whole(
     engine: AsyncEngine, redis: Redis, write_settings: Settings
 ) -> None:

@@ -229,19 +229,19 @@ async def _publish(
                             "a": [row_id for row_id, _wire in owed_announcements],
                         },
                     )
-                    claimed: set[uuid.UUID] = set()
-                    unmarked: set[uuid.UUID] = set()
+                    claimed: set[int] = set()  # the uuids' numbers: no UUID.__hash__ each
+                    unmarked: set[int] = set()
                     for kind, seq, project_id, payload, episode in found:
                         if kind == "owed":
                             rows.append((seq, project_id, payload))
                         else:
-                            (claimed if kind == "claimed" else unmarked).add(episode)
+                            (claimed if kind == "claimed" else unmarked).add(episode.int)
                     rows.sort()  # by seq
-                    sending = [(k, wire) for k, wire in owed_announcements if k in claimed]
+                    sending = [(k, wire) for k, wire in owed_announcements if k.int in claimed]
                     done.held = [
                         (k, wire)
                         for k, wire in owed_announcements
-                        if k in unmarked and k not in claimed
+                        if k.int in unmarked and k.int not in claimed
                     ]
                 elif projects:
                     found = await conn.execute(_OWED_MANY, {"ps": projects, "n": PUBLISH_BATCH})

@@ -35,6 +35,7 @@ import contextlib
 import uuid
 import weakref
 from collections.abc import AsyncIterator, Iterable
+from datetime import UTC, datetime
 from typing import Any
 
 from pydantic import BaseModel
@@ -44,10 +45,11 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from schemas.inputs import InvalidInputError
 from schemas.limits import MAX_REMEMBER_BATCH
+from worker.db.models import EPISODE_NAMESPACE
 from worker.db.outages import is_connection_error
 from worker.episodes.announcements import Announcement
-from worker.episodes.changes import OwedPublisher, change_event
-from worker.ids import validate_write_id
+from worker.episodes.changes import OwedPublisher
+from worker.ids import uuid5_text, validate_write_id
 from worker.user_memory import turns
 from worker.user_memory.indexing import TurnVectors
 from worker.user_memory.inputs import check_episode
@@ -201,25 +203,33 @@ async def insert_projects(
 ) -> list[turns.Stored | Exception]:
     """Insert ``(project, turn)`` pairs (distinct), whatever their projects, in one statement
     (``turns.insert_pairs``); each pair's result in order."""
-    events = [remembered_event(project_id, episode) for project_id, episode in unique]
-    return list(await turns.insert_pairs(conn, unique, events, indexed=False))
+    return list(await turns.insert_pairs(conn, unique, remembered_pairs(unique), indexed=False))
 
 
-def remembered_event(project_id: str, episode: Episode) -> dict[str, Any]:
-    """A turn's ``episode.remembered``."""
-    return change_event(
-        "episode.remembered",
-        project_id,
-        episode.user_id,
-        episode.id,
-        episode_id=episode.id,
-        session_id=episode.session_id,
-    )
+def remembered_pairs(pairs: list[tuple[str, Episode]]) -> list[dict[str, Any]]:
+    """Each ``(project, turn)``'s ``episode.remembered``: ``change_event``'s, built a batch at
+    a time with one time for them all (they commit in one statement), so its ``event_id``
+    names the user too: two users' turns of one id in a batch get two."""
+    now = datetime.now(UTC).isoformat()
+    return [
+        {
+            "type": "episode.remembered",
+            "event_id": uuid5_text(
+                EPISODE_NAMESPACE, f"episode.remembered:{project_id}/{e.user_id or ''}/{e.id}/{now}"
+            ),
+            "project_id": project_id,
+            "user_id": e.user_id,
+            "occurred_at": now,
+            "episode_id": e.id,
+            "session_id": e.session_id,
+        }
+        for project_id, e in pairs
+    ]
 
 
 def remembered_events(project_id: str, episodes: list[Episode]) -> list[dict[str, Any]]:
-    """Each turn's ``episode.remembered``."""
-    return [remembered_event(project_id, e) for e in episodes]
+    """Each turn's ``episode.remembered`` (``remembered_pairs``)."""
+    return remembered_pairs([(project_id, e) for e in episodes])
 
 
 class TurnWriter:
