@@ -192,10 +192,11 @@ async def insert_turns(
     events: list[dict[str, Any]],
     *,
     indexed: bool = True,
+    tool_json: list[tuple[str, str | None]] | None = None,
 ) -> list[Stored]:
     """``insert_pairs`` of one project's turns (distinct ``turn_key``s)."""
     pairs = [(project_id, episode) for episode in episodes]
-    return await insert_pairs(conn, pairs, events, indexed=indexed)
+    return await insert_pairs(conn, pairs, events, indexed=indexed, tool_json=tool_json)
 
 
 async def insert_pairs(
@@ -204,16 +205,21 @@ async def insert_pairs(
     events: list[dict[str, Any]],
     *,
     indexed: bool = True,
+    tool_json: list[tuple[str, str | None]] | None = None,
 ) -> list[Stored]:
     """Insert the ``(project, turn)`` pairs (distinct ``(project, *turn_key)``s, checked) with
     ``events[k]`` owed for each new one, in one statement, whatever the projects; per pair its
     ``Kept``, or the ``EpisodeConflictError`` of a turn its user stored in its project with
     other content (naming its index ``episodes[k]`` when ``indexed``): the caller raises it
     (and rolls back) or hands it to that turn's caller alone, the others stored. Another
-    user's or another project's turn of the same id is never a conflict."""
+    user's or another project's turn of the same id is never a conflict. ``tool_json``: each
+    turn's tool calls and transcript as JSON text when the caller has them
+    (``inputs.checked_tool_json``'s), else encoded here."""
     episodes = [episode for _project, episode in pairs]
     sources = [turn_source(p, e.user_id, e.id) for p, e in pairs]
     ids = [uuid5(EPISODE_NAMESPACE, source) for source in sources]  # turn_uuid's
+    if tool_json is None:
+        tool_json = [(_json(e.tool_calls) or "[]", _json(e.tool_transcript)) for e in episodes]
     inserted = await conn.execute(
         _INSERT_MANY,
         {
@@ -225,8 +231,8 @@ async def insert_pairs(
             "ts": [e.id for e in episodes],
             "is": [e.input for e in episodes],
             "os": [e.output for e in episodes],
-            "calls": [_json(e.tool_calls) for e in episodes],
-            "transcripts": [_json(e.tool_transcript) for e in episodes],
+            "calls": [calls for calls, _transcript in tool_json],
+            "transcripts": [transcript for _calls, transcript in tool_json],
             "ats": [as_utc(e.occurred_at) for e in episodes],
             "events": [orjson.dumps(event).decode() for event in events],
             "outcome": TURN_OUTCOME,

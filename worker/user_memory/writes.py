@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import uuid
 import weakref
 from collections.abc import AsyncIterator, Iterable
 from datetime import UTC, datetime
@@ -47,12 +46,12 @@ from schemas.inputs import InvalidInputError
 from schemas.limits import MAX_REMEMBER_BATCH
 from worker.db.models import EPISODE_NAMESPACE
 from worker.db.outages import is_connection_error
-from worker.episodes.announcements import Announcement
+from worker.episodes.announcements import recorded_wire
 from worker.episodes.changes import OwedPublisher
 from worker.ids import uuid5_text, validate_write_id
 from worker.user_memory import turns
 from worker.user_memory.indexing import TurnVectors
-from worker.user_memory.inputs import check_episode
+from worker.user_memory.inputs import check_episode, checked_tool_json
 from worker.user_memory.models import Episode, as_episode
 
 
@@ -249,12 +248,17 @@ class TurnWriter:
 
     async def remember_many(self, episodes: Iterable[Episode | Any]) -> list[str]:
         validate_write_id(self.project_id, "project_id")
-        batch = checked_batch(episodes)
-        unique = distinct(batch)
+        batch, tool_json = checked_batch(episodes)
+        firsts = distinct(batch)
+        unique = [batch[k] for k in firsts]
         if unique:
             async with self.writes.engine.begin() as conn:
                 stored = await turns.insert_turns(
-                    conn, self.project_id, unique, remembered_events(self.project_id, unique)
+                    conn,
+                    self.project_id,
+                    unique,
+                    remembered_events(self.project_id, unique),
+                    tool_json=[tool_json[k] for k in firsts],
                 )
                 for result in stored:
                     if isinstance(result, Exception):
@@ -266,19 +270,15 @@ class TurnWriter:
         """Embed the new turns when this memory embeds, then hand their events to the next
         publish without waiting for it (``OwedPublisher.publish_soon``: they are owed in
         Postgres since the insert committed)."""
-        new = [str(k.row_id) for k in stored if k.new]
-        if new and await self.vectors.inline():  # not a task a turn for nothing (a batch's)
-            await asyncio.gather(*(self.vectors.remembered(row_id) for row_id in new))
+        if any(k.new for k in stored) and await self.vectors.inline():  # no task a turn else
+            await asyncio.gather(*(self.vectors.remembered(str(k.row_id)) for k in stored if k.new))
+        project_id = self.project_id
         owed = [
-            self._announcement(episode, kept)
+            (kept.row_id, recorded_wire(kept.row_id, project_id, episode.session_id, kept.source))
             for episode, kept in zip(episodes, stored, strict=True)
             if kept.owed
         ]
-        await self.writes.publisher.publish_soon(self.project_id, owed)
-
-    def _announcement(self, episode: Episode, kept: turns.Kept) -> tuple[uuid.UUID, bytes]:
-        wire = Announcement(kept.row_id, self.project_id, episode.session_id, kept.source).wire()
-        return kept.row_id, wire
+        await self.writes.publisher.publish_soon(project_id, owed)
 
 
 def _retrieve(future: asyncio.Future[Any]) -> None:
@@ -287,9 +287,13 @@ def _retrieve(future: asyncio.Future[Any]) -> None:
         future.exception()
 
 
-def checked_batch(episodes: Iterable[Episode | Any]) -> list[Episode]:
-    """The batch's turns, each checked by the input rule; the first bad one refuses the batch
-    (``InvalidInputError`` naming ``episodes[k].<field>``), as does a batch too large."""
+def checked_batch(
+    episodes: Iterable[Episode | Any],
+) -> tuple[list[Episode], list[tuple[str, str | None]]]:
+    """The batch's turns, each checked by the input rule, with their tool calls' and
+    transcript's JSON (``checked_tool_json``: encoded once, for the check and the insert); the
+    first bad one refuses the batch (``InvalidInputError`` naming ``episodes[k].<field>``), as
+    does a batch too large."""
     if isinstance(episodes, str | bytes | dict | BaseModel) or not isinstance(episodes, Iterable):
         raise InvalidInputError("episodes", "must be a list of episodes")
     items = list(episodes)
@@ -298,27 +302,31 @@ def checked_batch(episodes: Iterable[Episode | Any]) -> list[Episode]:
             f"episodes: {len(items)} turns in one batch; the most is {MAX_REMEMBER_BATCH}"
             " (MAX_REMEMBER_BATCH): send smaller batches"
         )
-    batch = []
+    batch: list[Episode] = []
+    tool_json: list[tuple[str, str | None]] = []
     for k, item in enumerate(items):
         try:
-            batch.append(check_episode(as_episode(item)))
+            episode = as_episode(item)
+            tool_json.append(checked_tool_json(episode))
         except InvalidInputError as exc:
             raise InvalidInputError(f"episodes[{k}].{exc.field}", exc.problem) from exc
         except ValueError as exc:
             raise InvalidInputError(f"episodes[{k}]", str(exc).splitlines()[0]) from exc
-    return batch
+        batch.append(episode)
+    return batch, tool_json
 
 
-def distinct(batch: list[Episode]) -> list[Episode]:
-    """The batch without repeats: the same user's id twice with the same content is one turn,
-    with other content an ``EpisodeConflictError`` naming both indexes."""
+def distinct(batch: list[Episode]) -> list[int]:
+    """The indexes of the batch's turns without repeats: the same user's id twice with the
+    same content is one turn (its first), with other content an ``EpisodeConflictError``
+    naming both indexes."""
     first: dict[tuple[str | None, str], int] = {}
-    out: list[Episode] = []
+    out: list[int] = []
     for k, episode in enumerate(batch):
         seen = first.get(turns.turn_key(episode))
         if seen is None:
             first[turns.turn_key(episode)] = k
-            out.append(episode)
+            out.append(k)
         elif turns.same_content(batch[seen], episode):
             continue
         else:
