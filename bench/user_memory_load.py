@@ -4,8 +4,8 @@ HTTP (``memworker serve``), beside a plain Postgres INSERT (the limit being chas
 previous release's ``remember`` against this one's, alternated in the same process.
 
     .venv/bin/python bench/user_memory_load.py [--redis-url URL] [--database-url URL] \\
-        [--seconds 8] [--clients 1,10,50] [--rounds 2] [--batch 1000] [--sustain 60] [--no-http]
-        [--only rounds,points,bulk,http]
+        [--seconds 8] [--clients 1,10,50] [--rounds 2] [--batch 1000] [--batch-clients 1]
+        [--sustain 60] [--no-http] [--only rounds,points,bulk,http]
 
 ``--only`` runs some parts; to compare two checkouts in one window on a shared machine, run the
 same command with ``PYTHONPATH`` at each, alternating (the bench itself uses only ``Memory``,
@@ -28,9 +28,10 @@ the remembers come at half the rate, the recalls on top.
   (INSERT and its event in one transaction; XADD the announcement and mark it in a second; then
   the project's outbox published under its lock, one caller at a time) against this one's
   (one statement, then a group-committed publish), alternating ``--rounds`` times;
-- **remember_many**: a bulk import in batches of ``--batch`` turns, one client, alternating
-  with the bulk baseline: the same batches, each one plain INSERT of their ids, users and text
-  into a table of its own (what Postgres alone does with them here).
+- **remember_many**: a bulk import in batches of ``--batch`` turns, ``--batch-clients`` batches
+  at once (one by default; each sender its own users), alternating with the bulk baseline: the
+  same batches, each one plain INSERT of their ids, users and text into a table of its own
+  (what Postgres alone does with them here).
 """
 
 from __future__ import annotations
@@ -64,11 +65,11 @@ from harness import (
     service_env,
     unique_prefix,
 )
-from redis.asyncio import Redis
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 from user_memory import WORDS  # the same vocabulary as bench/user_memory.py
 
+from worker.connections import redis_client
 from worker.db.batch import mark_announced
 from worker.db.engine import create_database_engine
 from worker.db.models import TURN_OUTCOME
@@ -333,6 +334,13 @@ async def plain_batch(engine: AsyncEngine, episodes: list[Episode]) -> None:
         )
 
 
+async def timed_batch(memory: Memory, episodes: list[Episode]) -> float:
+    """``memory.remember_many(episodes)``; its seconds."""
+    started = time.perf_counter()
+    await memory.remember_many(episodes)
+    return time.perf_counter() - started
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -463,7 +471,7 @@ async def run(args: argparse.Namespace) -> str:
     if only - set(PARTS):
         raise SystemExit(f"--only: {', '.join(sorted(only - set(PARTS)))}: not one of {PARTS}")
     prefix = unique_prefix("user-memory-load")
-    redis = Redis.from_url(args.redis_url)
+    redis = redis_client(args.redis_url)  # the product's own (commands packed by hiredis)
     clients_list = [int(c) for c in args.clients.split(",")]
     rows: list[list[str]] = []
     ratios: list[list[str]] = []
@@ -571,30 +579,38 @@ async def run(args: argparse.Namespace) -> str:
                     point = await python_point(one, "sustain", 50, args.sustain)
                     acknowledged += len(point.remember)
                     rows.append(row("Python `Memory`", 1, 50, f"max, {args.sustain:g} s", point))
-                bulk_s = plain_s = bulk_cpu = 0.0
+                bulk_s = plain_s = bulk_cpu = bulk_calls = 0.0
                 imported = 0
-                batches = max(1, args.batch_turns // args.batch) if "bulk" in only else 0
-                for b in range(batches):  # alternating with a plain INSERT of the same rows
-                    episodes = [turn(f"bulk{b}", k % 50, k) for k in range(args.batch)]
+                senders = max(1, args.batch_clients)
+                rounds = max(1, args.batch_turns // (args.batch * senders)) if "bulk" in only else 0
+                for b in range(rounds):  # alternating with a plain INSERT of the same rows
+                    # sender i's users are its own (i * 50 + k % 50): each user's turns come
+                    # from one sender, one batch after the other, so the feed keeps their order
+                    sent = [
+                        [turn(f"bulk{b}", i * 50 + k % 50, k) for k in range(args.batch)]
+                        for i in range(senders)
+                    ]
                     started = time.perf_counter()
-                    await plain_batch(engine, episodes)
+                    await asyncio.gather(*(plain_batch(engine, episodes) for episodes in sent))
                     plain_s += time.perf_counter() - started
                     started, cpu = time.perf_counter(), time.process_time()
-                    await one[0].remember_many(episodes)
+                    calls = await asyncio.gather(*(timed_batch(one[0], e) for e in sent))
                     bulk_s += time.perf_counter() - started
                     bulk_cpu += time.process_time() - cpu
-                    imported += args.batch
+                    bulk_calls += sum(calls)
+                    imported += args.batch * senders
                 acknowledged += imported
-                if batches:
+                if rounds:
+                    who = "one client" if senders == 1 else f"{senders} at once"
                     notes.append(
-                        f"`remember_many`, batches of {args.batch:,}, one client: {imported:,}"
+                        f"`remember_many`, batches of {args.batch:,}, {who}: {imported:,}"
                         f" turns in {bulk_s:.2f} s = **{imported / bulk_s:,.0f} turns/s** "
-                        f"({1000 * bulk_s / batches:,.0f} ms a batch); the same batches as one"
-                        f" plain INSERT each into a table of their own (baseline, alternating):"
-                        f" {imported / plain_s:,.0f} turns/s ({1000 * plain_s / batches:,.0f} ms"
-                        f" a batch): `remember_many` is {plain_s / bulk_s:.2f} of it; this"
-                        " process's CPU (Python, the client's side)"
-                        f" {1e6 * bulk_cpu / imported:,.0f} µs a turn."
+                        f"({1000 * bulk_calls / (rounds * senders):,.0f} ms a batch); the same"
+                        " batches as one plain INSERT each into a table of their own (baseline,"
+                        f" alternating): {imported / plain_s:,.0f} turns/s"
+                        f" ({1000 * plain_s / rounds:,.0f} ms a round): `remember_many` is"
+                        f" {plain_s / bulk_s:.2f} of it; this process's CPU (Python, the"
+                        f" client's side) {1e6 * bulk_cpu / imported:,.0f} µs a turn."
                     )
                 notes.append(await check_stored(engine, acknowledged))
             finally:
@@ -656,6 +672,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--batch", type=int, default=1_000)
     parser.add_argument("--batch-turns", type=int, default=20_000)
+    parser.add_argument(
+        "--batch-clients",
+        type=int,
+        default=1,
+        help="remember_many batches sent at once (each its own users, one batch after the"
+        " other; a bulk import on several connections)",
+    )
     parser.add_argument("--no-http", action="store_true")
     parser.add_argument("--sustain", type=float, default=0.0, help="seconds of a last point")
     parser.add_argument(

@@ -24,7 +24,7 @@ from tests.integration.test_access import free_port
 from worker.keys import changes_stream, episodes_stream
 from worker.settings import Settings
 from worker.user_memory.memory import Memory
-from worker.user_memory.models import Episode
+from worker.user_memory.models import Episode, Message, ToolCall
 from worker.user_memory.turns import EpisodeConflictError
 from worker.user_memory.writes import BatchTooLargeError
 
@@ -160,6 +160,58 @@ async def test_a_batch_repeating_an_id_is_one_turn_and_a_conflict_refuses_it_who
             await memory.remember(turn("a", "ann", "changed"))
     assert await counts(engine) == (2, 0), "a refused batch stores nothing, not even c or d"
     assert [e["episode_id"] for e in await feed(redis, write_settings)] == ["a", "b"]
+
+
+async def test_two_users_turns_of_one_id_in_a_batch_are_two_events_with_two_event_ids(
+    engine: AsyncEngine, redis: Redis, write_settings: Settings
+) -> None:
+    """A batch's events share one time; the event id names the user, so a subscriber dropping
+    duplicates by ``event_id`` drops neither (nor those of concurrent ``remember`` calls)."""
+    async with Memory(PROJECT, settings=write_settings, engine=engine, redis=redis) as memory:
+        await asyncio.gather(
+            memory.remember_many([turn("t1", "ann"), turn("t1", "bob"), turn("t2", "ann")]),
+            memory.remember(turn("t1", "cy")),
+            memory.remember(turn("t1", "dee")),
+        )
+        await memory.flush_changes()
+    events = await feed(redis, write_settings)
+    assert sorted((e["user_id"], e["episode_id"]) for e in events) == [
+        ("ann", "t1"),
+        ("ann", "t2"),
+        ("bob", "t1"),
+        ("cy", "t1"),
+        ("dee", "t1"),
+    ]
+    assert len({e["event_id"] for e in events}) == 5
+
+
+async def test_a_batchs_tool_calls_and_transcripts_are_stored_as_given_and_checked_by_index(
+    engine: AsyncEngine, redis: Redis, write_settings: Settings
+) -> None:
+    """The batch encodes a turn's tool calls and transcript once, for the check and the
+    insert: what is read back is what was given (none, empty, some), a bad one is named."""
+    calls = [ToolCall(id="c1", tool="reserve", args={"people": 2, "at": "20:00"})]
+    transcript = [Message(role="tool", content="ok", tool_call_id="c1")]
+    given = [
+        turn("plain", "ann").model_copy(update={"tool_transcript": None}),
+        turn("empty", "ann").model_copy(update={"tool_transcript": []}),
+        turn("tools", "ann").model_copy(
+            update={"tool_calls": calls, "tool_transcript": transcript}
+        ),
+    ]
+    async with Memory(PROJECT, settings=write_settings, engine=engine, redis=redis) as memory:
+        await memory.remember_many(given)
+        assert await memory.remember_many(given) == ["plain", "empty", "tools"]  # the same
+        nul = turn("nul", "ann").model_copy(
+            update={"tool_calls": [ToolCall(tool="x", args={"v": "a\x00b"})]}
+        )
+        with pytest.raises(InvalidInputError, match=r"episodes\[1\]\.tool_calls.*NUL"):
+            await memory.remember_many([turn("fine", "ann"), nul])
+        stored = {e.id: e for e in (await memory.export(user_id="ann")).episodes}
+    assert set(stored) == {"plain", "empty", "tools"}
+    assert (stored["plain"].tool_calls, stored["plain"].tool_transcript) == ([], None)
+    assert (stored["empty"].tool_calls, stored["empty"].tool_transcript) == ([], [])
+    assert stored["tools"].tool_calls == calls and stored["tools"].tool_transcript == transcript
 
 
 async def test_a_batch_with_a_bad_item_or_too_many_is_refused_whole(

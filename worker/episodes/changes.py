@@ -215,7 +215,7 @@ async def _publish(
     done = Published(0)
     owed_announcements = list(dict(announcements).items())
     while True:
-        rows: list[Any] = []
+        rows: list[tuple[int, str, str]] = []  # (seq, project, the event's JSON)
         try:
             async with engine.begin() as conn:
                 await conn.execute(_LOCK_MANY, {"ps": projects})
@@ -229,34 +229,39 @@ async def _publish(
                             "a": [row_id for row_id, _wire in owed_announcements],
                         },
                     )
-                    claimed: set[uuid.UUID] = set()
-                    unmarked: set[uuid.UUID] = set()
-                    for row in found:
-                        if row.kind == "owed":
-                            rows.append(row)
+                    claimed: set[int] = set()  # the uuids' numbers: no UUID.__hash__ each
+                    unmarked: set[int] = set()
+                    for kind, seq, project_id, payload, episode in found:
+                        if kind == "owed":
+                            rows.append((seq, project_id, payload))
                         else:
-                            (claimed if row.kind == "claimed" else unmarked).add(row.episode)
-                    rows.sort(key=lambda row: row.seq)
-                    sending = [(k, wire) for k, wire in owed_announcements if k in claimed]
+                            (claimed if kind == "claimed" else unmarked).add(episode.int)
+                    rows.sort()  # by seq
+                    sending = [(k, wire) for k, wire in owed_announcements if k.int in claimed]
                     done.held = [
                         (k, wire)
                         for k, wire in owed_announcements
-                        if k in unmarked and k not in claimed
+                        if k.int in unmarked and k.int not in claimed
                     ]
                 elif projects:
-                    rows = list(
-                        await conn.execute(_OWED_MANY, {"ps": projects, "n": PUBLISH_BATCH})
-                    )
+                    found = await conn.execute(_OWED_MANY, {"ps": projects, "n": PUBLISH_BATCH})
+                    rows = [(seq, project_id, payload) for seq, project_id, payload in found]
                 owed_announcements = []
                 if not rows and not sending:
                     return done
                 try:
                     pipe = redis.pipeline(transaction=False)
-                    for row in rows:
-                        stream = changes_stream(prefix, row.project_id, shards)
-                        pipe.xadd(stream, {"data": row.payload})
+                    streams: dict[str, str] = {}
+                    for _seq, project_id, payload in rows:
+                        stream = streams.get(project_id)
+                        if stream is None:
+                            stream = streams[project_id] = changes_stream(
+                                prefix, project_id, shards
+                            )
+                        pipe.execute_command("XADD", stream, "*", "data", payload)  # xadd's
+                    announced = episodes_stream(prefix)
                     for _row_id, wire in sending:
-                        pipe.xadd(episodes_stream(prefix), {"data": wire})
+                        pipe.execute_command("XADD", announced, "*", "data", wire)
                     await pipe.execute()
                 except RedisError as exc:
                     log.warning(
@@ -269,7 +274,7 @@ async def _publish(
                     done.announced, done.held = not sending, []
                     raise _RedisRefused from exc  # the claims roll back: the relay owes them
                 if rows:
-                    await conn.execute(_DONE, {"s": [row.seq for row in rows]})
+                    await conn.execute(_DONE, {"s": [seq for seq, _project, _data in rows]})
         except _RedisRefused:
             return done
         done.events += len(rows)

@@ -74,9 +74,9 @@ def check_session(session_id: Any, limit: Any) -> None:
     check_limit(limit, maximum=2 * MAX_RESULTS)
 
 
-def _json_problem(value: Any, field: str, max_bytes: int) -> None:
-    """``value`` (tool calls, a transcript) as the JSON Postgres keeps: valid UTF-8, no NUL
-    escape (``jsonb`` refuses ``\\u0000``), at most ``max_bytes``."""
+def _stored_json(value: Any, field: str, max_bytes: int) -> str:
+    """``value`` (tool calls, a transcript) as the JSON text Postgres keeps, checked: valid
+    UTF-8, no NUL escape (``jsonb`` refuses ``\\u0000``), at most ``max_bytes``."""
     try:
         text = orjson.dumps(value)
     except TypeError as exc:
@@ -87,10 +87,18 @@ def _json_problem(value: Any, field: str, max_bytes: int) -> None:
         )
     if len(text) > max_bytes:
         raise InvalidInputError(field, f"is {len(text)} bytes as JSON; the most is {max_bytes}")
+    return text.decode()
 
 
 def check_episode(episode: Episode) -> Episode:
     """A turn ``remember`` may store (module doc of ``schemas.inputs``)."""
+    checked_tool_json(episode)
+    return episode
+
+
+def checked_tool_json(episode: Episode) -> tuple[str, str | None]:
+    """``check_episode``, giving the turn's tool calls and transcript as the JSON text it
+    stores (``turns.insert_pairs`` takes them: a batch encodes each once)."""
     check_id(episode.id, "id")
     check_id(episode.session_id, "session_id")
     if episode.user_id is not None:
@@ -105,17 +113,18 @@ def check_episode(episode: Episode) -> Episode:
             f"input and output are {size} bytes together (UTF-8); a turn holds at most "
             f"{MAX_TURN_TEXT_BYTES}",
         )
+    calls, transcript = "[]", None if episode.tool_transcript is None else "[]"
     if episode.tool_calls:
-        _json_problem(
+        calls = _stored_json(
             [c.model_dump(mode="json") for c in episode.tool_calls], "tool_calls", MAX_VALUE_BYTES
         )
     if episode.tool_transcript:
-        _json_problem(
+        transcript = _stored_json(
             [m.model_dump(mode="json") for m in episode.tool_transcript],
             "tool_transcript",
             MAX_VALUE_BYTES,
         )
-    return episode
+    return calls, transcript
 
 
 def check_fact(fact: Fact) -> Fact:

@@ -38,6 +38,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from schemas.inputs import stored_when
 from worker.db.models import EPISODE_NAMESPACE, TURN_OUTCOME
+from worker.ids import uuid5
 from worker.user_memory.models import Episode, Message, ToolCall, as_utc, check_user_id
 
 TURN_SOURCE_PREFIX = "turn:"
@@ -66,7 +67,7 @@ def turn_source(project_id: str, user_id: str | None, turn_id: str) -> str:
 
 def turn_uuid(project_id: str, user_id: str | None, turn_id: str) -> uuid.UUID:
     """A new turn's row id (an old turn keeps its own: look a turn up by its columns)."""
-    return uuid.uuid5(EPISODE_NAMESPACE, turn_source(project_id, user_id, turn_id))
+    return uuid5(EPISODE_NAMESPACE, turn_source(project_id, user_id, turn_id))
 
 
 def turn_key(episode: Episode) -> tuple[str | None, str]:
@@ -92,11 +93,13 @@ _INSERT_MANY = text(
     " ON CONFLICT DO NOTHING RETURNING id),"
     " owed AS (INSERT INTO memory_changes (project_id, payload)"
     " SELECT r.p, CAST(r.event AS jsonb) FROM r JOIN ins USING (id) ORDER BY r.n RETURNING seq)"
-    " SELECT id FROM ins"
+    " SELECT CASE WHEN count(*) = (SELECT count(*) FROM r) THEN NULL"
+    " ELSE coalesce(array_agg(id), '{}') END AS new FROM ins"
 )
 """The batch's new turns, each of its own project, and for each its change event, in batch
 order (``seq`` follows ``n``: the outbox order, so each project's events in the batch's order
-of its turns), in one round trip."""
+of its turns), in one round trip. One row back: NULL when every turn is new (a bulk import's
+every batch: no row a turn to read), else the ids of the new ones."""
 _STORED_MANY = text(
     f"SELECT {EPISODE_COLUMNS}, project_id, source_event_id, announced_at IS NULL AS owed"
     " FROM episodes JOIN unnest(CAST(:ps AS text[]), CAST(:us AS text[]), CAST(:ts AS text[]))"
@@ -106,8 +109,13 @@ _STORED_MANY = text(
 never another's)."""
 
 
-def _json(value: Any) -> str | None:
-    return None if value is None else orjson.dumps(value).decode()
+def _json(models: list[ToolCall] | list[Message] | None) -> str | None:
+    """Tool calls or a transcript as JSON text (``_content``'s), straight from the models."""
+    if models is None:
+        return None
+    if not models:
+        return "[]"
+    return orjson.dumps([m.model_dump(mode="json") for m in models]).decode()
 
 
 def episode_from_row(row: Row[Any]) -> Episode:
@@ -184,10 +192,11 @@ async def insert_turns(
     events: list[dict[str, Any]],
     *,
     indexed: bool = True,
+    tool_json: list[tuple[str, str | None]] | None = None,
 ) -> list[Stored]:
     """``insert_pairs`` of one project's turns (distinct ``turn_key``s)."""
     pairs = [(project_id, episode) for episode in episodes]
-    return await insert_pairs(conn, pairs, events, indexed=indexed)
+    return await insert_pairs(conn, pairs, events, indexed=indexed, tool_json=tool_json)
 
 
 async def insert_pairs(
@@ -196,17 +205,21 @@ async def insert_pairs(
     events: list[dict[str, Any]],
     *,
     indexed: bool = True,
+    tool_json: list[tuple[str, str | None]] | None = None,
 ) -> list[Stored]:
     """Insert the ``(project, turn)`` pairs (distinct ``(project, *turn_key)``s, checked) with
     ``events[k]`` owed for each new one, in one statement, whatever the projects; per pair its
     ``Kept``, or the ``EpisodeConflictError`` of a turn its user stored in its project with
     other content (naming its index ``episodes[k]`` when ``indexed``): the caller raises it
     (and rolls back) or hands it to that turn's caller alone, the others stored. Another
-    user's or another project's turn of the same id is never a conflict."""
+    user's or another project's turn of the same id is never a conflict. ``tool_json``: each
+    turn's tool calls and transcript as JSON text when the caller has them
+    (``inputs.checked_tool_json``'s), else encoded here."""
     episodes = [episode for _project, episode in pairs]
-    contents = [_content(e) for e in episodes]
     sources = [turn_source(p, e.user_id, e.id) for p, e in pairs]
-    ids = [uuid.uuid5(EPISODE_NAMESPACE, source) for source in sources]  # turn_uuid's
+    ids = [uuid5(EPISODE_NAMESPACE, source) for source in sources]  # turn_uuid's
+    if tool_json is None:
+        tool_json = [(_json(e.tool_calls) or "[]", _json(e.tool_transcript)) for e in episodes]
     inserted = await conn.execute(
         _INSERT_MANY,
         {
@@ -218,15 +231,18 @@ async def insert_pairs(
             "ts": [e.id for e in episodes],
             "is": [e.input for e in episodes],
             "os": [e.output for e in episodes],
-            "calls": [_json(c["tool_calls"]) for c in contents],
-            "transcripts": [_json(c["tool_transcript"]) for c in contents],
+            "calls": [calls for calls, _transcript in tool_json],
+            "transcripts": [transcript for _calls, transcript in tool_json],
             "ats": [as_utc(e.occurred_at) for e in episodes],
             "events": [orjson.dumps(event).decode() for event in events],
             "outcome": TURN_OUTCOME,
         },
     )
-    new = {row.id for row in inserted}
     results: list[Stored] = [Kept(True, True, i, s) for i, s in zip(ids, sources, strict=True)]
+    new_ids = inserted.scalar_one()
+    if new_ids is None:  # every turn new
+        return results
+    new = set(new_ids)
     old = [k for k in range(len(episodes)) if ids[k] not in new]
     if not old:
         return results
@@ -247,7 +263,7 @@ async def insert_pairs(
                 f"{where}episode {episode.id!r}: its session {episode.session_id!r} already has"
                 " a session episode of that id"
             )
-        elif _content(episode_from_row(row)) != contents[k]:
+        elif _content(episode_from_row(row)) != _content(episode):
             results[k] = EpisodeConflictError(
                 f"{where}episode {episode.id!r} is already remembered with other content; an"
                 " episode is immutable: remember the change under a new id"

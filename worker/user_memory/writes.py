@@ -32,9 +32,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import uuid
 import weakref
 from collections.abc import AsyncIterator, Iterable
+from datetime import UTC, datetime
 from typing import Any
 
 from pydantic import BaseModel
@@ -44,13 +44,14 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from schemas.inputs import InvalidInputError
 from schemas.limits import MAX_REMEMBER_BATCH
+from worker.db.models import EPISODE_NAMESPACE
 from worker.db.outages import is_connection_error
-from worker.episodes.announcements import Announcement
-from worker.episodes.changes import OwedPublisher, change_event
-from worker.ids import validate_write_id
+from worker.episodes.announcements import recorded_wire
+from worker.episodes.changes import OwedPublisher
+from worker.ids import uuid5_text, validate_write_id
 from worker.user_memory import turns
 from worker.user_memory.indexing import TurnVectors
-from worker.user_memory.inputs import check_episode
+from worker.user_memory.inputs import check_episode, checked_tool_json
 from worker.user_memory.models import Episode, as_episode
 
 
@@ -201,25 +202,33 @@ async def insert_projects(
 ) -> list[turns.Stored | Exception]:
     """Insert ``(project, turn)`` pairs (distinct), whatever their projects, in one statement
     (``turns.insert_pairs``); each pair's result in order."""
-    events = [remembered_event(project_id, episode) for project_id, episode in unique]
-    return list(await turns.insert_pairs(conn, unique, events, indexed=False))
+    return list(await turns.insert_pairs(conn, unique, remembered_pairs(unique), indexed=False))
 
 
-def remembered_event(project_id: str, episode: Episode) -> dict[str, Any]:
-    """A turn's ``episode.remembered``."""
-    return change_event(
-        "episode.remembered",
-        project_id,
-        episode.user_id,
-        episode.id,
-        episode_id=episode.id,
-        session_id=episode.session_id,
-    )
+def remembered_pairs(pairs: list[tuple[str, Episode]]) -> list[dict[str, Any]]:
+    """Each ``(project, turn)``'s ``episode.remembered``: ``change_event``'s, built a batch at
+    a time with one time for them all (they commit in one statement), so its ``event_id``
+    names the user too: two users' turns of one id in a batch get two."""
+    now = datetime.now(UTC).isoformat()
+    return [
+        {
+            "type": "episode.remembered",
+            "event_id": uuid5_text(
+                EPISODE_NAMESPACE, f"episode.remembered:{project_id}/{e.user_id or ''}/{e.id}/{now}"
+            ),
+            "project_id": project_id,
+            "user_id": e.user_id,
+            "occurred_at": now,
+            "episode_id": e.id,
+            "session_id": e.session_id,
+        }
+        for project_id, e in pairs
+    ]
 
 
 def remembered_events(project_id: str, episodes: list[Episode]) -> list[dict[str, Any]]:
-    """Each turn's ``episode.remembered``."""
-    return [remembered_event(project_id, e) for e in episodes]
+    """Each turn's ``episode.remembered`` (``remembered_pairs``)."""
+    return remembered_pairs([(project_id, e) for e in episodes])
 
 
 class TurnWriter:
@@ -239,12 +248,17 @@ class TurnWriter:
 
     async def remember_many(self, episodes: Iterable[Episode | Any]) -> list[str]:
         validate_write_id(self.project_id, "project_id")
-        batch = checked_batch(episodes)
-        unique = distinct(batch)
+        batch, tool_json = checked_batch(episodes)
+        firsts = distinct(batch)
+        unique = [batch[k] for k in firsts]
         if unique:
             async with self.writes.engine.begin() as conn:
                 stored = await turns.insert_turns(
-                    conn, self.project_id, unique, remembered_events(self.project_id, unique)
+                    conn,
+                    self.project_id,
+                    unique,
+                    remembered_events(self.project_id, unique),
+                    tool_json=[tool_json[k] for k in firsts],
                 )
                 for result in stored:
                     if isinstance(result, Exception):
@@ -256,17 +270,15 @@ class TurnWriter:
         """Embed the new turns when this memory embeds, then hand their events to the next
         publish without waiting for it (``OwedPublisher.publish_soon``: they are owed in
         Postgres since the insert committed)."""
-        await asyncio.gather(*(self.vectors.remembered(str(k.row_id)) for k in stored if k.new))
+        if any(k.new for k in stored) and await self.vectors.inline():  # no task a turn else
+            await asyncio.gather(*(self.vectors.remembered(str(k.row_id)) for k in stored if k.new))
+        project_id = self.project_id
         owed = [
-            self._announcement(episode, kept)
+            (kept.row_id, recorded_wire(kept.row_id, project_id, episode.session_id, kept.source))
             for episode, kept in zip(episodes, stored, strict=True)
             if kept.owed
         ]
-        await self.writes.publisher.publish_soon(self.project_id, owed)
-
-    def _announcement(self, episode: Episode, kept: turns.Kept) -> tuple[uuid.UUID, bytes]:
-        wire = Announcement(kept.row_id, self.project_id, episode.session_id, kept.source).wire()
-        return kept.row_id, wire
+        await self.writes.publisher.publish_soon(project_id, owed)
 
 
 def _retrieve(future: asyncio.Future[Any]) -> None:
@@ -275,9 +287,13 @@ def _retrieve(future: asyncio.Future[Any]) -> None:
         future.exception()
 
 
-def checked_batch(episodes: Iterable[Episode | Any]) -> list[Episode]:
-    """The batch's turns, each checked by the input rule; the first bad one refuses the batch
-    (``InvalidInputError`` naming ``episodes[k].<field>``), as does a batch too large."""
+def checked_batch(
+    episodes: Iterable[Episode | Any],
+) -> tuple[list[Episode], list[tuple[str, str | None]]]:
+    """The batch's turns, each checked by the input rule, with their tool calls' and
+    transcript's JSON (``checked_tool_json``: encoded once, for the check and the insert); the
+    first bad one refuses the batch (``InvalidInputError`` naming ``episodes[k].<field>``), as
+    does a batch too large."""
     if isinstance(episodes, str | bytes | dict | BaseModel) or not isinstance(episodes, Iterable):
         raise InvalidInputError("episodes", "must be a list of episodes")
     items = list(episodes)
@@ -286,27 +302,31 @@ def checked_batch(episodes: Iterable[Episode | Any]) -> list[Episode]:
             f"episodes: {len(items)} turns in one batch; the most is {MAX_REMEMBER_BATCH}"
             " (MAX_REMEMBER_BATCH): send smaller batches"
         )
-    batch = []
+    batch: list[Episode] = []
+    tool_json: list[tuple[str, str | None]] = []
     for k, item in enumerate(items):
         try:
-            batch.append(check_episode(as_episode(item)))
+            episode = as_episode(item)
+            tool_json.append(checked_tool_json(episode))
         except InvalidInputError as exc:
             raise InvalidInputError(f"episodes[{k}].{exc.field}", exc.problem) from exc
         except ValueError as exc:
             raise InvalidInputError(f"episodes[{k}]", str(exc).splitlines()[0]) from exc
-    return batch
+        batch.append(episode)
+    return batch, tool_json
 
 
-def distinct(batch: list[Episode]) -> list[Episode]:
-    """The batch without repeats: the same user's id twice with the same content is one turn,
-    with other content an ``EpisodeConflictError`` naming both indexes."""
+def distinct(batch: list[Episode]) -> list[int]:
+    """The indexes of the batch's turns without repeats: the same user's id twice with the
+    same content is one turn (its first), with other content an ``EpisodeConflictError``
+    naming both indexes."""
     first: dict[tuple[str | None, str], int] = {}
-    out: list[Episode] = []
+    out: list[int] = []
     for k, episode in enumerate(batch):
         seen = first.get(turns.turn_key(episode))
         if seen is None:
             first[turns.turn_key(episode)] = k
-            out.append(episode)
+            out.append(k)
         elif turns.same_content(batch[seen], episode):
             continue
         else:
