@@ -15,11 +15,12 @@ hops. Anything else, and any call the SDK would answer otherwise (no such sessio
 not initialised, headers it refuses, ``Mcp-Param-*`` headers, a tool we do not have, a request
 holding more than a call's fields, a body its parser refuses), goes to the SDK untouched,
 which answers it as before. ``MEMWORKER_MCP_DIRECT_CALLS`` off sends every call through the
-SDK. A tool's answer JSON cannot carry is the call's error on both paths (``call_text``).
+SDK. A tool's answer is written the same way on both paths (``call_text``).
 """
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
@@ -211,11 +212,17 @@ class DirectCalls:
 
 def call_text(status: int, result: Any) -> tuple[str, bool]:
     """A tool's answer as MCP's text content, and whether it is an error (both paths: this
-    module's and ``mcp_server.call_tool``'s). A result JSON cannot carry (a value stored
-    nested deeper than orjson writes) is the error saying so, not a failed request."""
+    module's and ``mcp_server.call_tool``'s). A value nested deeper than orjson writes (a
+    working-memory value ``serve`` stored 254 deep) is written by ``json``, as ``serve``
+    answers it; an answer neither can write is the call's error saying so, never a failed
+    request."""
     try:
         return orjson.dumps(result).decode(), status >= 400
-    except TypeError as exc:  # orjson.JSONEncodeError is one
+    except TypeError:  # orjson.JSONEncodeError is one
+        pass
+    try:
+        return json.dumps(result, ensure_ascii=False, separators=(",", ":")), status >= 400
+    except (TypeError, ValueError, RecursionError) as exc:
         line = f"the answer cannot be sent as JSON: {exc}"
         return orjson.dumps({"error": line}).decode(), True
 
