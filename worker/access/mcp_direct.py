@@ -30,7 +30,11 @@ import anyio
 import mcp_types as types
 import orjson
 import pydantic_core
-from mcp.server.streamable_http import CONTENT_TYPE_JSON, MCP_SESSION_ID_HEADER
+from mcp.server.streamable_http import (
+    CONTENT_TYPE_JSON,
+    MCP_SESSION_ID_HEADER,
+    check_accept_headers,
+)
 from mcp.shared.inbound import (
     InboundModernRoute,
     classify_inbound_request,
@@ -40,6 +44,7 @@ from mcp.shared.inbound import (
 from mcp_types import SERVER_INFO_META_KEY
 from mcp_types.methods import serialize_server_result, validate_client_request
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
+from starlette.requests import Request
 
 from worker.access.guard import Message, Scope, Send
 
@@ -92,7 +97,8 @@ class DirectCalls:
         if message.get("method") == "initialize" and _header(headers, _SESSION) is None:
             await sdk(self._watching(send))
             return
-        if not _plain_call(message) or not _accepts_json(headers) or not _json_type(headers):
+        accepts_json, _sse = check_accept_headers(Request(scope))  # the SDK's own check
+        if not _plain_call(message) or not accepts_json or not _json_type(headers):
             await sdk(send)
             return
         if "user" in scope:  # a session's owner: the SDK's to check
@@ -256,13 +262,6 @@ def _valid(version: str, params: dict[str, Any]) -> bool:
 
 def _header(headers: list[tuple[bytes, bytes]], name: bytes) -> str | None:
     return next((v.decode("latin-1") for k, v in headers if k == name), None)
-
-
-def _accepts_json(headers: list[tuple[bytes, bytes]]) -> bool:
-    """The SDK's Accept check (``check_accept_headers``) for an answer in JSON."""
-    accept = _header(headers, b"accept") or ""
-    kinds = {part.strip().split(";")[0].strip().lower() for part in accept.split(",")}
-    return bool(kinds & {"*/*", CONTENT_TYPE_JSON, "application/*"})
 
 
 def _json_type(headers: list[tuple[bytes, bytes]]) -> bool:
